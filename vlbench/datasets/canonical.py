@@ -1,0 +1,186 @@
+"""The canonical prepared-dataset format (DESIGN.md, "Data contracts").
+
+`data/prepared/<dataset>/classes.json` describes the classes, task, metric, templates and provenance;
+`<split>.parquet` holds `sample_id`, `label` (int) or `labels` (list<int>), `image` (encoded bytes as
+distributed), optional `captions` and free metadata columns. Splits are written and read in row groups so
+that no split is ever held in memory whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vlbench.io import atomic_dir, sha256_file
+
+TASKS = ("single-label", "multi-label", "captions")
+METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc")
+ROWS_PER_GROUP = 256
+
+
+class DatasetError(ValueError):
+    """A prepared dataset is missing, malformed or inconsistent; the message names the file."""
+
+
+@dataclass
+class ClassInfo:
+    index: int
+    name: str
+    wnid: str | None = None
+    group: str | None = None
+    aliases: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v not in (None, [])}
+
+
+@dataclass
+class DatasetMeta:
+    """Everything in classes.json except the split sizes and the version, which writing fills in."""
+
+    name: str
+    task: str
+    metric: str
+    classes: list[ClassInfo]
+    templates: list[str] = field(default_factory=lambda: ["a photo of a {c}."])
+    provenance: dict[str, Any] = field(default_factory=dict)
+    splits: dict[str, int] = field(default_factory=dict)
+    version: str = ""
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise DatasetError(f"dataset {self.name!r}: task {self.task!r} is not one of {TASKS}")
+        if self.metric not in METRICS:
+            raise DatasetError(f"dataset {self.name!r}: metric {self.metric!r} is not one of {METRICS}")
+        if [c.index for c in self.classes] != list(range(len(self.classes))):
+            raise DatasetError(f"dataset {self.name!r}: class indices must be 0..{len(self.classes) - 1} in order")
+        for t in self.templates:
+            if "{c}" not in t:
+                raise DatasetError(f"dataset {self.name!r}: template {t!r} has no '{{c}}' placeholder")
+
+    @property
+    def multi_label(self) -> bool:
+        return self.task == "multi-label"
+
+    @property
+    def class_names(self) -> list[str]:
+        return [c.name for c in self.classes]
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "task": self.task,
+            "metric": self.metric,
+            "num_classes": len(self.classes),
+            "classes": [c.to_json() for c in self.classes],
+            "templates": list(self.templates),
+            "splits": dict(self.splits),
+            "provenance": self.provenance,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "DatasetMeta":
+        classes = [ClassInfo(**c) for c in obj["classes"]]
+        return cls(
+            name=obj["name"], task=obj["task"], metric=obj["metric"], classes=classes,
+            templates=obj.get("templates", []), provenance=obj.get("provenance", {}),
+            splits=obj.get("splits", {}), version=obj.get("version", ""),
+        )
+
+
+def split_schema(multi_label: bool, extra: dict[str, pa.DataType] | None = None) -> pa.Schema:
+    label = pa.field("labels", pa.list_(pa.int64())) if multi_label else pa.field("label", pa.int64())
+    fields = [pa.field("sample_id", pa.string()), label, pa.field("image", pa.binary())]
+    fields += [pa.field(k, v) for k, v in (extra or {}).items()]
+    return pa.schema(fields)
+
+
+def write_split(path: Path, rows: Iterable[dict], schema: pa.Schema, rows_per_group: int = ROWS_PER_GROUP) -> int:
+    """Stream `rows` (dicts with the schema's columns) into a Parquet file, one row group at a time."""
+    count = 0
+    buffer: list[dict] = []
+    with pq.ParquetWriter(path, schema) as writer:
+        for row in rows:
+            buffer.append(row)
+            if len(buffer) == rows_per_group:
+                writer.write_table(pa.Table.from_pylist(buffer, schema=schema), row_group_size=rows_per_group)
+                count += len(buffer)
+                buffer = []
+        if buffer or count == 0:
+            writer.write_table(pa.Table.from_pylist(buffer, schema=schema), row_group_size=rows_per_group)
+            count += len(buffer)
+    return count
+
+
+def write_dataset(
+    out_dir: str | Path,
+    meta: DatasetMeta,
+    splits: dict[str, Iterable[dict]],
+    extra_columns: dict[str, pa.DataType] | None = None,
+) -> DatasetMeta:
+    """Write classes.json and every split atomically: `out_dir` is either complete or untouched.
+
+    The dataset version is a hash of classes.json's content and every split file, so features computed on
+    an older version of the data are recognisably stale.
+    """
+    schema = split_schema(meta.multi_label, extra_columns)
+    with atomic_dir(out_dir) as tmp:
+        digest = hashlib.sha256()
+        for split, rows in splits.items():
+            path = tmp / f"{split}.parquet"
+            meta.splits[split] = write_split(path, _check_rows(rows, meta, split), schema)
+            digest.update(f"{split}:{sha256_file(path)}".encode())
+        body = meta.to_json()
+        body.pop("version")
+        digest.update(json.dumps(body, sort_keys=True).encode())
+        meta.version = digest.hexdigest()[:16]
+        (tmp / "classes.json").write_text(json.dumps(meta.to_json(), indent=2) + "\n")
+    return meta
+
+
+def _check_rows(rows: Iterable[dict], meta: DatasetMeta, split: str) -> Iterator[dict]:
+    n = len(meta.classes)
+    seen: set[str] = set()
+    for row in rows:
+        sid = row["sample_id"]
+        if sid in seen:
+            raise DatasetError(f"dataset {meta.name!r} split {split!r}: duplicate sample_id {sid!r}")
+        seen.add(sid)
+        labels = row["labels"] if meta.multi_label else [row["label"]]
+        bad = [y for y in labels if not 0 <= y < n]
+        if bad:
+            raise DatasetError(f"dataset {meta.name!r} split {split!r} sample {sid!r}: label {bad[0]} not in 0..{n - 1}")
+        yield row
+
+
+def load_meta(dataset_dir: str | Path) -> DatasetMeta:
+    path = Path(dataset_dir) / "classes.json"
+    if not path.exists():
+        raise DatasetError(f"{path}: not found; run the prepare stage for this dataset first")
+    try:
+        return DatasetMeta.from_json(json.loads(path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise DatasetError(f"{path}: malformed classes.json ({err})") from err
+
+
+def split_path(dataset_dir: str | Path, split: str) -> Path:
+    path = Path(dataset_dir) / f"{split}.parquet"
+    if not path.exists():
+        raise DatasetError(f"{path}: split {split!r} not found in {dataset_dir}")
+    return path
+
+
+def iter_batches(path: str | Path, columns: list[str] | None = None, batch_size: int = ROWS_PER_GROUP) -> Iterator[pa.RecordBatch]:
+    yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
+
+
+def read_columns(path: str | Path, columns: list[str]) -> pa.Table:
+    """Read small columns (ids, labels, metadata) whole; never use this for `image`."""
+    return pq.read_table(path, columns=columns)
