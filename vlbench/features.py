@@ -1,0 +1,90 @@
+"""The feature store: embeddings in Parquet, each file stamped with the fingerprint of what made it.
+
+`features/<model>/<dataset>/<split>.parquet`: sample_id, label|labels, embedding (fixed-size list<float32>).
+`features/<model>/<dataset>/text.parquet`: class_index, source, text, embedding.
+The schema metadata key `vlbench.fingerprint` holds a JSON object (model slug, arch, pretrained tag,
+weights hash, preprocessing, precision, dataset name and version, vlbench version). Readers state what they
+expect and get a `StaleFeaturesError` on any mismatch: features are never silently reused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FINGERPRINT_KEY = b"vlbench.fingerprint"
+IDENTITY_KEYS = ("model", "arch", "pretrained", "dataset", "dataset_version")
+
+
+class StaleFeaturesError(ValueError):
+    """Features on disk were made by another model or from another version of the data."""
+
+
+def embedding_type(dim: int) -> pa.DataType:
+    return pa.list_(pa.float32(), dim)
+
+
+def embedding_array(x: np.ndarray) -> pa.FixedSizeListArray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
+
+
+def with_fingerprint(schema: pa.Schema, fingerprint: Mapping[str, Any]) -> pa.Schema:
+    return schema.with_metadata({FINGERPRINT_KEY: json.dumps(dict(fingerprint), sort_keys=True).encode()})
+
+
+def image_schema(dim: int, multi_label: bool, fingerprint: Mapping[str, Any]) -> pa.Schema:
+    label = pa.field("labels", pa.list_(pa.int64())) if multi_label else pa.field("label", pa.int64())
+    fields = [pa.field("sample_id", pa.string()), label, pa.field("embedding", embedding_type(dim))]
+    return with_fingerprint(pa.schema(fields), fingerprint)
+
+
+def text_schema(dim: int, fingerprint: Mapping[str, Any]) -> pa.Schema:
+    fields = [pa.field("class_index", pa.int64()), pa.field("source", pa.string()),
+              pa.field("text", pa.string()), pa.field("embedding", embedding_type(dim))]
+    return with_fingerprint(pa.schema(fields), fingerprint)
+
+
+def write_table(path: Path, batches: Iterable[pa.RecordBatch | pa.Table], schema: pa.Schema) -> int:
+    """Stream record batches into `path` (the caller makes the directory atomic)."""
+    rows = 0
+    with pq.ParquetWriter(path, schema) as writer:
+        for batch in batches:
+            table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+            writer.write_table(table.cast(schema))
+            rows += table.num_rows
+    return rows
+
+
+def read_fingerprint(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no features here; run the embed stage first")
+    meta = pq.read_schema(path).metadata or {}
+    if FINGERPRINT_KEY not in meta:
+        raise StaleFeaturesError(f"{path}: has no vlbench fingerprint; it was not written by vlbench's embed stage")
+    return json.loads(meta[FINGERPRINT_KEY])
+
+
+def check_fingerprint(path: str | Path, expect: Mapping[str, Any]) -> dict[str, Any]:
+    found = read_fingerprint(path)
+    diffs = {k: (found.get(k), v) for k, v in expect.items() if v is not None and found.get(k) != v}
+    if diffs:
+        detail = "; ".join(f"{k}: file has {f!r}, expected {e!r}" for k, (f, e) in diffs.items())
+        raise StaleFeaturesError(f"{path}: features do not match what was asked for ({detail}); re-run the embed stage")
+    return found
+
+
+def read_features(path: str | Path, expect: Mapping[str, Any]) -> tuple[pa.Table, np.ndarray]:
+    """Return (table without the embedding column, embeddings as an (n, d) float32 array)."""
+    check_fingerprint(path, expect)
+    table = pq.read_table(path)
+    emb = table.column("embedding").combine_chunks()
+    dim = emb.type.list_size
+    x = emb.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim).astype(np.float32, copy=False)
+    return table.drop(["embedding"]), x

@@ -1,0 +1,35 @@
+"""Zero-shot classification from cached features (CLIP, Radford et al. 2021, Sec. 3.1.4).
+
+Class weights are the mean of the L2-normalised embeddings of a class's prompts, renormalised (prompt
+ensembling); logits are 100 * cosine similarity, 100 being CLIP's learned, clipped logit scale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LOGIT_SCALE = 100.0
+
+
+def l2_normalize(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    norm = np.linalg.norm(x, axis=axis, keepdims=True)
+    return x / np.maximum(norm, 1e-12)
+
+
+def class_weights(text_embeddings: np.ndarray, class_index: np.ndarray, num_classes: int) -> np.ndarray:
+    """(num_classes, d): per class, the renormalised mean of its normalised prompt embeddings."""
+    class_index = np.asarray(class_index)
+    missing = sorted(set(range(num_classes)) - set(class_index.tolist()))
+    if missing:
+        raise ValueError(f"no prompt embeddings for class indices {missing[:10]}")
+    normed = l2_normalize(text_embeddings.astype(np.float64))
+    sums = np.zeros((num_classes, normed.shape[1]))
+    np.add.at(sums, class_index, normed)
+    means = sums / np.bincount(class_index, minlength=num_classes)[:, None]
+    return l2_normalize(means).astype(np.float32)
+
+
+def zeroshot_logits(image_embeddings: np.ndarray, weights: np.ndarray, scale: float = LOGIT_SCALE) -> np.ndarray:
+    if image_embeddings.shape[1] != weights.shape[1]:
+        raise ValueError(f"image embeddings have dim {image_embeddings.shape[1]}, class weights {weights.shape[1]}")
+    return (scale * l2_normalize(image_embeddings.astype(np.float32)) @ weights.T).astype(np.float32)
