@@ -10,6 +10,7 @@ expect and get a `StaleFeaturesError` on any mismatch: features are never silent
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -80,11 +81,16 @@ def check_fingerprint(path: str | Path, expect: Mapping[str, Any]) -> dict[str, 
     return found
 
 
-def read_features(path: str | Path, expect: Mapping[str, Any]) -> tuple[pa.Table, np.ndarray]:
-    """Return (table without the embedding column, embeddings as an (n, d) float32 array)."""
-    check_fingerprint(path, expect)
+@dataclass
+class Features:
+    table: pa.Table  # every column but the embedding
+    embeddings: np.ndarray  # (n, d) float32
+    fingerprint: dict[str, Any]
+
+
+def read_features(path: str | Path, expect: Mapping[str, Any]) -> Features:
+    fingerprint = check_fingerprint(path, expect)
     table = pq.read_table(path)
     emb = table.column("embedding").combine_chunks()
-    dim = emb.type.list_size
-    x = emb.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim).astype(np.float32, copy=False)
-    return table.drop(["embedding"]), x
+    x = emb.flatten().to_numpy(zero_copy_only=False).reshape(-1, emb.type.list_size).astype(np.float32, copy=False)
+    return Features(table.drop(["embedding"]), x, fingerprint)

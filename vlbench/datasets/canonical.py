@@ -127,8 +127,9 @@ def write_dataset(
 ) -> DatasetMeta:
     """Write classes.json and every split atomically: `out_dir` is either complete or untouched.
 
-    The dataset version is a hash of classes.json's content and every split file, so features computed on
-    an older version of the data are recognisably stale.
+    The dataset version is a hash of the classes, templates, task, metric and every split file (not of the
+    provenance, which holds local paths): features computed on other data are recognisably stale, while a
+    teammate's copy of the same data at another path has the same version.
     """
     schema = split_schema(meta.multi_label, extra_columns)
     with atomic_dir(out_dir) as tmp:
@@ -137,8 +138,7 @@ def write_dataset(
             path = tmp / f"{split}.parquet"
             meta.splits[split] = write_split(path, _check_rows(rows, meta, split), schema)
             digest.update(f"{split}:{sha256_file(path)}".encode())
-        body = meta.to_json()
-        body.pop("version")
+        body = {k: v for k, v in meta.to_json().items() if k not in ("version", "provenance")}
         digest.update(json.dumps(body, sort_keys=True).encode())
         meta.version = digest.hexdigest()[:16]
         (tmp / "classes.json").write_text(json.dumps(meta.to_json(), indent=2) + "\n")

@@ -33,3 +33,41 @@ def zeroshot_logits(image_embeddings: np.ndarray, weights: np.ndarray, scale: fl
     if image_embeddings.shape[1] != weights.shape[1]:
         raise ValueError(f"image embeddings have dim {image_embeddings.shape[1]}, class weights {weights.shape[1]}")
     return (scale * l2_normalize(image_embeddings.astype(np.float32)) @ weights.T).astype(np.float32)
+
+
+def label_matrix(table, meta) -> np.ndarray:
+    """Labels as metrics expect them: int array (single-label) or (n, C) 0/1 array (multi-label)."""
+    if meta.multi_label:
+        targets = np.zeros((table.num_rows, len(meta.classes)), dtype=np.int64)
+        for row, labels in enumerate(table.column("labels").to_pylist()):
+            targets[row, labels] = 1
+        return targets
+    return table.column("label").to_numpy()
+
+
+def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: np.ndarray, meta):
+    """Return (metrics dict, predictions table) for one split of one dataset."""
+    import pyarrow as pa
+
+    from vlbench import metrics
+    from vlbench.features import embedding_array
+
+    templates = np.array([s == "template" for s in text_table.column("source").to_pylist()])
+    weights = class_weights(text_emb[templates], text_table.column("class_index").to_numpy()[templates], len(meta.classes))
+    logits = zeroshot_logits(image_emb, weights)
+    labels = label_matrix(image_table, meta)
+    results = {meta.metric: metrics.compute(meta.metric, logits, labels)}
+    if not meta.multi_label and meta.metric != "accuracy":
+        results["accuracy"] = metrics.compute("accuracy", logits, labels)
+    predicted = logits.argmax(axis=1)
+    names = np.array(meta.class_names)
+    label_col = "labels" if meta.multi_label else "label"
+    predictions = pa.table({
+        "sample_id": image_table.column("sample_id"),
+        label_col: image_table.column(label_col),
+        "predicted": pa.array(predicted, pa.int64()),
+        "predicted_name": pa.array(names[predicted].tolist(), pa.string()),
+        "predicted_logit": pa.array(logits[np.arange(len(logits)), predicted], pa.float32()),
+        "logits": embedding_array(logits),
+    })
+    return {k: float(v) for k, v in results.items()}, predictions

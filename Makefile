@@ -1,0 +1,32 @@
+# The two commands of the README. Both set up .venv first (idempotent, offline apart from package registries).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test repro clean-venv
+
+setup: $(STAMP) wordnet
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch from this machine's disk where available; plain pip elsewhere picks the right wheel
+	$(PY) -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1" || $(PY) -m pip install --quiet torch torchvision
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+# WordNet for the demo world's class hierarchy: Debian's wordnet-base when we are root and it is missing.
+wordnet:
+	@if [ ! -f /usr/share/wordnet/data.noun ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base) >/dev/null; \
+	fi
+
+test: setup
+	$(PY) -m pytest -q
+
+repro: setup
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" dvc repro
+
+clean-venv:
+	rm -rf $(VENV)
