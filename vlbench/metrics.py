@@ -1,0 +1,370 @@
+"""Evaluation metrics as plain numpy functions (see docs/protocols.md, "Metrics").
+
+Conventions shared by every function here:
+
+- ``scores`` is an ``(n, C)`` float array: one row per sample, one column per class, higher means more
+  likely (logits, cosine similarities or probabilities; the metrics only use the order of the scores,
+  except ``roc_auc`` which uses a difference of two columns, see there). NaN is refused; +-inf is allowed.
+- single-label ``labels`` is an ``(n,)`` integer array with values in ``[0, C)``;
+- multi-label ``targets`` is an ``(n, C)`` 0/1 (or bool) indicator array. The prepared-dataset format
+  stores multi-label samples as lists of class indices; :func:`multilabel_indicator` converts those.
+
+Ties in scores never depend on the order of the samples: top-k breaks ties between classes towards the
+lower class index (like ``np.argmax``), and the ranking metrics (AP, 11-point AP, ROC-AUC) treat tied
+samples as one threshold step (they are either all above or all below any threshold).
+
+Every shape or value problem raises :class:`MetricError` (a ``ValueError``) with a message that says what
+was expected and what came.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "MetricError",
+    "METRIC_NAMES",
+    "accuracy",
+    "mean_per_class_accuracy",
+    "ap_11point_per_class",
+    "map_11point",
+    "average_precision_per_class",
+    "mean_average_precision",
+    "roc_auc",
+    "compute",
+    "mean_confidence_interval",
+    "multilabel_indicator",
+]
+
+
+class MetricError(ValueError):
+    """Inputs to a metric have the wrong shape, type or values."""
+
+
+# --------------------------------------------------------------------------------------------------
+# validation helpers
+
+
+def _as_scores(scores, name: str = "scores") -> np.ndarray:
+    s = np.asarray(scores)
+    if s.ndim != 2:
+        raise MetricError(f"{name} must be a 2-D (n, C) array, got shape {s.shape}")
+    if s.shape[1] == 0:
+        raise MetricError(f"{name} has no class columns (shape {s.shape})")
+    if not (np.issubdtype(s.dtype, np.floating) or np.issubdtype(s.dtype, np.integer)
+            or s.dtype == np.bool_):
+        raise MetricError(f"{name} must be numeric, got dtype {s.dtype}")
+    s = s.astype(np.float64, copy=False)
+    if np.isnan(s).any():
+        raise MetricError(f"{name} contains NaN ({int(np.isnan(s).sum())} entries)")
+    return s
+
+
+def _as_int_labels(labels, n: int, num_classes: int, name: str = "labels") -> np.ndarray:
+    y = np.asarray(labels)
+    if y.ndim != 1:
+        raise MetricError(
+            f"{name} must be a 1-D array of class indices, got shape {y.shape}"
+            + (" (a 2-D array looks like multi-label targets; use map_11point)" if y.ndim == 2 else "")
+        )
+    if y.shape[0] != n:
+        raise MetricError(f"{name} has {y.shape[0]} entries but scores have {n} rows")
+    if np.issubdtype(y.dtype, np.floating):
+        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+            raise MetricError(f"{name} must hold integer class indices, got non-integral floats")
+        y = y.astype(np.int64)
+    elif not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
+        raise MetricError(f"{name} must hold integer class indices, got dtype {y.dtype}")
+    y = y.astype(np.int64, copy=False)
+    if y.size and (y.min() < 0 or y.max() >= num_classes):
+        bad = y[(y < 0) | (y >= num_classes)]
+        raise MetricError(
+            f"{name} out of range: scores have {num_classes} classes (valid labels 0..{num_classes - 1}), "
+            f"got e.g. {bad[:5].tolist()}"
+        )
+    return y
+
+
+def _as_targets(targets, shape: tuple[int, int], name: str = "targets") -> np.ndarray:
+    t = np.asarray(targets)
+    if t.ndim != 2:
+        raise MetricError(f"{name} must be a 2-D (n, C) 0/1 indicator array, got shape {t.shape}")
+    if t.shape != shape:
+        raise MetricError(f"{name} has shape {t.shape} but scores have shape {shape}")
+    if not np.isin(t, (0, 1)).all():
+        raise MetricError(f"{name} must contain only 0 and 1 (or bool)")
+    return t.astype(bool)
+
+
+def _check_nonempty(n: int, what: str) -> None:
+    if n == 0:
+        raise MetricError(f"{what} of zero samples is undefined")
+
+
+def multilabel_indicator(label_lists: Iterable[Sequence[int]], num_classes: int) -> np.ndarray:
+    """Turn per-sample lists of class indices (the prepared ``labels`` column) into an (n, C) 0/1 array."""
+    rows = list(label_lists)
+    out = np.zeros((len(rows), num_classes), dtype=np.int8)
+    for i, row in enumerate(rows):
+        idx = np.asarray(list(row), dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= num_classes):
+            raise MetricError(f"sample {i}: class indices {idx.tolist()} out of range 0..{num_classes - 1}")
+        out[i, idx] = 1
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# single-label metrics
+
+
+def accuracy(scores, labels, k: int = 1) -> float:
+    """Top-k accuracy in [0, 1]: the fraction of samples whose true class is among the k highest scores.
+
+    Ties between classes are broken towards the lower class index (the order of a stable descending sort,
+    and what ``np.argmax`` does for k=1): the true class y is in the top k iff
+    ``#{j: s_j > s_y} + #{j < y: s_j == s_y} < k``. ``k >= C`` gives 1.0.
+    """
+    s = _as_scores(scores)
+    n, c = s.shape
+    y = _as_int_labels(labels, n, c)
+    _check_nonempty(n, "accuracy")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise MetricError(f"k must be a positive integer, got {k!r}")
+    true_score = s[np.arange(n), y][:, None]
+    higher = (s > true_score).sum(axis=1)
+    tied_before = ((s == true_score) & (np.arange(c)[None, :] < y[:, None])).sum(axis=1)
+    return float(np.mean(higher + tied_before < k))
+
+
+def mean_per_class_accuracy(scores, labels) -> float:
+    """Mean over classes of the per-class top-1 recall (a.k.a. balanced accuracy).
+
+    Only classes that occur in ``labels`` are averaged (a class with no test sample has no recall);
+    this equals ``sklearn.metrics.balanced_accuracy_score(labels, scores.argmax(1))`` and ELEVATER's
+    "mean-per-class". Prediction is ``argmax`` with ties to the lower class index.
+    """
+    s = _as_scores(scores)
+    n, c = s.shape
+    y = _as_int_labels(labels, n, c)
+    _check_nonempty(n, "mean-per-class accuracy")
+    pred = s.argmax(axis=1)
+    support = np.bincount(y, minlength=c)
+    correct = np.bincount(y[pred == y], minlength=c)
+    present = support > 0
+    return float(np.mean(correct[present] / support[present]))
+
+
+# --------------------------------------------------------------------------------------------------
+# ranking metrics (multi-label / binary)
+
+
+def _pr_steps(score: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative (TP, FP) counts at every distinct score threshold, highest threshold first.
+
+    Samples with equal scores form one step, so the result does not depend on sample order.
+    """
+    order = np.argsort(-score, kind="stable")
+    s = score[order]
+    p = positive[order]
+    tp = np.cumsum(p, dtype=np.int64)
+    fp = np.cumsum(~p, dtype=np.int64)
+    # last index of every group of equal scores
+    ends = np.r_[np.nonzero(s[1:] != s[:-1])[0], s.size - 1]
+    return tp[ends], fp[ends]
+
+
+def ap_11point_per_class(scores, targets) -> np.ndarray:
+    """PASCAL VOC2007 11-point interpolated average precision of every class, shape (C,).
+
+    For class c, rank the samples by ``scores[:, c]``; precision and recall are taken at every distinct
+    score threshold. ``AP = mean over r in {0, 0.1, ..., 1.0} of max{precision at recall >= r}`` (0 when no
+    threshold reaches recall r), as in the VOC2007 devkit (``VOCevalcls.m``). Two details:
+
+    - the comparison ``recall >= r`` is done exactly in integers (``10*TP >= k*P`` for r = k/10): a float
+      comparison with ``0.1*k`` (MATLAB's ``0:0.1:1`` or ``np.linspace``) misses e.g. recall 3/10 at
+      r = 0.30000000000000004;
+    - tied scores are one threshold (the devkit walks samples one by one, so its result among ties depends on
+      the sort order; with no ties the two agree).
+
+    A class with no positive sample has no AP: its entry is NaN.
+
+    ELEVATER's evaluator builds the curve with ``sklearn.metrics.precision_recall_curve``, which appends a
+    (recall 0, precision 1) point, so its r = 0 term is always 1: it exceeds the devkit's AP by
+    ``(1 - max precision) / 11`` when the top-ranked sample is a negative. We follow the devkit.
+    """
+    s = _as_scores(scores)
+    t = _as_targets(targets, s.shape)
+    n, c = s.shape
+    _check_nonempty(n, "average precision")
+    out = np.full(c, np.nan)
+    ks = np.arange(11)
+    for j in range(c):
+        pos = t[:, j]
+        n_pos = int(pos.sum())
+        if n_pos == 0:
+            continue
+        tp, fp = _pr_steps(s[:, j], pos)
+        precision = tp / (tp + fp)
+        # reached[k, i]: threshold i has recall >= k/10
+        reached = 10 * tp[None, :] >= ks[:, None] * n_pos
+        interp = np.where(reached, precision[None, :], 0.0).max(axis=1)
+        out[j] = interp.mean()
+    return out
+
+
+def map_11point(scores, targets) -> float:
+    """Mean over classes of :func:`ap_11point_per_class` (VOC2007 classification mAP).
+
+    Classes without any positive sample in ``targets`` are left out of the mean (their AP is undefined).
+    ELEVATER's evaluator (``vision_evaluation.MeanAveragePrecisionNPointsEvaluator``) averages over all
+    classes, giving such a class a degenerate value (1/11 with current scikit-learn, whose
+    ``precision_recall_curve`` then sets recall to 1); on VOC2007 test every class has positives, so the
+    choice does not matter there. Raises if no class has a positive. Use :func:`ap_11point_per_class` for per-class values.
+    """
+    ap = ap_11point_per_class(scores, targets)
+    if np.isnan(ap).all():
+        raise MetricError("map_11point: no class has a positive sample in targets")
+    return float(np.nanmean(ap))
+
+
+def average_precision_per_class(scores, targets) -> np.ndarray:
+    """Non-interpolated average precision of every class, shape (C,); NaN for classes without positives.
+
+    ``AP = sum over thresholds of (R_i - R_{i-1}) * P_i`` with tied scores as one threshold: the same
+    definition as ``sklearn.metrics.average_precision_score``.
+    """
+    s = _as_scores(scores)
+    t = _as_targets(targets, s.shape)
+    n, c = s.shape
+    _check_nonempty(n, "average precision")
+    out = np.full(c, np.nan)
+    for j in range(c):
+        pos = t[:, j]
+        n_pos = int(pos.sum())
+        if n_pos == 0:
+            continue
+        tp, fp = _pr_steps(s[:, j], pos)
+        precision = tp / (tp + fp)
+        recall_gain = np.diff(np.r_[0, tp]) / n_pos
+        out[j] = float(np.sum(recall_gain * precision))
+    return out
+
+
+def mean_average_precision(scores, targets) -> float:
+    """Mean over classes with at least one positive of :func:`average_precision_per_class`."""
+    ap = average_precision_per_class(scores, targets)
+    if np.isnan(ap).all():
+        raise MetricError("mean_average_precision: no class has a positive sample in targets")
+    return float(np.nanmean(ap))
+
+
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of x in ascending order, ties getting the mean of the ranks they span."""
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    starts = np.r_[0, np.nonzero(xs[1:] != xs[:-1])[0] + 1]
+    ends = np.r_[starts[1:], xs.size]  # exclusive
+    group_rank = (starts + ends + 1) / 2.0  # mean of start+1 .. end
+    ranks = np.empty(x.size, dtype=np.float64)
+    ranks[order] = np.repeat(group_rank, ends - starts)
+    return ranks
+
+
+def roc_auc(scores, labels) -> float:
+    """Area under the ROC curve of a binary task.
+
+    ``scores`` is (n, 2) (or (n,) already holding the score of class 1); the decision value is
+    ``scores[:, 1] - scores[:, 0]``. For logits this is the log-odds of class 1, a monotone function of the
+    softmax probability of class 1, so the AUC equals that of ``softmax(scores)[:, 1]`` (what ELEVATER
+    passes to ``sklearn.metrics.roc_auc_score``) while also being right for raw scores, where
+    ``scores[:, 1]`` alone would ignore class 0's score.
+
+    Computed as the Mann-Whitney U statistic with average ranks for ties:
+    ``AUC = (sum of positive ranks - P(P+1)/2) / (P*N)``, i.e. P(s_pos > s_neg) + 0.5 P(s_pos == s_neg).
+    ``labels`` must hold 0/1 and contain both classes.
+    """
+    arr = np.asarray(scores)
+    if arr.ndim == 1:
+        s2 = _as_scores(arr[:, None])
+        decision = s2[:, 0]
+    else:
+        s2 = _as_scores(arr)
+        if s2.shape[1] != 2:
+            raise MetricError(f"roc_auc is for binary tasks: scores must have 2 columns, got shape {s2.shape}")
+        with np.errstate(invalid="ignore"):
+            decision = s2[:, 1] - s2[:, 0]
+        if np.isnan(decision).any():
+            raise MetricError("roc_auc: a row has the same infinite score in both columns")
+    n = decision.shape[0]
+    y = _as_int_labels(labels, n, 2)
+    n_pos = int(y.sum())
+    n_neg = n - n_pos
+    if n_pos == 0 or n_neg == 0:
+        raise MetricError(f"roc_auc needs both classes in labels, got {n_pos} positives and {n_neg} negatives")
+    ranks = _average_ranks(decision)
+    u = ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
+
+
+# --------------------------------------------------------------------------------------------------
+# dispatcher
+
+
+_METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
+    "accuracy": accuracy,
+    "mean_per_class": mean_per_class_accuracy,
+    "map_11point": map_11point,
+    "roc_auc": roc_auc,
+}
+METRIC_NAMES: tuple[str, ...] = tuple(_METRICS)
+
+
+def compute(metric_name: str, scores, labels) -> float:
+    """Compute the named dataset metric (the ``metric`` field of a prepared dataset's classes.json).
+
+    ``accuracy`` (top-1) and ``mean_per_class`` take integer labels, ``map_11point`` takes (n, C) 0/1 targets,
+    ``roc_auc`` takes (n, 2) scores and 0/1 labels. An unknown name raises ``ValueError`` listing the names.
+    """
+    try:
+        fn = _METRICS[metric_name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown metric {metric_name!r}; known metrics: {', '.join(METRIC_NAMES)}") from None
+    return fn(scores, labels)
+
+
+# --------------------------------------------------------------------------------------------------
+# confidence intervals
+
+
+def mean_confidence_interval(values, confidence: float = 0.95, ddof: int = 1) -> tuple[float, float]:
+    """Mean and half-width of a normal-approximation confidence interval: ``z * std / sqrt(n)``.
+
+    This is the few-shot convention (FewTrans and the code it builds on report
+    ``1.96 * std(accs) / sqrt(n_episodes)`` over 600 episodes). ``z`` is exactly 1.96 for
+    ``confidence=0.95`` (the literal the papers use, not 1.959964...) and the standard normal quantile
+    ``Phi^-1((1 + confidence) / 2)`` otherwise.
+
+    ``std`` is the sample standard deviation, ``ddof=1``: FewTrans' code (CloserLookAgainFewShot) uses
+    ``torch.std``, whose default is the unbiased (n-1) estimator, and it is the textbook standard error.
+    Some numpy-based few-shot code uses ``np.std`` (ddof=0); pass ``ddof=0`` to match it (at n=600 the two
+    differ by a factor sqrt(600/599), i.e. 0.08%). Needs at least ``ddof + 1`` values.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1:
+        raise MetricError(f"values must be 1-D, got shape {v.shape}")
+    if not np.all(np.isfinite(v)):
+        raise MetricError("values must be finite")
+    if not 0.0 < confidence < 1.0:
+        raise MetricError(f"confidence must be in (0, 1), got {confidence!r}")
+    if ddof < 0:
+        raise MetricError(f"ddof must be >= 0, got {ddof}")
+    n = v.size
+    if n < ddof + 1 or n == 0:
+        raise MetricError(f"a confidence interval needs at least {max(ddof + 1, 1)} values, got {n}")
+    z = 1.96 if confidence == 0.95 else NormalDist().inv_cdf((1.0 + confidence) / 2.0)
+    half = z * float(np.std(v, ddof=ddof)) / math.sqrt(n)
+    return float(v.mean()), float(half)
