@@ -1,0 +1,61 @@
+"""Fixtures built by the tests themselves: tiny canonical datasets and a randomly initialised toy checkpoint."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vlbench.datasets.canonical import ClassInfo, DatasetMeta, write_dataset
+
+COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
+
+
+def png(rgb, size: int = 32, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    pixels = np.clip(np.array(rgb)[None, None, :] + rng.normal(0, 10, (size, size, 3)), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def make_dataset(out_dir, name="tiny", per_class=4, splits=("train", "test"), corrupt: dict | None = None):
+    """Three colour classes; `corrupt={split: sample_id}` replaces that sample's bytes with garbage."""
+    classes = [ClassInfo(index=i, name=n) for i, n in enumerate(COLORS)]
+    meta = DatasetMeta(name=name, task="single-label", metric="accuracy", classes=classes,
+                       templates=["a {c} square.", "a photo of something {c}."])
+
+    def rows(split):
+        for k in range(per_class * len(COLORS)):
+            label = k % len(COLORS)
+            sample_id = f"{split}/{k:03d}"
+            data = png(list(COLORS.values())[label], seed=k + (1000 if split == "test" else 0))
+            if corrupt and corrupt.get(split) == sample_id:
+                data = data[:40]
+            yield {"sample_id": sample_id, "label": label, "image": data}
+
+    return write_dataset(out_dir, meta, {s: rows(s) for s in splits})
+
+
+@pytest.fixture
+def tiny_dataset(tmp_path):
+    make_dataset(tmp_path / "prepared" / "tiny")
+    return tmp_path / "prepared" / "tiny"
+
+
+@pytest.fixture(scope="session")
+def toy_model_cfg(tmp_path_factory):
+    """A model config for the toy architecture with random (seeded) weights, loaded as a local checkpoint."""
+    import open_clip
+
+    from vlbench.models import register_local_configs
+
+    register_local_configs()
+    torch.manual_seed(0)
+    model = open_clip.create_model("vlbench-toy")
+    path = tmp_path_factory.mktemp("toy") / "checkpoint.pt"
+    torch.save(model.state_dict(), path)
+    return {"slug": "toy-random", "arch": "vlbench-toy", "pretrained": str(path), "precision": "fp32"}
