@@ -89,7 +89,7 @@ def load_model(cfg: Mapping[str, Any], device: str | torch.device | None = None,
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
     try:
         model, _, preprocess = open_clip.create_model_and_transforms(cfg["arch"], pretrained=str(weights), device=device, **kwargs)
-    except RuntimeError as err:
+    except (RuntimeError, AssertionError, KeyError) as err:  # open_clip asserts on some shape mismatches
         raise ModelError(f"model {cfg['slug']!r}: checkpoint {weights} does not fit architecture {cfg['arch']!r}: {err}") from err
     model.eval()
     precision = effective_precision(cfg["precision"], device)
