@@ -1,0 +1,127 @@
+"""Embed throughput: the embed stage's data path vs the model alone vs a plain torchvision baseline.
+
+One run, same images, same model, same batch size and workers:
+  stage     vlbench.embed.embed_images: Parquet row groups -> DataLoader workers (decode + preprocess) -> model
+  model     the model alone on tensors decoded and preprocessed beforehand (upper bound)
+  baseline  torchvision ImageFolder over the same files on disk + DataLoader -> model
+
+    python benchmarks/embed_throughput.py --arch ViT-B-32-quickgelu --image-size 224 --n 512
+    python benchmarks/embed_throughput.py --arch vlbench-toy --image-size 32 --n 4096
+
+Models have random weights (throughput does not depend on them). Prints a JSON line with images/s and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+from torchvision.datasets import ImageFolder
+
+from vlbench.datasets.canonical import ClassInfo, DatasetMeta, write_dataset
+from vlbench.embed import default_workers, embed_images
+from vlbench.models import register_local_configs
+from vlbench.models.loading import LoadedModel, effective_precision, pick_device
+
+
+def make_images(n: int, size: int, seed: int = 0) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        pixels = (rng.random((size, size, 3)) * 64 + rng.integers(0, 192, 3)).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def write_both(images: list[bytes], root: Path) -> tuple[Path, Path]:
+    """The same bytes as a canonical Parquet split and as an ImageFolder tree (two classes)."""
+    folder = root / "imagefolder"
+    for i, data in enumerate(images):
+        path = folder / f"c{i % 2}" / f"{i:06d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    meta = DatasetMeta(name="bench", task="single-label", metric="accuracy", classes=[ClassInfo(0, "a"), ClassInfo(1, "b")])
+    rows = ({"sample_id": f"{i:06d}", "label": i % 2, "image": data} for i, data in enumerate(images))
+    write_dataset(root / "prepared", meta, {"test": rows})
+    return root / "prepared" / "test.parquet", folder
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def run(arch: str, image_size: int, n: int, batch_size: int, workers: int, device: str | None) -> dict:
+    import open_clip
+
+    register_local_configs()
+    dev = pick_device(device)
+    model, _, preprocess = open_clip.create_model_and_transforms(arch, device=dev)
+    model.eval()
+    precision = effective_precision("amp_bf16", dev)
+    loaded = LoadedModel(model, preprocess, open_clip.get_tokenizer(arch), {}, dev,
+                         torch.bfloat16 if precision == "amp_bf16" else None)
+
+    def encode(x: torch.Tensor) -> None:
+        with torch.inference_mode(), loaded.autocast():
+            model.encode_image(x.to(dev, non_blocking=True))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        parquet, folder = write_both(make_images(n, image_size), Path(tmp))
+        decoded = [preprocess(Image.open(io.BytesIO(b)).convert("RGB")) for b in make_images(min(n, 4 * batch_size), image_size)]
+        batches = [torch.stack(decoded[i:i + batch_size]) for i in range(0, len(decoded), batch_size)]
+        encode(batches[0])  # warm-up
+
+        def model_only():
+            done = 0
+            while done < n:
+                for batch in batches:
+                    encode(batch)
+                    done += len(batch)
+
+        def stage():
+            embed_images(loaded, parquet, "bench", "test", batch_size=batch_size, num_workers=workers, progress=False)
+
+        def baseline():
+            loader = DataLoader(ImageFolder(str(folder), transform=preprocess), batch_size=batch_size,
+                                num_workers=workers, pin_memory=dev.type == "cuda")
+            for x, _ in loader:
+                encode(x)
+
+        seconds = {"model": timed(model_only), "stage": timed(stage), "baseline": timed(baseline)}
+    rates = {k: round(n / v, 1) for k, v in seconds.items()}
+    return {
+        "arch": arch, "image_size": image_size, "n": n, "batch_size": batch_size, "workers": workers,
+        "device": str(dev), "threads": torch.get_num_threads(), "images_per_s": rates,
+        "stage_vs_baseline": round(rates["stage"] / rates["baseline"], 3),
+        "stage_vs_model": round(rates["stage"] / rates["model"], 3),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", default="ViT-B-32-quickgelu")
+    p.add_argument("--image-size", type=int, default=224, help="side of the stored JPEGs")
+    p.add_argument("--n", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=default_workers())
+    p.add_argument("--device", default=None)
+    args = p.parse_args()
+    print(json.dumps(run(args.arch, args.image_size, args.n, args.batch_size, args.workers, args.device)))
+
+
+if __name__ == "__main__":
+    main()
