@@ -178,6 +178,7 @@ def test_registry_builds_synthetic(tmp_path):
     ({"image_size": 4}, "image_size"),
     ({"seed": "x"}, "seed"),
     ({"templates": ["no placeholder"]}, "templates"),
+    ({"image_sise": 64}, "image_sise"),
 ])
 def test_bad_spec(tmp_path, bad, key):
     s = {**spec("shapes"), **bad}

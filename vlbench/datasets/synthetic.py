@@ -122,6 +122,7 @@ DEFAULT_TEMPLATES = {
     "corpus": ["a {c}.", "a picture of a {c}.", "a drawing of a {c}."],
 }
 SPEC_DEFAULTS = {"seed": 0, "image_size": 32}
+SPEC_KEYS = ("source", "task", "seed", "image_size", "splits", "templates")
 
 OBJECT_TYPE = pa.struct([("shape", pa.string()), ("color", pa.string()), ("size", pa.string()),
                          ("position", pa.string())])
@@ -466,6 +467,9 @@ def parse_spec(name: str, spec: dict) -> dict:
     def fail(key: str, problem: str):
         raise DatasetError(f"dataset {name!r}: spec key {key!r} {problem}")
 
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown:
+        fail(unknown[0], f"is not a synthetic dataset key; allowed: {', '.join(SPEC_KEYS)}")
     task = spec.get("task")
     if task not in TASKS:
         fail("task", f"is {task!r}; expected one of {', '.join(TASKS)}")
