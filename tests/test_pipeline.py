@@ -125,3 +125,16 @@ def test_exp_run_with_unknown_model_names_the_known_ones(reproduced):
     proc = run(reproduced, sys.executable, "-m", "dvc", "exp", "run", "-S", "model=vitb17", check=False)
     assert proc.returncode != 0
     assert "vitb17" in proc.stderr + proc.stdout and "vitb16" in proc.stderr + proc.stdout
+
+
+def test_real_models_have_no_pretrain_stage(repo):
+    params = repo / "params.yaml"
+    before = params.read_text()
+    try:
+        run(repo, sys.executable, "-m", "vlbench.cli", "compose", "model=vitb16")
+        stages = run(repo, sys.executable, "-m", "dvc", "stage", "list").stdout
+        assert "embed@shapes" in stages and "pretrain@" not in stages
+        run(repo, sys.executable, "-m", "vlbench.cli", "compose", "model=toy-smoke")
+        assert "pretrain@toy-smoke" in run(repo, sys.executable, "-m", "dvc", "stage", "list").stdout
+    finally:
+        params.write_text(before)
