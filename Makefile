@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test repro clean-venv
+.PHONY: setup wordnet test repro clean-venv
 
 setup: $(STAMP) wordnet
 

@@ -37,11 +37,10 @@ def zeroshot_logits(image_embeddings: np.ndarray, weights: np.ndarray, scale: fl
 
 def label_matrix(table, meta) -> np.ndarray:
     """Labels as metrics expect them: int array (single-label) or (n, C) 0/1 array (multi-label)."""
+    from vlbench.metrics import multilabel_indicator
+
     if meta.multi_label:
-        targets = np.zeros((table.num_rows, len(meta.classes)), dtype=np.int64)
-        for row, labels in enumerate(table.column("labels").to_pylist()):
-            targets[row, labels] = 1
-        return targets
+        return multilabel_indicator(table.column("labels").to_pylist(), len(meta.classes))
     return table.column("label").to_numpy()
 
 
