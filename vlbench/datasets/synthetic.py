@@ -97,7 +97,7 @@ COLORS = {
     "pink": (250, 125, 190),
     "brown": (135, 80, 30),
 }
-SIZES = {"small": 0.13, "large": 0.20}  # object radius as a fraction of the image side
+SIZES = {"small": 0.16, "large": 0.24}  # object radius as a fraction of the image side
 # 3x3 grid, row-major; each name with the phrase captions use for it.
 POSITIONS = {
     "top left": "in the top left corner", "top": "at the top", "top right": "in the top right corner",
