@@ -1,0 +1,61 @@
+import numpy as np
+import open_clip
+import pytest
+import torch
+
+from vlbench.datasets.canonical import DatasetError
+from vlbench.datasets.synthetic import build
+from vlbench.models import register_local_configs
+from vlbench.models.toy import train_toy_clip
+
+SETTINGS = dict(steps=6, batch_size=32, lr=2e-3, weight_decay=0.1, warmup_steps=1, seed=0, progress=False)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus") / "corpus"
+    build("corpus", {"source": "synthetic", "task": "corpus", "seed": 3, "splits": {"train": 128}}, out)
+    return out
+
+
+def test_training_lowers_the_loss_and_writes_checkpoint_and_log(corpus, tmp_path):
+    ckpt = tmp_path / "toy" / "checkpoint.pt"
+    stats = train_toy_clip(corpus, "vlbench-toy", ckpt, **{**SETTINGS, "steps": 12})
+    assert ckpt.exists() and (ckpt.parent / "train_log.csv").exists()
+    rows = (ckpt.parent / "train_log.csv").read_text().splitlines()
+    assert rows[0] == "step,loss,lr" and len(rows) == 13
+    assert stats["final_loss"] < stats["initial_loss"]
+    assert stats["images"] == 128
+
+
+def test_checkpoint_reloads_through_open_clip_with_identical_embeddings(corpus, tmp_path):
+    ckpt = tmp_path / "checkpoint.pt"
+    train_toy_clip(corpus, "vlbench-toy", ckpt, **SETTINGS)
+    register_local_configs()
+    a, _, _ = open_clip.create_model_and_transforms("vlbench-toy", pretrained=str(ckpt))
+    b, _, _ = open_clip.create_model_and_transforms("vlbench-toy", pretrained=str(ckpt))
+    a.eval(), b.eval()
+    x = torch.rand(2, 3, 32, 32)
+    with torch.inference_mode():
+        np.testing.assert_array_equal(a.encode_image(x).numpy(), b.encode_image(x).numpy())
+    fresh = open_clip.create_model("vlbench-toy")
+    assert not torch.equal(fresh.state_dict()["text_projection"], a.state_dict()["text_projection"])
+
+
+def test_same_seed_same_weights_other_seed_other_weights(corpus, tmp_path):
+    weights = []
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        train_toy_clip(corpus, "vlbench-toy", tmp_path / name / "ckpt.pt", **{**SETTINGS, "seed": seed})
+        weights.append(torch.load(tmp_path / name / "ckpt.pt"))
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert not all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])
+
+
+def test_corpus_without_train_split_or_captions_is_a_clear_error(corpus, tmp_path):
+    with pytest.raises(DatasetError, match="split 'train' not found"):
+        train_toy_clip(tmp_path, "vlbench-toy", tmp_path / "x.pt", **SETTINGS)
+    shapes = tmp_path / "shapes"
+    build("shapes", {"source": "synthetic", "task": "shapes", "splits": {"train": 40}}, shapes)
+    with pytest.raises(DatasetError, match="no 'captions' column"):
+        train_toy_clip(shapes, "vlbench-toy", tmp_path / "x.pt", **SETTINGS)
+    assert not (tmp_path / "x.pt").exists()
