@@ -64,11 +64,12 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def run(arch: str, image_size: int, n: int, batch_size: int, workers: int, device: str | None) -> dict:
+def run(arch: str, image_size: int, n: int, batch_size: int, workers: int | None, device: str | None) -> dict:
     import open_clip
 
     register_local_configs()
     dev = pick_device(device)
+    workers = default_workers(dev) if workers is None else workers
     model, _, preprocess = open_clip.create_model_and_transforms(arch, device=dev)
     model.eval()
     precision = effective_precision("amp_bf16", dev)
@@ -117,7 +118,7 @@ def main() -> None:
     p.add_argument("--image-size", type=int, default=224, help="side of the stored JPEGs")
     p.add_argument("--n", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--workers", type=int, default=default_workers())
+    p.add_argument("--workers", type=int, default=None, help="default: what the embed stage uses")
     p.add_argument("--device", default=None)
     args = p.parse_args()
     print(json.dumps(run(args.arch, args.image_size, args.n, args.batch_size, args.workers, args.device)))

@@ -12,7 +12,7 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: CPU count, at most 8)")
+    p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: 8 at most on CUDA, half the cores on CPU)")
     args = p.parse_args()
     params = load_params(args.params)
     loaded = load_model(get(params, "model", dict), device=args.device)

@@ -69,8 +69,10 @@ def collate(batch: list[tuple[int, torch.Tensor | None]]) -> tuple[torch.Tensor,
     return rows, torch.stack([x for _, x in good]) if good else None, bad
 
 
-def default_workers() -> int:
-    return min(8, len(os.sched_getaffinity(0)))
+def default_workers(device: torch.device) -> int:
+    """On CUDA the CPU only decodes: up to 8 workers. On CPU the model needs the cores too: half of them."""
+    cores = len(os.sched_getaffinity(0))
+    return min(8, cores) if device.type == "cuda" else max(1, cores // 2)
 
 
 def embed_images(
@@ -79,7 +81,7 @@ def embed_images(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return (embeddings in row order, row indices that were kept)."""
     num_rows = pq.ParquetFile(path).metadata.num_rows
-    workers = default_workers() if num_workers is None else num_workers
+    workers = default_workers(loaded.device) if num_workers is None else num_workers
     loader = DataLoader(
         ParquetImages(path, loaded.preprocess, dataset, split, skip_corrupt), batch_size=batch_size,
         num_workers=workers, collate_fn=collate, pin_memory=loaded.device.type == "cuda",
