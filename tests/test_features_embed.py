@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import make_dataset
 from vlbench.datasets.canonical import load_meta
-from vlbench.embed import CorruptImageError, embed_dataset
+from vlbench.embed import CorruptImageError, embed_dataset, split_preprocess
 from vlbench.features import StaleFeaturesError, read_features
 from vlbench.models.loading import load_model
 
@@ -112,3 +112,20 @@ def test_existing_features_survive_a_failed_rerun(loaded, tmp_path):
     with pytest.raises(CorruptImageError):
         embed_dataset(loaded, bad, out, num_workers=0, progress=False)
     assert (out / "test.parquet").read_bytes() == before
+
+
+def test_workers_stop_at_uint8_and_the_device_finishes_with_identical_pixels(loaded, tiny_dataset):
+    from PIL import Image
+    import io
+    decode, finish = split_preprocess(loaded.preprocess)
+    image = Image.open(io.BytesIO(pq.read_table(tiny_dataset / "test.parquet").column("image")[0].as_py())).convert("RGB")
+    assert decode(image).dtype == torch.uint8
+    assert torch.equal(finish(decode(image)[None])[0], loaded.preprocess(image))
+
+
+def test_a_transform_of_another_shape_runs_whole_in_the_workers():
+    transform = lambda img: torch.zeros(3, 2, 2)  # noqa: E731
+    decode, finish = split_preprocess(transform)
+    assert decode is transform
+    batch = torch.ones(1, 3, 2, 2)
+    assert finish(batch) is batch

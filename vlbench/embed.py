@@ -1,7 +1,8 @@
 """Encode a prepared dataset's images and class prompts into the feature store.
 
 Images stream from Parquet row groups into DataLoader workers (an IterableDataset sharded by row group),
-which decode and preprocess in parallel; the model runs under `torch.inference_mode`, with autocast on CUDA.
+which decode and preprocess in parallel up to uint8 tensors; the model's device converts and normalises them,
+and the model runs under `torch.inference_mode`, with autocast on CUDA.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
 from tqdm import tqdm
 
 from vlbench import features
@@ -70,9 +72,25 @@ def collate(batch: list[tuple[int, torch.Tensor | None]]) -> tuple[torch.Tensor,
 
 
 def default_workers(device: torch.device) -> int:
-    """On CUDA the CPU only decodes: up to 8 workers. On CPU the model needs the cores too: half of them."""
+    """On CUDA the CPU only decodes: every core but the main process's, up to 16. On CPU the model needs half."""
     cores = len(os.sched_getaffinity(0))
-    return min(8, cores) if device.type == "cuda" else max(1, cores // 2)
+    return min(16, max(1, cores - 1)) if device.type == "cuda" else max(1, cores // 2)
+
+
+def split_preprocess(preprocess: Callable) -> tuple[Callable, Callable[[torch.Tensor], torch.Tensor]]:
+    """Split the model's transform before ToTensor + Normalize: workers return uint8 tensors (a quarter of the bytes
+    to pass between processes, pin and copy to the GPU) and `finish` converts and normalises a batch on the model's
+    device with the same fp32 arithmetic, so features are unchanged. Other transforms run whole in the workers."""
+    steps = list(getattr(preprocess, "transforms", []))
+    if len(steps) < 2 or not isinstance(steps[-2], ToTensor) or not isinstance(steps[-1], Normalize):
+        return preprocess, lambda batch: batch
+    mean = torch.tensor(steps[-1].mean, dtype=torch.float32).view(1, -1, 1, 1)
+    std = torch.tensor(steps[-1].std, dtype=torch.float32).view(1, -1, 1, 1)
+
+    def finish(batch: torch.Tensor) -> torch.Tensor:
+        return batch.float().div_(255).sub_(mean.to(batch.device)).div_(std.to(batch.device))
+
+    return Compose(steps[:-2] + [PILToTensor()]), finish
 
 
 def embed_images(
@@ -82,10 +100,10 @@ def embed_images(
     """Return (embeddings in row order, row indices that were kept)."""
     num_rows = pq.ParquetFile(path).metadata.num_rows
     workers = default_workers(loaded.device) if num_workers is None else num_workers
+    decode, finish = split_preprocess(loaded.preprocess)
     loader = DataLoader(
-        ParquetImages(path, loaded.preprocess, dataset, split, skip_corrupt), batch_size=batch_size,
+        ParquetImages(path, decode, dataset, split, skip_corrupt), batch_size=batch_size,
         num_workers=workers, collate_fn=collate, pin_memory=loaded.device.type == "cuda",
-        persistent_workers=False, prefetch_factor=4 if workers else None,
     )
     out: np.ndarray | None = None
     kept = np.zeros(num_rows, dtype=bool)
@@ -96,7 +114,7 @@ def embed_images(
             if images is None:
                 continue
             with loaded.autocast():
-                emb = loaded.model.encode_image(images.to(loaded.device, non_blocking=True))
+                emb = loaded.model.encode_image(finish(images.to(loaded.device, non_blocking=True)))
             emb = emb.float().cpu().numpy()
             if out is None:
                 out = np.zeros((num_rows, emb.shape[1]), dtype=np.float32)

@@ -1,0 +1,35 @@
+"""The embed path on a GPU: bf16 autocast, pinned memory, DataLoader workers. Skipped where there is no CUDA device."""
+
+import numpy as np
+import pytest
+import torch
+
+from vlbench.embed import embed_dataset
+from vlbench.features import read_features
+from vlbench.models.loading import load_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def embed(cfg, device, dataset, out, workers):
+    loaded = load_model(cfg, device=device)
+    embed_dataset(loaded, dataset, out, batch_size=5, num_workers=workers, progress=False)
+    return read_features(out / "test.parquet", {}), read_features(out / "text.parquet", {})
+
+
+@pytest.mark.parametrize("precision,min_cosine", [("amp_bf16", 0.99), ("amp_fp16", 0.999), ("fp32", 0.9999)])
+def test_cuda_embeddings_match_cpu_fp32(toy_model_cfg, tiny_dataset, tmp_path, precision, min_cosine):
+    cpu_images, cpu_text = embed(toy_model_cfg, "cpu", tiny_dataset, tmp_path / "cpu", workers=0)
+    gpu_images, gpu_text = embed({**toy_model_cfg, "precision": precision}, "cuda", tiny_dataset, tmp_path / "gpu", workers=2)
+
+    assert gpu_images.fingerprint["precision"] == precision
+    assert cpu_images.fingerprint["precision"] == "fp32"
+    assert gpu_images.table.column("sample_id").to_pylist() == cpu_images.table.column("sample_id").to_pylist()
+    assert gpu_images.embeddings.dtype == np.float32
+    assert cosine_rows(gpu_images.embeddings, cpu_images.embeddings).min() > min_cosine
+    assert cosine_rows(gpu_text.embeddings, cpu_text.embeddings).min() > min_cosine
+
