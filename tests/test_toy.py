@@ -43,11 +43,13 @@ def test_checkpoint_reloads_through_open_clip_with_identical_embeddings(corpus, 
 
 
 def test_same_seed_same_weights_other_seed_other_weights(corpus, tmp_path):
-    weights = []
+    weights, hashes = [], []
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
-        train_toy_clip(corpus, "vlbench-toy", tmp_path / name / "ckpt.pt", **{**SETTINGS, "seed": seed})
+        summary = train_toy_clip(corpus, "vlbench-toy", tmp_path / name / "ckpt.pt", **{**SETTINGS, "seed": seed})
         weights.append(torch.load(tmp_path / name / "ckpt.pt"))
+        hashes.append(summary["weights_sha256"])
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert hashes[0] == hashes[1] != hashes[2]  # the fingerprint identifies the weights, byte for byte
     assert not all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])
 
 

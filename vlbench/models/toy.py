@@ -136,8 +136,8 @@ def train_toy_clip(
         train_seconds = time.perf_counter() - t_train
 
     model.eval()
-    with atomic_path(out_path) as tmp:
-        torch.save(model.state_dict(), tmp)
+    with atomic_path(out_path) as tmp, open(tmp, "wb") as f:
+        torch.save(model.state_dict(), f)  # a file object: given a path, torch names the archive after the temp file
     log_path = out_path.with_name(LOG_NAME)
     with atomic_path(log_path) as tmp:
         with open(tmp, "w", newline="") as f:
