@@ -2,10 +2,10 @@
 
 from stages.common import model_identity, parser, run, write_result
 from vlbench import metrics
+from vlbench.analyses.linear_probe import evaluate_linear_probe, fit_linear_probe
 from vlbench.config import features_dir, get, load_params, prepared_dir, report_path
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.features import read_features
-from vlbench.protocols.linear_probe import evaluate_linear_probe, fit_linear_probe
 
 
 def labels(features):

@@ -3,11 +3,11 @@
 import pyarrow.parquet as pq
 
 from stages.common import model_identity, parser, run, write_result
+from vlbench.analyses.zeroshot import evaluate_zeroshot
 from vlbench.config import features_dir, get, load_params, prepared_dir, report_path
 from vlbench.datasets.canonical import load_meta
 from vlbench.features import read_features
 from vlbench.io import atomic_path
-from vlbench.protocols.zeroshot import evaluate_zeroshot
 
 
 def main() -> None:

@@ -5,7 +5,14 @@ import yaml
 from click.testing import CliRunner
 
 from vlbench.cli import main as cli
-from vlbench.config import ParamsError, available, compose, dataset_spec, get, load_params
+from vlbench.config import (
+    ParamsError,
+    available,
+    compose,
+    dataset_spec,
+    get,
+    load_params,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 

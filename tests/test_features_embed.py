@@ -44,8 +44,9 @@ def test_embeddings_match_the_model_and_do_not_depend_on_workers_or_batch(loaded
     assert fa.table.column("sample_id").to_pylist() == fb.table.column("sample_id").to_pylist()
     np.testing.assert_allclose(fa.embeddings, fb.embeddings, rtol=1e-4, atol=1e-5)
     # the same image through the model by hand gives the stored row
-    from PIL import Image
     import io
+
+    from PIL import Image
     first = pq.read_table(tiny_dataset / "test.parquet").slice(0, 1).to_pylist()[0]
     with torch.inference_mode():
         x = loaded.preprocess(Image.open(io.BytesIO(first["image"])).convert("RGB"))[None]
@@ -115,8 +116,9 @@ def test_existing_features_survive_a_failed_rerun(loaded, tmp_path):
 
 
 def test_workers_stop_at_uint8_and_the_device_finishes_with_identical_pixels(loaded, tiny_dataset):
-    from PIL import Image
     import io
+
+    from PIL import Image
     decode, finish = split_preprocess(loaded.preprocess)
     image = Image.open(io.BytesIO(pq.read_table(tiny_dataset / "test.parquet").column("image")[0].as_py())).convert("RGB")
     assert decode(image).dtype == torch.uint8

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from vlbench import metrics
-from vlbench.protocols import linear_probe as lp
-from vlbench.protocols.linear_probe import (
+from vlbench.analyses import linear_probe as lp
+from vlbench.analyses.linear_probe import (
     LinearProbeError,
     default_c_grid,
     evaluate_linear_probe,

@@ -13,7 +13,12 @@ import pytest
 from PIL import Image
 
 from vlbench.datasets.canonical import DatasetError, load_meta
-from vlbench.datasets.local import IMG_EXTENSIONS, build_imagefolder, build_manifest, image_problem
+from vlbench.datasets.local import (
+    IMG_EXTENSIONS,
+    build_imagefolder,
+    build_manifest,
+    image_problem,
+)
 from vlbench.datasets.registry import prepare_dataset
 
 

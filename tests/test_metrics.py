@@ -2,10 +2,13 @@ import math
 
 import numpy as np
 import pytest
-from sklearn.metrics import average_precision_score, balanced_accuracy_score, roc_auc_score
+from sklearn.metrics import (
+    average_precision_score,
+    balanced_accuracy_score,
+    roc_auc_score,
+)
 
 from vlbench import metrics as M
-
 
 # ---------------------------------------------------------------- accuracy
 

@@ -3,7 +3,12 @@ import time
 import pytest
 import torch
 
-from vlbench.models.loading import ModelError, load_model, network_reachable, validate_model_config
+from vlbench.models.loading import (
+    ModelError,
+    load_model,
+    network_reachable,
+    validate_model_config,
+)
 
 
 def test_local_checkpoint_loads_and_fingerprints(toy_model_cfg):

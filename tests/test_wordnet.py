@@ -7,7 +7,13 @@ import pytest
 
 from vlbench.knowledge import wordnet as W
 from vlbench.knowledge.wordnet import (
-    LEXNAMES, WnidError, WordNetMissing, hypernym_closure, load_wordnet, synset_from_wnid, wnid_of,
+    LEXNAMES,
+    WnidError,
+    WordNetMissing,
+    hypernym_closure,
+    load_wordnet,
+    synset_from_wnid,
+    wnid_of,
 )
 
 DEBIAN = Path(W.DEBIAN_DIR)

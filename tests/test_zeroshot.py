@@ -2,8 +2,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from vlbench.analyses.zeroshot import class_weights, evaluate_zeroshot, zeroshot_logits
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta
-from vlbench.protocols.zeroshot import class_weights, evaluate_zeroshot, zeroshot_logits
 
 
 def test_class_weights_average_normalised_prompts_then_renormalise():

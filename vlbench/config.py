@@ -7,6 +7,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from vlbench.errors import VlbenchError
+
 PARAMS_FILE = Path("params.yaml")
 PREPARED = Path("data/prepared")
 MODELS = Path("data/models")
@@ -14,7 +16,7 @@ FEATURES = Path("features")
 REPORTS = Path("reports")
 
 
-class ParamsError(ValueError):
+class ParamsError(VlbenchError):
     """params.yaml is missing, malformed, or lacks a key a stage needs; the message names the key."""
 
 
@@ -70,7 +72,8 @@ def conf_dir() -> Path:
 
 def compose(overrides: list[str] | None = None, config_dir: str | Path | None = None) -> dict[str, Any]:
     """Compose conf/ exactly as `dvc exp run -S group=option` does and return a plain dict."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
     with initialize_config_dir(config_dir=str(Path(config_dir or conf_dir()).resolve()), version_base=None):

@@ -25,11 +25,12 @@ from tqdm import tqdm
 
 from vlbench import features
 from vlbench.datasets.canonical import DatasetMeta, load_meta
+from vlbench.errors import VlbenchError
 from vlbench.io import atomic_dir
 from vlbench.models.loading import LoadedModel
 
 
-class CorruptImageError(ValueError):
+class CorruptImageError(VlbenchError):
     """An image in a prepared dataset cannot be decoded; the message names the dataset, split and sample."""
 
 

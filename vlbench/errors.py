@@ -1,9 +1,9 @@
-"""The errors a user can cause and fix (bad params, data, weights): stages print these as one line."""
+"""The ground floor: the one base class of every error a user can cause and fix. Imports nothing.
 
-from vlbench.config import ParamsError
-from vlbench.datasets.canonical import DatasetError
-from vlbench.embed import CorruptImageError
-from vlbench.features import StaleFeaturesError
-from vlbench.models.loading import ModelError
+Stages catch `VlbenchError` and print its message as one line (no traceback); each subclass lives beside the
+code that raises it and its message names the file, sample, key or option at fault.
+"""
 
-USER_ERRORS = (ParamsError, DatasetError, CorruptImageError, StaleFeaturesError, ModelError, FileNotFoundError)
+
+class VlbenchError(ValueError):
+    """A problem with the user's params, data, weights or cached artifacts; the message says which and how to fix it."""

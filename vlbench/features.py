@@ -18,11 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vlbench.errors import VlbenchError
+
 FINGERPRINT_KEY = b"vlbench.fingerprint"
 IDENTITY_KEYS = ("model", "arch", "pretrained", "dataset", "dataset_version")
 
 
-class StaleFeaturesError(ValueError):
+class StaleFeaturesError(VlbenchError):
     """Features on disk were made by another model or from another version of the data."""
 
 

@@ -25,6 +25,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from vlbench.errors import VlbenchError
+
 __all__ = [
     "MetricError",
     "METRIC_NAMES",
@@ -41,7 +43,7 @@ __all__ = [
 ]
 
 
-class MetricError(ValueError):
+class MetricError(VlbenchError):
     """Inputs to a metric have the wrong shape, type or values."""
 
 

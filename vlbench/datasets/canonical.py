@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vlbench.errors import VlbenchError
 from vlbench.io import atomic_dir, sha256_file
 
 TASKS = ("single-label", "multi-label", "captions")
@@ -24,7 +25,7 @@ METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc")
 ROWS_PER_GROUP = 256
 
 
-class DatasetError(ValueError):
+class DatasetError(VlbenchError):
     """A prepared dataset is missing, malformed or inconsistent; the message names the file."""
 
 

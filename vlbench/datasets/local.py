@@ -27,7 +27,12 @@ from typing import Any, Iterator
 import polars as pl
 from PIL import Image
 
-from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, write_dataset
+from vlbench.datasets.canonical import (
+    ClassInfo,
+    DatasetError,
+    DatasetMeta,
+    write_dataset,
+)
 from vlbench.io import sha256_file
 
 # torchvision.datasets.folder.IMG_EXTENSIONS (lower case; matching is case-insensitive, as there).

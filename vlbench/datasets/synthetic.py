@@ -26,7 +26,12 @@ import pyarrow as pa
 from PIL import Image, ImageDraw
 
 import vlbench
-from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, write_dataset
+from vlbench.datasets.canonical import (
+    ClassInfo,
+    DatasetError,
+    DatasetMeta,
+    write_dataset,
+)
 
 GENERATOR = "vlbench.datasets.synthetic"
 SUPERSAMPLE = 4  # shapes are drawn at 4x and box-filtered down: anti-aliased edges

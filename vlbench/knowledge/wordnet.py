@@ -32,6 +32,8 @@ import nltk
 from nltk.corpus.reader.wordnet import Synset, WordNetCorpusReader
 from nltk.data import FileSystemPathPointer, ZipFilePathPointer
 
+from vlbench.errors import VlbenchError
+
 DEBIAN_DIR = "/usr/share/wordnet"
 ENV_DIR = "VLBENCH_WORDNET_DIR"
 ENV_CACHE = "VLBENCH_CACHE"
@@ -56,7 +58,7 @@ WNID_RE = re.compile(r"^([nvasr])(\d{8})$")
 _download_attempted = False
 
 
-class WordNetMissing(RuntimeError):
+class WordNetMissing(VlbenchError):
     """No WordNet could be found or obtained; the message lists what was tried and the fix."""
 
 

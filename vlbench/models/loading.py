@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from vlbench import __version__
+from vlbench.errors import VlbenchError
 from vlbench.io import sha256_file
 from vlbench.models import register_local_configs
 
@@ -25,7 +26,7 @@ REQUIRED_KEYS = ("slug", "arch", "pretrained")
 HF_HOST = ("huggingface.co", 443)
 
 
-class ModelError(ValueError):
+class ModelError(VlbenchError):
     """A model config is malformed, names an unknown architecture or tag, or its weights are missing."""
 
 

@@ -35,6 +35,7 @@ from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits
 
 from vlbench import metrics
+from vlbench.errors import VlbenchError
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ MAX_ITER = 1000
 SMALL_PROBLEM = 50_000_000  # samples x dims x classes below which one BLAS thread is faster
 
 
-class LinearProbeError(ValueError):
+class LinearProbeError(VlbenchError):
     """Bad inputs to the linear probe (shapes, label values, too few samples or classes)."""
 
 
