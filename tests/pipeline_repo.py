@@ -1,0 +1,64 @@
+"""A copy of this repository configured for fast end-to-end DVC runs: a smoke suite and few-step toy models."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SMOKE_SUITE = {
+    "slug": "smoke",
+    "datasets": {
+        "shapes": {"source": "synthetic", "task": "shapes", "seed": 0, "image_size": 32,
+                   "splits": {"train": 48, "val": 24, "test": 36}},
+        "hierarchy": {"source": "synthetic", "task": "hierarchy", "seed": 0, "image_size": 32,
+                      "splits": {"test": 30}},
+    },
+    "embed": ["shapes", "hierarchy"],
+    "zeroshot": ["shapes", "hierarchy"],
+    "linear_probe": ["shapes"],
+}
+
+
+def smoke_model(slug: str, arch: str) -> dict:
+    train = {"corpus": {"source": "synthetic", "task": "corpus", "seed": 1, "image_size": 32, "splits": {"train": 96}},
+             "steps": 3, "batch_size": 16, "lr": 0.001, "weight_decay": 0.1, "warmup_steps": 1, "seed": 0}
+    return {"slug": slug, "arch": arch, "pretrained": f"data/models/{slug}/checkpoint.pt",
+            "weights_file": f"data/models/{slug}/checkpoint.pt", "precision": "fp32", "pretrain": {slug: train}}
+
+
+def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a command with this interpreter's bin first on PATH (so `dvc` and `python` are the venv's)."""
+    full_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                "GIT_COMMITTER_EMAIL": "t@t", **(env or {})}
+    proc = subprocess.run(list(args), cwd=cwd, env=full_env, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def make_repo(dest: Path) -> Path:
+    """Copy the tracked (and untracked, not ignored) files to `dest`, configure the smoke suite and toy-smoke
+    model as defaults, compose params.yaml and commit everything in a fresh git repository."""
+    files = run(ROOT, "git", "ls-files", "--cached", "--others", "--exclude-standard").stdout.split()
+    for name in files:
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    (dest / "conf/suite/smoke.yaml").write_text(yaml.safe_dump(SMOKE_SUITE))
+    (dest / "conf/model/toy-smoke.yaml").write_text(yaml.safe_dump(smoke_model("toy-smoke", "vlbench-toy")))
+    (dest / "conf/model/toy-wide-smoke.yaml").write_text(yaml.safe_dump(smoke_model("toy-wide-smoke", "vlbench-toy-wide")))
+    config = (dest / "conf/config.yaml").read_text().replace("model: toy\n", "model: toy-smoke\n").replace("suite: demo\n", "suite: smoke\n")
+    (dest / "conf/config.yaml").write_text(config)
+    run(dest, sys.executable, "-m", "vlbench.cli", "compose")
+    run(dest, "git", "init", "-q")
+    run(dest, "git", "add", "-A")
+    run(dest, "git", "commit", "-qm", "copy")
+    return dest
