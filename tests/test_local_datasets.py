@@ -36,7 +36,7 @@ def truncated_jpeg(path: Path, seed: int = 99) -> Path:
 
 
 def read_split(out: Path, split: str) -> list[dict]:
-    return pq.read_table(out / f"{split}.parquet").to_pylist()
+    return pq.read_table(out / "splits" / f"{split}.parquet").to_pylist()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ def built(tmp_path_factory):
     out = {}
     for task in S.TASKS:
         meta = S.build(f"demo-{task}", spec(task), root / task)
-        tables = {split: pq.read_table(root / task / f"{split}.parquet") for split in SPLITS}
+        tables = {split: pq.read_table(root / task / "splits" / f"{split}.parquet") for split in SPLITS}
         out[task] = (meta, tables, root / task)
     return out
 
@@ -45,13 +45,13 @@ def rows(built, task, split="train"):
 def test_determinism(tmp_path, built):
     S.build("demo-shapes", spec("shapes"), tmp_path / "again")
     first = built["shapes"][2]
-    for name in ["classes.json", "train.parquet", "test.parquet"]:
+    for name in ["classes.json", "splits/train.parquet", "splits/test.parquet"]:
         assert (tmp_path / "again" / name).read_bytes() == (first / name).read_bytes(), name
 
 
 def test_seed_changes_data(tmp_path, built):
     S.build("demo-shapes", spec("shapes", seed=1), tmp_path / "other")
-    assert (tmp_path / "other" / "train.parquet").read_bytes() != (built["shapes"][2] / "train.parquet").read_bytes()
+    assert (tmp_path / "other" / "splits" / "train.parquet").read_bytes() != (built["shapes"][2] / "splits" / "train.parquet").read_bytes()
 
 
 def test_splits_and_tasks_disjoint(built):
@@ -78,7 +78,7 @@ def test_images_are_png_of_requested_size(tmp_path, built):
     image = Image.open(io.BytesIO(rows(built, "shapes")[0]["image"]))
     assert image.format == "PNG" and image.size == (32, 32) and image.mode == "RGB"
     S.build("big", spec("shapes", image_size=48, splits={"test": 2}), tmp_path / "big")
-    image = Image.open(io.BytesIO(pq.read_table(tmp_path / "big" / "test.parquet")["image"][0].as_py()))
+    image = Image.open(io.BytesIO(pq.read_table(tmp_path / "big" / "splits" / "test.parquet")["image"][0].as_py()))
     assert image.size == (48, 48)
 
 

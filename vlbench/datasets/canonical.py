@@ -23,6 +23,7 @@ from vlbench.io import atomic_dir, sha256_file
 TASKS = ("single-label", "multi-label", "captions")
 METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc")
 ROWS_PER_GROUP = 256
+SPLITS = "splits"  # the sub-folder of images and labels that image embedding depends on
 
 
 class DatasetError(VlbenchError):
@@ -126,21 +127,20 @@ def write_dataset(
     splits: dict[str, Iterable[dict]],
     extra_columns: dict[str, pa.DataType] | None = None,
 ) -> DatasetMeta:
-    """Write classes.json and every split atomically: `out_dir` is either complete or untouched.
+    """Write classes.json and every split (`splits/<split>.parquet`) atomically: `out_dir` is complete or untouched.
 
-    The dataset version is a hash of the classes, templates, task, metric and every split file (not of the
-    provenance, which holds local paths): features computed on other data are recognisably stale, while a
-    teammate's copy of the same data at another path has the same version.
+    The dataset version is a hash of the split files only, that is of the images, labels and per-sample
+    fields (never of class names, templates or provenance): image features stay valid when a class is
+    renamed, and a teammate's copy of the same data at another path has the same version.
     """
     schema = split_schema(meta.multi_label, extra_columns)
     with atomic_dir(out_dir) as tmp:
         digest = hashlib.sha256()
         for split, rows in splits.items():
-            path = tmp / f"{split}.parquet"
+            (tmp / SPLITS).mkdir(exist_ok=True)
+            path = tmp / SPLITS / f"{split}.parquet"
             meta.splits[split] = write_split(path, _check_rows(rows, meta, split), schema)
             digest.update(f"{split}:{sha256_file(path)}".encode())
-        body = {k: v for k, v in meta.to_json().items() if k not in ("version", "provenance")}
-        digest.update(json.dumps(body, sort_keys=True).encode())
         meta.version = digest.hexdigest()[:16]
         (tmp / "classes.json").write_text(json.dumps(meta.to_json(), indent=2) + "\n")
     return meta
@@ -172,7 +172,7 @@ def load_meta(dataset_dir: str | Path) -> DatasetMeta:
 
 
 def split_path(dataset_dir: str | Path, split: str) -> Path:
-    path = Path(dataset_dir) / f"{split}.parquet"
+    path = Path(dataset_dir) / SPLITS / f"{split}.parquet"
     if not path.exists():
         raise DatasetError(f"{path}: split {split!r} not found in {dataset_dir}")
     return path
