@@ -1,9 +1,11 @@
-"""pretrain@<toy model>: build the toy model's caption corpus and train it (only toy models have this stage)."""
+"""pretrain@<toy model>: build the toy model's caption corpus and train it into data/models/<toy>/ (toy models only).
 
-from pathlib import Path
+It writes only its declared outputs: a `model.pretrained` path given by the user is read by the embed
+stages, never written here.
+"""
 
 from stages.common import parser, run
-from vlbench.config import MODELS, get, load_params
+from vlbench.config import get, load_params, model_dir
 from vlbench.datasets.registry import prepare_dataset
 
 
@@ -13,13 +15,13 @@ def main() -> None:
     args = p.parse_args()
     params = load_params(args.params)
     spec = dict(get(params, f"model.pretrain.{args.model}", dict))
-    corpus = prepare_dataset("corpus", get(params, f"model.pretrain.{args.model}.corpus", dict), MODELS / args.model / "corpus")
+    out = model_dir(args.model)
+    corpus = prepare_dataset("corpus", get(params, f"model.pretrain.{args.model}.corpus", dict), out / "corpus")
     print(f"corpus: {corpus.splits}")
     from vlbench.models.toy import train_toy_clip
 
     train_args = {k: v for k, v in spec.items() if k != "corpus"}
-    stats = train_toy_clip(MODELS / args.model / "corpus", get(params, "model.arch", str),
-                           Path(get(params, "model.pretrained", str)), **train_args)
+    stats = train_toy_clip(out / "corpus", get(params, "model.arch", str), out / "checkpoint.pt", **train_args)
     print(f"trained {args.model}: {stats}")
 
 

@@ -1,17 +1,18 @@
-"""report: reports/metrics.json ({analysis: {dataset: {metric: value}}, model: fingerprint}) and plot data."""
+"""report: reports/metrics.json ({analysis: {dataset: {metric: value}}}), reports/model.json, one chart per analysis."""
 
 import json
 
 from stages.common import parser, run
-from vlbench.config import REPORTS, get, load_params
-from vlbench.report.aggregate import ANALYSES, write_report
+from vlbench.analyses import ANALYSES
+from vlbench.config import get, load_params
+from vlbench.report.aggregate import write_report
 
 
 def main() -> None:
     args = parser(__doc__, dataset=False).parse_args()
     params = load_params(args.params)
-    datasets = {a: list(get(params, f"suite.{a}", list)) for a in ANALYSES if get(params, "suite", dict).get(a)}
-    metrics = write_report(REPORTS, datasets)
+    datasets = {a: list(get(params, f"suite.{a}", list)) for a in ANALYSES}
+    metrics = write_report({a: d for a, d in datasets.items() if d})
     print(json.dumps(metrics, indent=2))
 
 

@@ -12,13 +12,17 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
+def synthetic_entry(task: str, splits: dict, templates: list[str]) -> dict:
+    """A registry entry of a synthetic dataset, defined inline in the smoke suite (its input is the generator)."""
+    return {"prepare": {"source": "synthetic", "task": task, "seed": 0, "image_size": 32, "splits": splits},
+            "input": "vlbench/datasets/synthetic.py", "texts": {"templates": templates}}
+
+
 SMOKE_SUITE = {
     "slug": "smoke",
     "datasets": {
-        "shapes": {"source": "synthetic", "task": "shapes", "seed": 0, "image_size": 32,
-                   "splits": {"train": 48, "val": 24, "test": 36}},
-        "hierarchy": {"source": "synthetic", "task": "hierarchy", "seed": 0, "image_size": 32,
-                      "splits": {"test": 30}},
+        "shapes": synthetic_entry("shapes", {"train": 48, "val": 24, "test": 36}, ["a {c}.", "a drawing of a {c}."]),
+        "hierarchy": synthetic_entry("hierarchy", {"test": 30}, ["a {c}."]),
     },
     "embed": ["shapes", "hierarchy"],
     "zeroshot": ["shapes", "hierarchy"],

@@ -1,7 +1,12 @@
-"""The `vlbench` command: list what is registered, compose params.yaml, check a model's weights."""
+"""The `vlbench` command: list what is registered, compose params.yaml, check a model's weights.
+
+Every command reads the project's own `conf/` (the current directory's, or `--conf PATH`), so the suites,
+models and datasets of the checkout you stand in are the ones listed.
+"""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -9,59 +14,102 @@ import click
 import yaml
 
 from vlbench.config import available, compose, conf_dir
+from vlbench.errors import VlbenchError
 
 PARAMS_HEADER = "# Composed from conf/ by Hydra; regenerate with `vlbench compose` (dvc exp run -S ... does the same).\n"
 
 
 @click.group()
-def main() -> None:
+@click.option("--conf", "conf", default=None, metavar="PATH", help="the project's conf/ folder (default: ./conf)")
+@click.pass_context
+def main(ctx: click.Context, conf: str | None) -> None:
     """vlbench: a reproducible benchmark for CLIP-like vision-language models."""
+    ctx.obj = conf
+
+
+def _conf(ctx: click.Context) -> Path:
+    try:
+        return conf_dir(ctx.obj)
+    except VlbenchError as err:
+        raise click.ClickException(str(err)) from err
 
 
 @main.command()
-def models() -> None:
+@click.pass_context
+def models(ctx: click.Context) -> None:
     """List the model slugs (conf/model/*.yaml)."""
-    for slug in available("model"):
-        cfg = yaml.safe_load((conf_dir() / "model" / f"{slug}.yaml").read_text())
+    conf = _conf(ctx)
+    for slug in available("model", conf):
+        cfg = yaml.safe_load((conf / "model" / f"{slug}.yaml").read_text())
         click.echo(f"{slug:20s} {cfg['arch']:24s} {cfg['pretrained']}")
 
 
 @main.command()
-def suites() -> None:
+@click.pass_context
+def suites(ctx: click.Context) -> None:
     """List the suite slugs (conf/suite/*.yaml)."""
-    for slug in available("suite"):
+    for slug in available("suite", _conf(ctx)):
         click.echo(slug)
+
+
+@main.command()
+@click.option("--suite", default=None, help="only the datasets of this suite")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def datasets(ctx: click.Context, suite: str | None, as_json: bool) -> None:
+    """The catalogue: every registered dataset (conf/dataset/*.yaml) with source, classes, splits, metric."""
+    from vlbench.datasets.registry import catalogue
+
+    conf = _conf(ctx)
+    if suite is not None:
+        _check_groups([f"suite={suite}"], conf)
+    try:
+        rows = catalogue(suite, conf)
+    except VlbenchError as err:
+        raise click.ClickException(str(err)) from err
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'dataset':16s} {'source':12s} {'classes':>7s}  {'metric':14s} {'manual':6s}  splits")
+    for r in rows:
+        splits = ", ".join(f"{k} {v}" for k, v in r["splits"].items()) or "(sizes known once prepared)"
+        classes = "?" if r["classes"] is None else str(r["classes"])
+        click.echo(f"{r['name']:16s} {r['source']:12s} {classes:>7s}  {r['metric']:14s} {'yes' if r['manual_download'] else 'no':6s}  {splits}")
 
 
 @main.command("compose")
 @click.argument("overrides", nargs=-1)
 @click.option("-o", "--output", default="params.yaml", show_default=True)
-def compose_cmd(overrides: tuple[str, ...], output: str) -> None:
+@click.pass_context
+def compose_cmd(ctx: click.Context, overrides: tuple[str, ...], output: str) -> None:
     """Write params.yaml from conf/ with Hydra OVERRIDES (e.g. model=toy-wide)."""
-    _check_groups(overrides)
-    Path(output).write_text(PARAMS_HEADER + yaml.safe_dump(compose(list(overrides)), sort_keys=False))
+    conf = _conf(ctx)
+    _check_groups(overrides, conf)
+    Path(output).write_text(PARAMS_HEADER + yaml.safe_dump(compose(list(overrides), conf), sort_keys=False))
     click.echo(f"wrote {output}")
 
 
 @main.command("check-weights")
 @click.argument("slug")
-def check_weights(slug: str) -> None:
+@click.pass_context
+def check_weights(ctx: click.Context, slug: str) -> None:
     """Load model SLUG once (downloading its weights if there is network) and print its fingerprint."""
-    from vlbench.models.loading import ModelError, load_model
+    from vlbench.models.loading import load_model
 
-    _check_groups([f"model={slug}"])
+    conf = _conf(ctx)
+    _check_groups([f"model={slug}"], conf)
     try:
-        loaded = load_model(compose([f"model={slug}"])["model"], device="cpu")
-    except ModelError as err:
+        loaded = load_model(compose([f"model={slug}"], conf)["model"], device="cpu")
+    except VlbenchError as err:
         raise click.ClickException(str(err)) from err
     click.echo(yaml.safe_dump(loaded.fingerprint, sort_keys=False))
 
 
-def _check_groups(overrides) -> None:
+def _check_groups(overrides, conf: Path) -> None:
     for override in overrides:
         group, _, option = override.partition("=")
-        if group in ("model", "suite") and option not in available(group):
-            raise click.ClickException(f"unknown {group} {option!r}; known {group}s: {', '.join(available(group))}")
+        if group in ("model", "suite") and option not in available(group, conf):
+            raise click.ClickException(f"unknown {group} {option!r}; known {group}s: {', '.join(available(group, conf))}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,12 @@
-"""Reading params.yaml (composed from conf/ by Hydra) and the fixed layout of the pipeline's files."""
+"""Reading params.yaml (composed from conf/ by Hydra) and the fixed layout of the pipeline's files.
+
+Every output path is built here from a validated name (a dataset key, a model slug, a text-set name: letters,
+digits, `-` and `_`), so a key can never point a stage at a folder it does not own.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -10,10 +15,14 @@ import yaml
 from vlbench.errors import VlbenchError
 
 PARAMS_FILE = Path("params.yaml")
+CONF = Path("conf")
 PREPARED = Path("data/prepared")
+TEXTS = Path("data/texts")
 MODELS = Path("data/models")
 FEATURES = Path("features")
 REPORTS = Path("reports")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+DATASET_KEYS = ("prepare", "input", "texts")
 
 
 class ParamsError(VlbenchError):
@@ -47,27 +56,76 @@ def get(params: Mapping[str, Any], dotted: str, kind: type | tuple[type, ...] | 
     return node
 
 
-def dataset_spec(params: Mapping[str, Any], name: str) -> dict[str, Any]:
+def check_name(kind: str, name: Any) -> str:
+    """A dataset key, model slug or text-set name: used in paths, so letters, digits, '-' and '_' only."""
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ParamsError(f"{kind} name {name!r} is not allowed: use letters, digits, '-' and '_' (it becomes a folder name)")
+    return name
+
+
+def dataset_entry(params: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The registry entry of dataset `name` in the composed suite: {prepare: spec, input: path, texts: {...}}."""
+    check_name("dataset", name)
     datasets = get(params, "suite.datasets", Mapping)
     if name not in datasets:
         raise ParamsError(f"params.yaml: unknown dataset {name!r} in suite {params['suite'].get('slug')!r}; known: {sorted(datasets)}")
-    return dict(get(params, f"suite.datasets.{name}", Mapping))
+    entry = dict(get(params, f"suite.datasets.{name}", Mapping))
+    missing = [k for k in DATASET_KEYS if k not in entry]
+    if missing:
+        raise ParamsError(f"params.yaml: dataset {name!r} lacks key(s) {missing}; an entry has {list(DATASET_KEYS)} (see conf/dataset/)")
+    return entry
+
+
+def dataset_spec(params: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """What `prepare` builds from: the entry's `prepare` mapping (source + source-specific keys)."""
+    spec = dataset_entry(params, name)["prepare"]
+    if not isinstance(spec, Mapping):
+        raise ParamsError(f"params.yaml: key 'suite.datasets.{name}.prepare' must be a mapping, got {spec!r}")
+    return dict(spec)
+
+
+def _inside(path: Path, root: Path = Path(".")) -> Path:
+    """`path` if it stays inside `root` once resolved; an error otherwise (no key may escape the project)."""
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise ParamsError(f"output path {str(path)!r} leaves the project folder {str(root.resolve())!r}")
+    return path
 
 
 def prepared_dir(dataset: str) -> Path:
-    return PREPARED / dataset
+    return _inside(PREPARED / check_name("dataset", dataset))
+
+
+def splits_dir(dataset: str) -> Path:
+    """The prepared images and labels (what image embedding depends on); classes.json sits one level up."""
+    return prepared_dir(dataset) / "splits"
+
+
+def texts_dir(dataset: str) -> Path:
+    return _inside(TEXTS / check_name("dataset", dataset))
+
+
+def model_dir(slug: str) -> Path:
+    return _inside(MODELS / check_name("model", slug))
 
 
 def features_dir(model_slug: str, dataset: str) -> Path:
-    return FEATURES / model_slug / dataset
+    return _inside(FEATURES / check_name("model", model_slug) / check_name("dataset", dataset))
 
 
-def report_path(analysis: str, dataset: str, suffix: str = ".json") -> Path:
-    return REPORTS / analysis / f"{dataset}{suffix}"
+def image_features_path(model_slug: str, dataset: str, split: str) -> Path:
+    return features_dir(model_slug, dataset) / "images" / f"{check_name('split', split)}.parquet"
 
 
-def conf_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "conf"
+def text_features_path(model_slug: str, dataset: str, text_set: str) -> Path:
+    return features_dir(model_slug, dataset) / "text" / f"{check_name('text set', text_set)}.parquet"
+
+
+def conf_dir(path: str | Path | None = None) -> Path:
+    """The project's conf/: `path` if given, else ./conf (the checkout you run in, with your own suites)."""
+    conf = Path(path) if path else CONF
+    if not (conf / "config.yaml").is_file():
+        raise ParamsError(f"{str(conf.resolve())!r} has no config.yaml: run from the project root or pass --conf PATH")
+    return conf
 
 
 def compose(overrides: list[str] | None = None, config_dir: str | Path | None = None) -> dict[str, Any]:
@@ -76,10 +134,10 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(Path(config_dir or conf_dir()).resolve()), version_base=None):
+    with initialize_config_dir(config_dir=str(conf_dir(config_dir).resolve()), version_base=None):
         cfg = hydra_compose(config_name="config", overrides=overrides or [])
     return OmegaConf.to_container(cfg, resolve=True)
 
 
 def available(group: str, config_dir: str | Path | None = None) -> list[str]:
-    return sorted(p.stem for p in (Path(config_dir or conf_dir()) / group).glob("*.yaml"))
+    return sorted(p.stem for p in (conf_dir(config_dir) / group).glob("*.yaml"))

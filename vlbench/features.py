@@ -1,10 +1,11 @@
 """The feature store: embeddings in Parquet, each file stamped with the fingerprint of what made it.
 
-`features/<model>/<dataset>/<split>.parquet`: sample_id, label|labels, embedding (fixed-size list<float32>).
-`features/<model>/<dataset>/text.parquet`: class_index, source, text, embedding.
-The schema metadata key `vlbench.fingerprint` holds a JSON object (model slug, arch, pretrained tag,
-weights hash, preprocessing, precision, dataset name and version, vlbench version). Readers state what they
-expect and get a `StaleFeaturesError` on any mismatch: features are never silently reused.
+`features/<model>/<dataset>/images/<split>.parquet`: sample_id, label|labels, embedding (fixed-size list<float32>).
+`features/<model>/<dataset>/text/<set>.parquet`: the text set's rows (owner column, source, text) + embedding.
+The schema metadata key `vlbench.fingerprint` holds a JSON object: the model (slug, arch, pretrained tag,
+weights hash, preprocessing, precision, vlbench version) and what was encoded (dataset and its image-data
+version, or dataset, text set and text-set version). Readers state what they expect and get a
+`StaleFeaturesError` on any mismatch: features are never silently reused.
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ import pyarrow.parquet as pq
 from vlbench.errors import VlbenchError
 
 FINGERPRINT_KEY = b"vlbench.fingerprint"
-IDENTITY_KEYS = ("model", "arch", "pretrained", "dataset", "dataset_version")
+SKIPPED_KEY = b"vlbench.skipped_corrupt"
 
 
 class StaleFeaturesError(VlbenchError):
     """Features on disk were made by another model or from another version of the data."""
+
+
+class MissingFeaturesError(VlbenchError):
+    """No features where a stage expects them: the embed stage has not run for this model and dataset."""
 
 
 def embedding_type(dim: int) -> pa.DataType:
@@ -41,16 +46,9 @@ def with_fingerprint(schema: pa.Schema, fingerprint: Mapping[str, Any]) -> pa.Sc
     return schema.with_metadata({FINGERPRINT_KEY: json.dumps(dict(fingerprint), sort_keys=True).encode()})
 
 
-def image_schema(dim: int, multi_label: bool, fingerprint: Mapping[str, Any]) -> pa.Schema:
-    label = pa.field("labels", pa.list_(pa.int64())) if multi_label else pa.field("label", pa.int64())
-    fields = [pa.field("sample_id", pa.string()), label, pa.field("embedding", embedding_type(dim))]
-    return with_fingerprint(pa.schema(fields), fingerprint)
-
-
-def text_schema(dim: int, fingerprint: Mapping[str, Any]) -> pa.Schema:
-    fields = [pa.field("class_index", pa.int64()), pa.field("source", pa.string()),
-              pa.field("text", pa.string()), pa.field("embedding", embedding_type(dim))]
-    return with_fingerprint(pa.schema(fields), fingerprint)
+def features_schema(rows: pa.Schema, dim: int, fingerprint: Mapping[str, Any]) -> pa.Schema:
+    """The schema of `rows` (ids and labels, or a text set's columns) plus the embedding, stamped."""
+    return with_fingerprint(pa.schema(list(rows) + [pa.field("embedding", embedding_type(dim))]), fingerprint)
 
 
 def write_table(path: Path, batches: Iterable[pa.RecordBatch | pa.Table], schema: pa.Schema) -> int:
@@ -67,7 +65,7 @@ def write_table(path: Path, batches: Iterable[pa.RecordBatch | pa.Table], schema
 def read_fingerprint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no features here; run the embed stage first")
+        raise MissingFeaturesError(f"{path}: no features here; run the embed stages for this model and dataset first")
     meta = pq.read_schema(path).metadata or {}
     if FINGERPRINT_KEY not in meta:
         raise StaleFeaturesError(f"{path}: has no vlbench fingerprint; it was not written by vlbench's embed stage")
@@ -88,6 +86,7 @@ class Features:
     table: pa.Table  # every column but the embedding
     embeddings: np.ndarray  # (n, d) float32
     fingerprint: dict[str, Any]
+    skipped: list[str]  # sample ids left out because their image could not be decoded
 
 
 def read_features(path: str | Path, expect: Mapping[str, Any]) -> Features:
@@ -95,4 +94,5 @@ def read_features(path: str | Path, expect: Mapping[str, Any]) -> Features:
     table = pq.read_table(path)
     emb = table.column("embedding").combine_chunks()
     x = emb.flatten().to_numpy(zero_copy_only=False).reshape(-1, emb.type.list_size).astype(np.float32, copy=False)
-    return Features(table.drop(["embedding"]), x, fingerprint)
+    skipped = json.loads((table.schema.metadata or {}).get(SKIPPED_KEY, b"[]"))
+    return Features(table.drop(["embedding"]).replace_schema_metadata(None), x, fingerprint, skipped)

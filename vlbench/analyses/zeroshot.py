@@ -40,8 +40,8 @@ def label_matrix(table, meta) -> np.ndarray:
     from vlbench.metrics import multilabel_indicator
 
     if meta.multi_label:
-        return multilabel_indicator(table.column("labels").to_pylist(), len(meta.classes))
-    return table.column("label").to_numpy()
+        return multilabel_indicator(table.column(meta.label_column).to_pylist(), len(meta.classes))
+    return table.column(meta.label_column).to_numpy()
 
 
 def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: np.ndarray, meta):
@@ -60,13 +60,25 @@ def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: 
         results["accuracy"] = metrics.compute("accuracy", logits, labels)
     predicted = logits.argmax(axis=1)
     names = np.array(meta.class_names)
-    label_col = "labels" if meta.multi_label else "label"
     predictions = pa.table({
         "sample_id": image_table.column("sample_id"),
-        label_col: image_table.column(label_col),
+        meta.label_column: image_table.column(meta.label_column),
         "predicted": pa.array(predicted, pa.int64()),
         "predicted_name": pa.array(names[predicted].tolist(), pa.string()),
         "predicted_logit": pa.array(logits[np.arange(len(logits)), predicted], pa.float32()),
         "logits": embedding_array(logits),
     })
     return {k: float(v) for k, v in results.items()}, predictions
+
+
+def run(inputs, cfg, seed: int):
+    """The zeroshot analysis: the `cfg['split']` images against the class prompts (text set `prompts`)."""
+    from vlbench.analyses.base import Result
+
+    images, texts = inputs.images(cfg["split"]), inputs.texts("prompts")
+    metrics, predictions = evaluate_zeroshot(images.table, images.embeddings, texts.table, texts.embeddings, inputs.meta)
+    prompts_per_class = texts.table.num_rows / max(len(inputs.meta.classes), 1)
+    return Result(metrics, counts={"samples": images.table.num_rows, "classes": len(inputs.meta.classes),
+                                   "prompts": texts.table.num_rows},
+                  params={"split": cfg["split"], "text_set": "prompts", "prompts_per_class": prompts_per_class},
+                  tables={"predictions": predictions})

@@ -1,15 +1,19 @@
-"""Dataset sources: each turns a dataset spec (a mapping from params) into the canonical format.
+"""Dataset sources and the catalogue of registered datasets.
 
-A spec names its `source`; the builder for that source gets `(name, spec, out_dir)` and returns the
-written `DatasetMeta`. Adding a source means adding one line to `SOURCES`.
+A dataset entry (conf/dataset/<name>.yaml) has `prepare` (a spec naming its `source`), `input` (what DVC
+tracks for prepare) and `texts`. The builder of a source gets `(name, spec, out_dir)` and returns the
+written `DatasetMeta`. Adding a source means adding one line to `SOURCES` (and, if it reads files the user
+provides, to `DATA_KEYS`).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from vlbench.config import ParamsError, compose, prepared_dir
 from vlbench.datasets.canonical import DatasetError, DatasetMeta
 
 SOURCES = {
@@ -17,13 +21,73 @@ SOURCES = {
     "imagefolder": "vlbench.datasets.local:build_imagefolder",
     "manifest": "vlbench.datasets.local:build_manifest",
 }
+# Spec keys that name the user's files: they must lie inside the entry's `input`, which DVC hashes.
+DATA_KEYS = {"imagefolder": ("root",), "manifest": ("path", "splits")}
+
+
+def _source(name: str, spec: Mapping[str, Any]) -> str:
+    source = spec.get("source") if isinstance(spec, Mapping) else None
+    if source not in SOURCES:
+        raise DatasetError(f"dataset {name!r}: unknown source {source!r}; known sources: {', '.join(sorted(SOURCES))}")
+    return source
 
 
 def prepare_dataset(name: str, spec: Mapping[str, Any], out_dir: str | Path) -> DatasetMeta:
-    source = spec.get("source") if isinstance(spec, Mapping) else None
-    if source not in SOURCES:
-        raise DatasetError(
-            f"dataset {name!r}: unknown source {source!r}; known sources: {', '.join(sorted(SOURCES))}"
-        )
-    module, func = SOURCES[source].split(":")
+    module, func = SOURCES[_source(name, spec)].split(":")
     return getattr(importlib.import_module(module), func)(name, dict(spec), Path(out_dir))
+
+
+def data_paths(name: str, spec: Mapping[str, Any]) -> list[Path]:
+    """The files and folders of the user's that `prepare` reads for this spec."""
+    paths = []
+    for key in DATA_KEYS.get(_source(name, spec), ()):
+        value = spec.get(key)
+        values = value.values() if isinstance(value, Mapping) else [value] if value is not None else []
+        paths += [Path(str(v)) for v in values]
+    return paths
+
+
+def check_input(name: str, entry: Mapping[str, Any]) -> None:
+    """Refuse an entry whose `input` does not cover the data prepare reads: DVC would not see it change."""
+    tracked = Path(str(entry["input"])).resolve()
+    for path in data_paths(name, entry["prepare"]):
+        if not path.resolve().is_relative_to(tracked):
+            raise ParamsError(
+                f"dataset {name!r}: input {str(entry['input'])!r} does not contain {str(path)!r}, which prepare reads; "
+                f"set `input:` to the data's folder (e.g. input: {str(path if path.is_dir() else path.parent)!r}) "
+                f"so that DVC re-runs prepare when a file changes"
+            )
+
+
+def describe(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """One catalogue row: name, source, classes, splits with sizes, metric, manual download; from the entry,
+    the source's class list where it is known without data, or the prepared classes.json when there is one."""
+    spec = entry["prepare"]
+    row = {"name": name, "source": _source(name, spec), "classes": None, "splits": {}, "metric": spec.get("metric"),
+           "manual_download": False}
+    if row["source"] == "synthetic":
+        from vlbench.datasets.synthetic import catalogue_row
+
+        row.update(catalogue_row(name, spec))
+    elif isinstance(spec.get("classnames"), (list, Mapping)):
+        row["classes"] = len(spec["classnames"])
+    classes_json = prepared_dir(name) / "classes.json"
+    if classes_json.is_file():
+        prepared = json.loads(classes_json.read_text())
+        row.update(classes=prepared["num_classes"], splits=prepared["splits"], metric=prepared["metric"])
+    row["metric"] = row["metric"] or "accuracy"
+    return row
+
+
+def catalogue(suite: str | None = None, config_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """Every registered dataset (conf/dataset/*.yaml), or those of one suite."""
+    from omegaconf import OmegaConf
+
+    from vlbench.config import conf_dir
+
+    if suite is not None:
+        entries = compose([f"suite={suite}"], config_dir)["suite"]["datasets"]
+    else:
+        files = sorted((conf_dir(config_dir) / "dataset").glob("*.yaml"))
+        entries = {f.stem: OmegaConf.to_container(OmegaConf.load(f), resolve=True) for f in files}
+    return [describe(name, entry) for name, entry in entries.items()]

@@ -20,6 +20,7 @@ from vlbench import __version__
 from vlbench.errors import VlbenchError
 from vlbench.io import sha256_file
 from vlbench.models import register_local_configs
+from vlbench.models.identity import is_local_checkpoint
 
 PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
 REQUIRED_KEYS = ("slug", "arch", "pretrained")
@@ -70,10 +71,6 @@ def pick_device(requested: str | None = None) -> torch.device:
 def effective_precision(precision: str, device: torch.device) -> str:
     """Autocast only on CUDA: CPU runs in fp32 whatever the config asks for."""
     return precision if device.type == "cuda" else "fp32"
-
-
-def is_local_checkpoint(pretrained: str) -> bool:
-    return os.sep in pretrained or pretrained.endswith((".pt", ".pth", ".bin", ".safetensors"))
 
 
 def load_model(cfg: Mapping[str, Any], device: str | torch.device | None = None, cache_dir: str | None = None) -> LoadedModel:
@@ -128,7 +125,10 @@ def resolve_weights(cfg: Mapping[str, Any], cache_dir: str | None = None) -> tup
     pcfg = open_clip.get_pretrained_cfg(cfg["arch"], pretrained)
     if not pcfg:
         tags = open_clip.list_pretrained_tags_by_model(cfg["arch"])
-        raise ModelError(f"model {cfg['slug']!r}: unknown pretrained tag {pretrained!r} for {cfg['arch']!r}; known tags: {tags}")
+        raise ModelError(
+            f"model {cfg['slug']!r}: pretrained {pretrained!r} is no such file (checked {str(Path(pretrained).resolve())!r}) "
+            f"and no pretrained tag of {cfg['arch']!r} (known tags: {tags}); for a checkpoint give its path"
+        )
     cached = find_cached_weights(pcfg, cache_dir)
     if cached:
         return cached, pcfg

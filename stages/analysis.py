@@ -1,0 +1,29 @@
+"""<analysis>@<dataset>: one analysis of the table (vlbench/analyses) on cached features -> reports/<analysis>/<dataset>.json."""
+
+from stages.common import parser, run
+from vlbench.analyses import load
+from vlbench.analyses.base import Inputs
+from vlbench.config import features_dir, get, load_params, prepared_dir, texts_dir
+from vlbench.datasets.canonical import load_meta
+from vlbench.models.identity import model_identity
+from vlbench.results import write_result
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--analysis", required=True, help="a name from vlbench.analyses.ANALYSES")
+    args = p.parse_args()
+    params = load_params(args.params)
+    module = load(args.analysis)
+    identity = model_identity(get(params, "model", dict))
+    meta = load_meta(prepared_dir(args.dataset))
+    inputs = Inputs(meta, identity, features_dir(identity["model"], args.dataset), texts_dir(args.dataset))
+    result = module.run(inputs, get(params, args.analysis, dict), int(get(params, "seed", int)))
+    skipped = meta.provenance.get("skipped_corrupt", []) + [s for ids in inputs.skipped.values() for s in ids]
+    result.counts["skipped_corrupt"] = len(skipped)
+    write_result(args.analysis, args.dataset, result, inputs.fingerprint or identity)
+    print(f"{args.analysis} {args.dataset}: {result.metrics}")
+
+
+if __name__ == "__main__":
+    run(main)

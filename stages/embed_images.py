@@ -1,0 +1,26 @@
+"""embed_images@<dataset>: image features of every split for the params' model -> features/<model>/<dataset>/images/."""
+
+import json
+
+from stages.common import parser, run
+from vlbench.config import features_dir, get, load_params, prepared_dir
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: 16 at most on CUDA, half the cores on CPU)")
+    args = p.parse_args()
+    params = load_params(args.params)
+    from vlbench.embed import embed_image_splits
+    from vlbench.models.loading import load_model
+
+    loaded = load_model(get(params, "model", dict), device=args.device)
+    summary = embed_image_splits(loaded, prepared_dir(args.dataset), features_dir(loaded.fingerprint["model"], args.dataset) / "images",
+                                 batch_size=args.batch_size, num_workers=args.workers)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,39 @@
+"""What every analysis receives and returns: fingerprint-checked features in, a result out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from vlbench.datasets.canonical import DatasetMeta
+from vlbench.features import Features, read_features
+from vlbench.results import Result  # noqa: F401  (what an analysis returns)
+from vlbench.texts import read_text_set
+
+
+@dataclass
+class Inputs:
+    """The cached features of one dataset for one model; every read checks the file's fingerprint against
+    the model the params name (`identity`), the prepared data's version and the text set's version."""
+
+    meta: DatasetMeta
+    identity: Mapping[str, Any]  # vlbench.models.identity.model_identity(params' model)
+    features_dir: Path  # features/<model>/<dataset>
+    texts_dir: Path  # data/texts/<dataset>
+    skipped: dict[str, list[str]] = field(default_factory=dict)  # split -> sample ids embed left out
+    fingerprint: dict[str, Any] = field(default_factory=dict)  # of the first image features read
+
+    def has_split(self, split: str) -> bool:
+        return split in self.meta.splits
+
+    def images(self, split: str) -> Features:
+        expect = {**self.identity, "dataset": self.meta.name, "dataset_version": self.meta.version}
+        found = read_features(self.features_dir / "images" / f"{split}.parquet", expect)
+        self.skipped[split] = found.skipped
+        self.fingerprint = self.fingerprint or found.fingerprint
+        return found
+
+    def texts(self, text_set: str) -> Features:
+        _, stamp = read_text_set(self.texts_dir / f"{text_set}.parquet")
+        return read_features(self.features_dir / "text" / f"{text_set}.parquet", {**self.identity, **stamp})

@@ -1,0 +1,83 @@
+"""The one owner of result paths and the result file format.
+
+`reports/<analysis>/<dataset>.json`: {analysis, dataset, metrics, counts, params, fingerprint, vlbench_version}
+(a plain output, in git); `reports/<analysis>/<dataset>.<table>.parquet`: per-sample tables (DVC cache);
+`reports/metrics.json`: {analysis: {dataset: {metric: value}}}, numbers only, the one file declared as DVC
+metrics so `dvc exp show` stays readable; `reports/model.json`: the model fingerprint behind those numbers.
+Paths never contain the model slug, so any two experiments are comparable.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vlbench import __version__
+from vlbench.config import REPORTS, check_name
+from vlbench.errors import VlbenchError
+from vlbench.io import atomic_path, write_json
+
+METRICS_FILE = REPORTS / "metrics.json"
+MODEL_FILE = REPORTS / "model.json"
+PLOTS_DIR = REPORTS / "plots"
+MODEL_KEYS = ("model", "arch", "pretrained", "weights_sha256", "precision", "vlbench_version")
+
+
+@dataclass
+class Result:
+    metrics: dict[str, float]  # the numbers people compare (they go to reports/metrics.json)
+    counts: dict[str, int]
+    params: dict[str, Any]  # what was used, including choices made on the way (e.g. a chosen C)
+    tables: dict[str, pa.Table] = field(default_factory=dict)  # written as reports/<analysis>/<dataset>.<name>.parquet
+
+
+class MissingResultError(VlbenchError):
+    """A result the report needs has not been computed."""
+
+
+def result_path(analysis: str, dataset: str, suffix: str = ".json") -> Path:
+    return REPORTS / check_name("analysis", analysis) / f"{check_name('dataset', dataset)}{suffix}"
+
+
+def write_result(analysis: str, dataset: str, result: Result, fingerprint: Mapping[str, Any]) -> Path:
+    """Write the tables, then the JSON (atomically, each): the JSON is there only when everything is."""
+    for name, table in result.tables.items():
+        with atomic_path(result_path(analysis, dataset, f".{check_name('table', name)}.parquet")) as tmp:
+            pq.write_table(table, tmp)
+    path = result_path(analysis, dataset)
+    write_json(path, {
+        "analysis": analysis, "dataset": dataset, "metrics": {k: float(v) for k, v in result.metrics.items()},
+        "counts": dict(result.counts), "params": dict(result.params),
+        "fingerprint": dict(fingerprint),
+        "vlbench_version": __version__,
+    })
+    return path
+
+
+def read_result(analysis: str, dataset: str) -> dict[str, Any]:
+    path = result_path(analysis, dataset)
+    if not path.is_file():
+        raise MissingResultError(f"{path}: result missing; run the {analysis}@{dataset} stage")
+    return json.loads(path.read_text())
+
+
+def collect(datasets_by_analysis: Mapping[str, list[str]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """({analysis: {dataset: {metric: value}}}, the model fingerprint of those results)."""
+    metrics: dict[str, Any] = {}
+    model: dict[str, Any] = {}
+    for analysis, datasets in datasets_by_analysis.items():
+        for dataset in datasets:
+            result = read_result(analysis, dataset)
+            metrics.setdefault(analysis, {})[dataset] = result["metrics"]
+            model = model or {k: result["fingerprint"].get(k) for k in MODEL_KEYS}
+    return metrics, model
+
+
+def write_metrics(metrics: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+    write_json(METRICS_FILE, dict(metrics))
+    write_json(MODEL_FILE, dict(model))

@@ -1,0 +1,112 @@
+"""Text sets: every text an analysis scores, as data (DESIGN.md, "Text sets").
+
+`data/texts/<dataset>/<set>.parquet` holds one row per text: an owner column (`class_index` for class
+prompts, `sample_id` for a sample's captions, `key` for free vocabularies), `source` (`template`, `caption`,
+...) and `text`. A set's version is a hash of its rows and travels in the file's schema metadata, so text
+features can say exactly which texts they encode. Text sets depend on the class list and the entry's
+`texts` params, never on images: editing a prompt re-embeds texts only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vlbench.config import check_name
+from vlbench.datasets.canonical import DatasetError, DatasetMeta, iter_batches, split_path
+from vlbench.io import atomic_dir
+
+OWNERS = ("class_index", "sample_id", "key")
+META_KEY = b"vlbench.text_set"
+DEFAULT_TEMPLATES = ["a photo of a {c}."]
+TEXTS_KEYS = ("templates",)
+
+
+def text_table(owner: str, owners: list, sources: list[str], texts: list[str]) -> pa.Table:
+    if owner not in OWNERS:
+        raise ValueError(f"text set owner column {owner!r} is not one of {OWNERS}")
+    owner_type = pa.int64() if owner == "class_index" else pa.string()
+    return pa.table({owner: pa.array(owners, owner_type), "source": pa.array(sources, pa.string()),
+                     "text": pa.array(texts, pa.string())})
+
+
+def owner_column(table: pa.Table) -> str:
+    found = [c for c in OWNERS if c in table.column_names]
+    if len(found) != 1:
+        raise DatasetError(f"a text set has exactly one owner column of {OWNERS}; found {found}")
+    return found[0]
+
+
+def text_set_version(table: pa.Table) -> str:
+    rows = json.dumps(table.to_pylist(), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(rows.encode()).hexdigest()[:16]
+
+
+def check_templates(dataset: str, templates: Any) -> list[str]:
+    if (not isinstance(templates, list) or not templates
+            or not all(isinstance(t, str) and "{c}" in t for t in templates)):
+        raise DatasetError(f"dataset {dataset!r}: texts.templates must be a non-empty list of strings, each with a "
+                           f"'{{c}}' placeholder; got {templates!r}")
+    return templates
+
+
+def prompts(meta: DatasetMeta, templates: list[str]) -> pa.Table:
+    """Class prompts: every template filled with every class name, class-major."""
+    rows = [(c.index, t.replace("{c}", c.name)) for c in meta.classes for t in templates]
+    return text_table("class_index", [i for i, _ in rows], ["template"] * len(rows), [t for _, t in rows])
+
+
+def captions(meta: DatasetMeta, dataset_dir: Path) -> pa.Table:
+    """Every caption of every sample of every split, owned by its sample_id."""
+    ids, texts = [], []
+    for split in meta.splits:
+        for batch in iter_batches(split_path(dataset_dir, split), columns=["sample_id", "captions"]):
+            for sid, caps in zip(batch.column("sample_id").to_pylist(), batch.column("captions").to_pylist()):
+                ids += [sid] * len(caps or [])
+                texts += list(caps or [])
+    return text_table("sample_id", ids, ["caption"] * len(ids), texts)
+
+
+def build_text_sets(meta: DatasetMeta, dataset_dir: Path, cfg: Mapping[str, Any]) -> dict[str, pa.Table]:
+    """The text sets of one prepared dataset for its entry's `texts` params."""
+    unknown = sorted(set(cfg) - set(TEXTS_KEYS))
+    if unknown:
+        raise DatasetError(f"dataset {meta.name!r}: unknown texts key(s) {unknown}; allowed: {', '.join(TEXTS_KEYS)}")
+    sets = {"prompts": prompts(meta, check_templates(meta.name, cfg.get("templates", DEFAULT_TEMPLATES)))}
+    if meta.task == "captions":
+        sets["captions"] = captions(meta, dataset_dir)
+    return sets
+
+
+def write_text_sets(out_dir: Path, dataset: str, sets: Mapping[str, pa.Table]) -> dict[str, str]:
+    """Write every set atomically into `out_dir` (replaced whole); return {set: version}."""
+    versions = {}
+    with atomic_dir(out_dir) as tmp:
+        for name, table in sets.items():
+            check_name("text set", name)
+            owner_column(table)
+            versions[name] = text_set_version(table)
+            stamp = {"dataset": dataset, "text_set": name, "text_version": versions[name]}
+            pq.write_table(table.replace_schema_metadata({META_KEY: json.dumps(stamp, sort_keys=True).encode()}),
+                           tmp / f"{name}.parquet")
+    return versions
+
+
+def read_text_set(path: Path) -> tuple[pa.Table, dict[str, str]]:
+    """(rows, {dataset, text_set, text_version}) of one text set file."""
+    if not path.is_file():
+        raise DatasetError(f"{path}: text set not found; run the texts stage for this dataset first")
+    table = pq.read_table(path)
+    stamp = (table.schema.metadata or {}).get(META_KEY)
+    if stamp is None:
+        raise DatasetError(f"{path}: not a vlbench text set (no {META_KEY.decode()} metadata)")
+    return table.replace_schema_metadata(None), json.loads(stamp)
+
+
+def text_set_names(texts_dir: Path) -> list[str]:
+    return sorted(p.stem for p in Path(texts_dir).glob("*.parquet"))
