@@ -11,12 +11,12 @@ from vlbench.datasets.registry import prepare_dataset
 
 def main() -> None:
     p = parser(__doc__, dataset=False)
-    p.add_argument("--model", required=True, help="toy model slug, a key of model.pretrain")
+    p.add_argument("--model", required=True, help="toy model slug, an item of model.pretrain")
     args = p.parse_args()
     params = load_params(args.params)
-    spec = dict(get(params, f"model.pretrain.{args.model}", dict))
+    spec = dict(get(params, "model.train", dict))
     out = model_dir(args.model)
-    corpus = prepare_dataset("corpus", get(params, f"model.pretrain.{args.model}.corpus", dict), out / "corpus")
+    corpus = prepare_dataset("corpus", get(params, "model.train.corpus", dict), out / "corpus")
     print(f"corpus: {corpus.splits}")
     from vlbench.models.toy import train_toy_clip
 

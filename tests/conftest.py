@@ -25,8 +25,7 @@ def png(rgb, size: int = 32, seed: int = 0) -> bytes:
 def make_dataset(out_dir, name="tiny", per_class=4, splits=("train", "test"), corrupt: dict | None = None):
     """Three colour classes; `corrupt={split: sample_id}` replaces that sample's bytes with garbage."""
     classes = [ClassInfo(index=i, name=n) for i, n in enumerate(COLORS)]
-    meta = DatasetMeta(name=name, task="single-label", metric="accuracy", classes=classes,
-                       templates=["a {c} square.", "a photo of something {c}."])
+    meta = DatasetMeta(name=name, task="single-label", metric="accuracy", classes=classes)
 
     def rows(split):
         for k in range(per_class * len(COLORS)):
@@ -40,10 +39,28 @@ def make_dataset(out_dir, name="tiny", per_class=4, splits=("train", "test"), co
     return write_dataset(out_dir, meta, {s: rows(s) for s in splits})
 
 
+TINY_TEMPLATES = ["a {c} square.", "a photo of something {c}."]
+
+
+def make_texts(dataset_dir, out_dir, templates=TINY_TEMPLATES):
+    """The text sets of a prepared dataset, as the texts stage writes them."""
+    from vlbench.datasets.canonical import load_meta
+    from vlbench.texts import build_text_sets, write_text_sets
+
+    meta = load_meta(dataset_dir)
+    return write_text_sets(out_dir, meta.name, build_text_sets(meta, dataset_dir, {"templates": templates}))
+
+
 @pytest.fixture
 def tiny_dataset(tmp_path):
     make_dataset(tmp_path / "prepared" / "tiny")
     return tmp_path / "prepared" / "tiny"
+
+
+@pytest.fixture
+def tiny_texts(tiny_dataset, tmp_path):
+    make_texts(tiny_dataset, tmp_path / "texts" / "tiny")
+    return tmp_path / "texts" / "tiny"
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ def smoke_model(slug: str, arch: str) -> dict:
     train = {"corpus": {"source": "synthetic", "task": "corpus", "seed": 1, "image_size": 32, "splits": {"train": 96}},
              "steps": 3, "batch_size": 16, "lr": 0.001, "weight_decay": 0.1, "warmup_steps": 1, "seed": 0}
     return {"slug": slug, "arch": arch, "pretrained": f"data/models/{slug}/checkpoint.pt",
-            "weights_file": f"data/models/{slug}/checkpoint.pt", "precision": "fp32", "pretrain": {slug: train}}
+            "weights_file": f"data/models/{slug}/checkpoint.pt", "precision": "fp32", "pretrain": [slug], "train": train}
 
 
 def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:

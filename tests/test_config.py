@@ -25,7 +25,7 @@ def test_every_model_and_suite_composes():
     for slug in available("model"):
         params = compose([f"model={slug}"])
         assert params["model"]["slug"] == slug
-        assert isinstance(params["model"]["pretrain"], dict)
+        assert isinstance(params["model"]["pretrain"], list)
     for slug in available("suite"):
         suite = compose([f"suite={slug}"])["suite"]
         for analysis in ("embed", "zeroshot", "linear_probe"):
@@ -33,8 +33,9 @@ def test_every_model_and_suite_composes():
 
 
 def test_real_models_have_no_pretrain_stage_and_toys_do():
-    assert compose(["model=vitb16"])["model"]["pretrain"] == {}
-    assert list(compose(["model=toy-wide"])["model"]["pretrain"]) == ["toy-wide"]
+    assert compose(["model=vitb16"])["model"]["pretrain"] == []
+    toy = compose(["model=toy-wide"])["model"]
+    assert toy["pretrain"] == ["toy-wide"] and toy["train"]["steps"] > 0
 
 
 def test_required_model_slugs_are_registered():
@@ -51,6 +52,8 @@ def test_get_names_missing_and_mistyped_keys():
         get(params, "seed", int)
     with pytest.raises(ParamsError, match=r"unknown dataset 'cifar10'.*\['shapes'\]"):
         dataset_spec({**params, "suite": {**params["suite"], "slug": "demo"}}, "cifar10")
+    with pytest.raises(ParamsError, match=r"dataset 'shapes' lacks key\(s\) \['prepare', 'input', 'texts'\]"):
+        dataset_spec({**params, "suite": {**params["suite"], "slug": "demo"}}, "shapes")
 
 
 def test_malformed_params_file(tmp_path):
@@ -71,3 +74,64 @@ def test_cli_lists_models_and_refuses_unknown_slugs(tmp_path):
     ok = runner.invoke(cli, ["compose", "model=toy-wide", "-o", str(tmp_path / "p.yaml")])
     assert ok.exit_code == 0
     assert yaml.safe_load((tmp_path / "p.yaml").read_text())["model"]["arch"] == "vlbench-toy-wide"
+
+
+@pytest.mark.parametrize("key", ["/tmp/victim", "../up", "a/b", "", ".hidden", "sp ace", None])
+def test_names_that_would_leave_their_folder_are_refused(key):
+    from vlbench.config import features_dir, prepared_dir
+
+    with pytest.raises(ParamsError, match="is not allowed: use letters, digits"):
+        prepared_dir(key)
+    with pytest.raises(ParamsError, match="is not allowed"):
+        features_dir("toy", key)
+    with pytest.raises(ParamsError, match="is not allowed"):
+        features_dir(key, "shapes")
+
+
+def test_output_paths_stay_inside_the_project(tmp_path, monkeypatch):
+    from vlbench.config import prepared_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").symlink_to(tmp_path.parent)  # a link that would carry outputs elsewhere
+    with pytest.raises(ParamsError, match="leaves the project folder"):
+        prepared_dir("shapes")
+
+
+def test_a_suite_that_leaves_out_an_analysis_runs_none_of_it(tmp_path):
+    import shutil
+
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    (conf / "suite/mini.yaml").write_text("defaults:\n  - /dataset@datasets.shapes: shapes\n  - _self_\nslug: mini\nembed: [shapes]\nzeroshot: [shapes]\n")
+    suite = compose(["suite=mini"], conf)["suite"]
+    assert suite["linear_probe"] == [] and suite["zeroshot"] == ["shapes"] and list(suite["datasets"]) == ["shapes"]
+
+
+def test_cli_reads_the_conf_of_the_current_directory_or_the_flag(tmp_path, monkeypatch):
+    import shutil
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    (tmp_path / "conf/suite/mine.yaml").write_text("slug: mine\nembed: []\n")
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    assert "mine" in runner.invoke(cli, ["suites"]).output.split()
+    monkeypatch.chdir(tmp_path.parent)
+    result = runner.invoke(cli, ["suites"])
+    assert result.exit_code != 0 and "no config.yaml" in result.output and "--conf" in result.output
+    assert "mine" in runner.invoke(cli, ["--conf", str(tmp_path / "conf"), "suites"]).output.split()
+
+
+def test_datasets_catalogue_json(monkeypatch):
+    import json
+
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(cli, ["datasets", "--suite", "demo", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["name"]: r for r in json.loads(result.output)}
+    assert set(rows) == set(compose()["suite"]["datasets"])
+    assert rows["shapes"] == {"name": "shapes", "source": "synthetic", "classes": 12,
+                              "splits": {"train": 2000, "val": 500, "test": 1000}, "metric": "accuracy",
+                              "manual_download": False}
+    assert rows["hierarchy"]["metric"] == "map_11point" and rows["hierarchy"]["classes"] == 22
+    table = CliRunner().invoke(cli, ["datasets"]).output
+    assert "shape_color" in table and "108" in table

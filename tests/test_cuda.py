@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from vlbench.embed import embed_dataset
+from tests.conftest import make_texts
+from vlbench.embed import embed_image_splits, embed_text_sets
 from vlbench.features import read_features
 from vlbench.models.loading import load_model
 
@@ -17,8 +18,10 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def embed(cfg, device, dataset, out, workers):
     loaded = load_model(cfg, device=device)
-    embed_dataset(loaded, dataset, out, batch_size=5, num_workers=workers, progress=False)
-    return read_features(out / "test.parquet", {}), read_features(out / "text.parquet", {})
+    embed_image_splits(loaded, dataset, out / "images", batch_size=5, num_workers=workers, progress=False)
+    make_texts(dataset, out / "texts")
+    embed_text_sets(loaded, out / "texts", out / "text")
+    return read_features(out / "images" / "test.parquet", {}), read_features(out / "text" / "prompts.parquet", {})
 
 
 @pytest.mark.parametrize("precision,min_cosine", [("amp_bf16", 0.99), ("amp_fp16", 0.999), ("fp32", 0.9999)])

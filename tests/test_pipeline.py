@@ -3,88 +3,54 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
+import re
 import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.pipeline_repo import make_repo, run
 
-SMOKE_SUITE = {
-    "slug": "smoke",
-    "datasets": {
-        "shapes": {"source": "synthetic", "task": "shapes", "seed": 0, "image_size": 32,
-                   "splits": {"train": 48, "val": 24, "test": 36}},
-        "hierarchy": {"source": "synthetic", "task": "hierarchy", "seed": 0, "image_size": 32,
-                      "splits": {"test": 30}},
-    },
-    "embed": ["shapes", "hierarchy"],
-    "zeroshot": ["shapes", "hierarchy"],
-    "linear_probe": ["shapes"],
-}
+DVC = (sys.executable, "-m", "dvc")
 
 
-def smoke_model(slug: str, arch: str) -> dict:
-    train = {"corpus": {"source": "synthetic", "task": "corpus", "seed": 1, "image_size": 32, "splits": {"train": 96}},
-             "steps": 3, "batch_size": 16, "lr": 0.001, "weight_decay": 0.1, "warmup_steps": 1, "seed": 0}
-    return {"slug": slug, "arch": arch, "pretrained": f"data/models/{slug}/checkpoint.pt",
-            "weights_file": f"data/models/{slug}/checkpoint.pt", "precision": "fp32", "pretrain": {slug: train}}
+def ran_stages(output: str) -> list[str]:
+    return re.findall(r"Running stage '([^']+)'", output)
 
 
-def run(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    proc = subprocess.run(list(args), cwd=cwd, env=env, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
+def status_stages(repo: Path) -> set[str]:
+    return set(json.loads(run(repo, *DVC, "status", "--json").stdout))
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    if shutil.which("git") is None:
-        pytest.skip("git is needed to copy the repository")
-    dest = tmp_path_factory.mktemp("pipeline") / "repo"
-    files = run(ROOT, "git", "ls-files", "--cached", "--others", "--exclude-standard").stdout.split()
-    for name in files:
-        if (ROOT / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, dest / name)
-    (dest / "conf/suite/smoke.yaml").write_text(yaml.safe_dump(SMOKE_SUITE))
-    (dest / "conf/model/toy-smoke.yaml").write_text(yaml.safe_dump(smoke_model("toy-smoke", "vlbench-toy")))
-    (dest / "conf/model/toy-wide-smoke.yaml").write_text(yaml.safe_dump(smoke_model("toy-wide-smoke", "vlbench-toy-wide")))
-    config = (dest / "conf/config.yaml").read_text().replace("model: toy\n", "model: toy-smoke\n").replace("suite: demo\n", "suite: smoke\n")
-    (dest / "conf/config.yaml").write_text(config)
-    run(dest, sys.executable, "-m", "vlbench.cli", "compose")
-    run(dest, "git", "init", "-q")
-    run(dest, "git", "add", "-A")
-    run(dest, "git", "commit", "-qm", "copy")
-    return dest
+    return make_repo(tmp_path_factory.mktemp("pipeline") / "repo")
 
 
 @pytest.fixture(scope="module")
 def reproduced(repo) -> Path:
-    run(repo, sys.executable, "-m", "dvc", "repro")
+    run(repo, *DVC, "repro")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "toy-smoke results")
     return repo
 
 
 def test_repro_writes_metrics_with_stable_keys_and_the_model_fingerprint(reproduced):
     metrics = json.loads((reproduced / "reports/metrics.json").read_text())
-    assert set(metrics) == {"zeroshot", "linear_probe", "model"}
+    assert set(metrics) == {"zeroshot", "linear_probe"}
     assert set(metrics["zeroshot"]) == {"shapes", "hierarchy"}
     assert set(metrics["zeroshot"]["hierarchy"]) == {"map_11point"}
     for value in (metrics["zeroshot"]["shapes"]["accuracy"], metrics["linear_probe"]["shapes"]["accuracy"],
                   metrics["zeroshot"]["hierarchy"]["map_11point"]):
         assert 0.0 <= value <= 1.0
-    assert metrics["model"]["model"] == "toy-smoke" and len(metrics["model"]["weights_sha256"]) == 64
+    model = json.loads((reproduced / "reports/model.json").read_text())
+    assert model["model"] == "toy-smoke" and len(model["weights_sha256"]) == 64
     per_dataset = json.loads((reproduced / "reports/zeroshot/shapes.json").read_text())
     assert per_dataset["metrics"] == metrics["zeroshot"]["shapes"]
-    assert per_dataset["counts"] == {"samples": 36, "classes": 12}
+    assert per_dataset["counts"] == {"samples": 36, "classes": 12, "prompts": 24, "skipped_corrupt": 0}
 
 
 def test_predictions_hold_every_test_sample_with_its_logits(reproduced):
@@ -96,33 +62,98 @@ def test_predictions_hold_every_test_sample_with_its_logits(reproduced):
 
 
 def test_features_live_under_the_model_slug_and_reports_do_not(reproduced):
-    assert (reproduced / "features/toy-smoke/shapes/train.parquet").exists()
+    assert (reproduced / "features/toy-smoke/shapes/images/train.parquet").exists()
+    assert (reproduced / "features/toy-smoke/shapes/text/prompts.parquet").exists()
     assert not any("toy-smoke" in str(p.relative_to(reproduced)) for p in (reproduced / "reports").rglob("*"))
 
 
 def test_second_repro_runs_nothing(reproduced):
-    out = run(reproduced, sys.executable, "-m", "dvc", "repro").stdout
-    assert "Running stage" not in out
+    out = run(reproduced, *DVC, "repro").stdout
+    assert ran_stages(out) == []
     assert "up to date" in out
 
 
-def test_exp_run_with_another_model_is_listed_and_diffable(reproduced):
-    run(reproduced, "git", "add", "-A")
-    run(reproduced, "git", "commit", "-qm", "toy-smoke results")
-    run(reproduced, sys.executable, "-m", "dvc", "exp", "run", "-S", "model=toy-wide-smoke")
+def test_a_changed_template_reembeds_texts_only(reproduced):
+    suite = reproduced / "conf/suite/smoke.yaml"
+    before = suite.read_text()
+    try:
+        suite.write_text(before.replace("a drawing of a {c}.", "a sketch of a {c}."))
+        run(reproduced, sys.executable, "-m", "vlbench.cli", "compose")
+        assert status_stages(reproduced) == {"texts@shapes"}
+        out = run(reproduced, *DVC, "repro").stdout
+        assert sorted(ran_stages(out)) == ["embed_texts@shapes", "report", "texts@shapes", "zeroshot@shapes"]
+    finally:
+        suite.write_text(before)
+        run(reproduced, sys.executable, "-m", "vlbench.cli", "compose")
+        run(reproduced, *DVC, "repro")
+    assert status_stages(reproduced) == set()
+
+
+def test_an_analysis_run_by_hand_refuses_features_of_other_weights(reproduced, tmp_path):
+    import open_clip
+
+    from vlbench.models import register_local_configs
+
+    register_local_configs()
+    other = tmp_path / "other.pt"
+    torch.manual_seed(123)
+    torch.save(open_clip.create_model("vlbench-toy").state_dict(), other)
+    params = tmp_path / "params.yaml"
+    composed = yaml.safe_load((reproduced / "params.yaml").read_text())
+    composed["model"]["pretrained"] = str(other)
+    params.write_text(yaml.safe_dump(composed))
+    proc = run(reproduced, sys.executable, "-m", "stages.analysis", "--analysis", "zeroshot", "--dataset", "shapes",
+               "--params", str(params), check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "weights_sha256" in lines[0] and "features/toy-smoke/shapes" in lines[0]
+
+
+def test_pretrain_writes_its_declared_output_never_the_users_checkpoint(reproduced, tmp_path):
+    user_ckpt = tmp_path / "mine.pt"
+    user_ckpt.write_bytes(b"my own weights")
+    params = tmp_path / "params.yaml"
+    composed = yaml.safe_load((reproduced / "params.yaml").read_text())
+    composed["model"]["pretrained"] = str(user_ckpt)
+    params.write_text(yaml.safe_dump(composed))
+    declared = reproduced / "data/models/toy-smoke/checkpoint.pt"
+    declared.unlink()
+    run(reproduced, sys.executable, "-m", "stages.pretrain", "--model", "toy-smoke", "--params", str(params))
+    assert user_ckpt.read_bytes() == b"my own weights"
+    assert declared.is_file()
+    assert status_stages(reproduced) == set()  # the same seed wrote the same checkpoint
+
+
+def test_a_dataset_key_that_is_a_path_is_refused_and_touches_nothing(reproduced, tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("precious")
+    proc = run(reproduced, sys.executable, "-m", "stages.prepare", "--dataset", str(victim), check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: dataset name {str(victim)!r} is not allowed: use letters, digits, '-' and '_' (it becomes a folder name)"]
+    assert (victim / "keep.txt").read_text() == "precious"
+
+
+def test_exp_run_with_another_model_is_listed_diffable_and_fits_a_terminal(reproduced):
+    run(reproduced, *DVC, "exp", "run", "-S", "model=toy-wide-smoke")
     params = yaml.safe_load((reproduced / "params.yaml").read_text())
     assert params["model"]["arch"] == "vlbench-toy-wide" and params["suite"]["slug"] == "smoke"
-    assert (reproduced / "features/toy-wide-smoke/shapes/test.parquet").exists()
-    metrics = json.loads((reproduced / "reports/metrics.json").read_text())
-    assert metrics["model"]["model"] == "toy-wide-smoke"
-    shown = json.loads(run(reproduced, sys.executable, "-m", "dvc", "exp", "show", "--json").stdout)
+    assert (reproduced / "features/toy-wide-smoke/shapes/images/test.parquet").exists()
+    assert json.loads((reproduced / "reports/model.json").read_text())["model"] == "toy-wide-smoke"
+    shown = json.loads(run(reproduced, *DVC, "exp", "show", "--json").stdout)
     assert "toy-wide-smoke" in json.dumps(shown)
-    diff = json.loads(run(reproduced, sys.executable, "-m", "dvc", "metrics", "diff", "--json").stdout)
-    assert "reports/metrics.json" in diff
+    diff = json.loads(run(reproduced, *DVC, "metrics", "diff", "--json").stdout)
+    assert set(diff) == {"reports/metrics.json"}
+    assert "zeroshot.shapes.accuracy" in diff["reports/metrics.json"]
+    header = run(reproduced, *DVC, "exp", "show", "--only-changed", "--csv").stdout.splitlines()[0].split(",")
+    metric_columns = [c for c in header if c.startswith(("zeroshot.", "linear_probe."))]
+    assert len(metric_columns) == 3, header
+    assert len(header) <= 30, f"{len(header)} columns: {header}"
 
 
 def test_exp_run_with_unknown_model_names_the_known_ones(reproduced):
-    proc = run(reproduced, sys.executable, "-m", "dvc", "exp", "run", "-S", "model=vitb17", check=False)
+    proc = run(reproduced, *DVC, "exp", "run", "-S", "model=vitb17", check=False)
     assert proc.returncode != 0
     assert "vitb17" in proc.stderr + proc.stdout and "vitb16" in proc.stderr + proc.stdout
 
@@ -132,9 +163,9 @@ def test_real_models_have_no_pretrain_stage(repo):
     before = params.read_text()
     try:
         run(repo, sys.executable, "-m", "vlbench.cli", "compose", "model=vitb16")
-        stages = run(repo, sys.executable, "-m", "dvc", "stage", "list").stdout
-        assert "embed@shapes" in stages and "pretrain@" not in stages
+        stages = run(repo, *DVC, "stage", "list").stdout
+        assert "embed_images@shapes" in stages and "pretrain@" not in stages
         run(repo, sys.executable, "-m", "vlbench.cli", "compose", "model=toy-smoke")
-        assert "pretrain@toy-smoke" in run(repo, sys.executable, "-m", "dvc", "stage", "list").stdout
+        assert "pretrain@toy-smoke" in run(repo, *DVC, "stage", "list").stdout
     finally:
         params.write_text(before)
