@@ -194,3 +194,70 @@ def test_evaluate_rejects_wrong_dimension(data):
     model = fit_linear_probe(xtr, ytr, xva, yva, c_grid=[1.0]).model
     with pytest.raises(LinearProbeError, match="dimension 3, expected 16"):
         evaluate_linear_probe(model, np.zeros((2, 3)))
+
+
+# --------------------------------------------------------------------------------------------------
+# the search on its own
+
+
+def counting(f):
+    calls = []
+
+    def score(v):
+        calls.append(v)
+        return f(v)
+
+    return score, calls
+
+
+def test_search_finds_the_argmax_of_a_unimodal_function_and_traces_coarse_then_fine():
+    grid = list(range(-48, 49))  # like the C exponents k: 97 positions, coarse every 16
+    score, calls = counting(lambda v: -((v - 13) ** 2))
+    best, trace = lp.coarse_to_fine_search(score, grid, 16)
+    assert best == 13
+    assert [v for v, _ in trace] == calls == [
+        -48, -32, -16, 0, 16, 32, 48,  # coarse pass, in grid order
+        8, 24,  # step 8 around 16
+        12, 20,  # step 4 around 16
+        10, 14,  # step 2 around 12 (12 and 14 tie at distance 1: the earlier in the grid stays best)
+        11, 13,  # step 1 around 12
+    ]
+    assert all(s == -((v - 13) ** 2) for v, s in trace)
+    # every target the grid allows is found, with at most 7 + 4 * 2 evaluations, none repeated
+    for target in grid:
+        score, calls = counting(lambda v, t=target: -abs(v - t))
+        result = lp.coarse_to_fine_search(score, grid, 16)
+        assert result.best == target and result.best_score == 0
+        assert len(calls) == len(set(calls)) <= 15
+
+
+def test_search_ties_go_to_the_earliest_grid_position():
+    grid = [0.5, 1.0, 2.0, 4.0, 8.0]
+    best, trace = lp.coarse_to_fine_search(lambda v: 1.0, grid, 2)
+    assert best == 0.5
+    assert [v for v, _ in trace] == [0.5, 2.0, 8.0, 1.0]  # coarse, then step 1 around position 0
+    # a plateau of equal maxima: its first member wins
+    best, _ = lp.coarse_to_fine_search(lambda v: min(v, 4.0), grid, 1)
+    assert best == 4.0
+
+
+def test_search_coarse_step_one_is_an_exhaustive_sweep_and_the_last_candidate_is_always_tried():
+    grid = ["a", "b", "c", "d"]
+    score, calls = counting(lambda v: {"a": 0.1, "b": 0.3, "c": 0.2, "d": 0.0}[v])
+    assert lp.coarse_to_fine_search(score, grid, 1) == ("b", [("a", 0.1), ("b", 0.3), ("c", 0.2), ("d", 0.0)])
+    assert calls == grid
+    score, calls = counting(lambda v: -abs(v - 9))
+    assert lp.coarse_to_fine_search(score, list(range(10)), 4).best == 9
+    assert calls[:4] == [0, 4, 8, 9]  # the stride misses the last position: it is added to the coarse pass
+    with pytest.raises(ValueError, match="non-empty"):
+        lp.coarse_to_fine_search(score, [], 4)
+    with pytest.raises(ValueError, match="coarse_step"):
+        lp.coarse_to_fine_search(score, grid, 0)
+
+
+def test_fit_linear_probe_is_the_search_over_the_default_grid(data):
+    (xtr, ytr), (xva, yva), _ = data
+    fit = fit_linear_probe(xtr, ytr, xva, yva)
+    replay = lp.coarse_to_fine_search(lambda C: fit.val_scores_per_C[C], list(default_c_grid()), 16)
+    assert replay.best == fit.chosen_C
+    assert dict(sorted(replay.trace)) == fit.val_scores_per_C

@@ -5,7 +5,7 @@ import torch
 
 from vlbench.datasets.canonical import DatasetError
 from vlbench.datasets.synthetic import build
-from vlbench.models import register_local_configs
+from vlbench.models import register_local_configs, toy
 from vlbench.models.toy import train_toy_clip
 
 SETTINGS = dict(steps=6, batch_size=32, lr=2e-3, weight_decay=0.1, warmup_steps=1, seed=0, progress=False)
@@ -61,3 +61,35 @@ def test_corpus_without_train_split_or_captions_is_a_clear_error(corpus, tmp_pat
     with pytest.raises(DatasetError, match="no 'captions' column"):
         train_toy_clip(shapes, "vlbench-toy", tmp_path / "x.pt", **SETTINGS)
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_three_steps_twice_give_the_same_checkpoint_bytes_and_leave_the_callers_rng_alone(corpus, tmp_path):
+    torch.manual_seed(1234)
+    rng_before, deterministic_before = torch.get_rng_state(), torch.are_deterministic_algorithms_enabled()
+    runs = [train_toy_clip(corpus, "vlbench-toy", tmp_path / n / "ckpt.pt", **{**SETTINGS, "steps": 3}) for n in "ab"]
+    assert (tmp_path / "a" / "ckpt.pt").read_bytes() == (tmp_path / "b" / "ckpt.pt").read_bytes()
+    assert (tmp_path / "a" / "train_log.csv").read_bytes() == (tmp_path / "b" / "train_log.csv").read_bytes()
+    assert runs[0]["weights_sha256"] == runs[1]["weights_sha256"]
+    assert runs[0]["initial_loss"] == runs[1]["initial_loss"] and runs[0]["final_loss"] == runs[1]["final_loss"]
+    assert torch.equal(torch.get_rng_state(), rng_before)
+    assert torch.are_deterministic_algorithms_enabled() == deterministic_before
+
+
+def test_the_named_pieces_compose_into_exactly_train_toy_clip(corpus, tmp_path):
+    """build model -> load corpus -> batches -> optimizer -> loop is the whole of training: same weights."""
+    steps = 2
+    train_toy_clip(corpus, "vlbench-toy", tmp_path / "ckpt.pt", **{**SETTINGS, "steps": steps})
+    seed = SETTINGS["seed"]
+    with toy._deterministic(seed), torch.random.fork_rng(devices=[]):
+        model = toy.build_toy_model("vlbench-toy", seed)
+        pp = dict(model.visual.preprocess_cfg)
+        images, tokens, owner = toy._load_corpus(corpus, "vlbench-toy", pp, None)
+        batches = toy._Batches(images, tokens, owner, pp, SETTINGS["batch_size"], seed)
+        optimizer = toy._make_optimizer(model, SETTINGS["lr"], SETTINGS["weight_decay"])
+        schedule = toy._lr_schedule(SETTINGS["lr"], SETTINGS["warmup_steps"], steps)
+        log = toy._train_loop(model, optimizer, batches, schedule, steps, 1.0)
+    assert [s for s, _, _ in log] == [1, 2]
+    expected = torch.load(tmp_path / "ckpt.pt")
+    got = model.state_dict()
+    assert list(got) == list(expected)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)

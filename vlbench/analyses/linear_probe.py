@@ -12,6 +12,8 @@ Protocol (docs/protocols.md, "Linear probe"):
    two neighbours at the new step each time: at most 7 + 4*2 = 15 fits. The best value is the one with the
    highest validation metric; ties go to the smallest C (the strongest regularisation).
    Passing ``c_grid`` instead fits every value of that grid (an exhaustive sweep).
+   The search itself is :func:`coarse_to_fine_search`, a plain function of a scoring callable and an ordered
+   grid, so other analyses (ELEVATER's learning-rate / weight-decay sweeps) reuse it with their own score.
 4. The chosen C is refit on train + validation, and the refit model gives the test scores.
 
 If no validation split is given, a stratified one (``val_fraction`` of each class, at least one sample of
@@ -27,7 +29,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence, TypeVar
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
@@ -43,6 +45,8 @@ __all__ = [
     "LinearProbe",
     "LinearProbeFit",
     "LinearProbeError",
+    "SearchResult",
+    "coarse_to_fine_search",
     "default_c_grid",
     "COARSE_EXPONENTS",
     "STEPS_PER_DECADE",
@@ -183,6 +187,79 @@ def stratified_split(labels, val_fraction: float, seed: int) -> tuple[np.ndarray
 
 
 # --------------------------------------------------------------------------------------------------
+# hyper-parameter search
+
+T = TypeVar("T")
+
+
+class SearchResult(NamedTuple):
+    """What :func:`coarse_to_fine_search` returns; unpacks as ``best, trace``."""
+
+    best: Any  # the chosen grid candidate
+    trace: list[tuple[Any, float]]  # (candidate, score) of every evaluation, in the order they were made
+
+    @property
+    def best_score(self) -> float:
+        return next(score for value, score in self.trace if value == self.best)
+
+
+def coarse_to_fine_search(score: Callable[[T], float], grid: Sequence[T], coarse_step: int) -> SearchResult:
+    """Maximise ``score`` over the ordered candidates ``grid`` without evaluating all of them.
+
+    1. Coarse pass: evaluate ``grid[0], grid[coarse_step], grid[2 * coarse_step], ...`` and the last
+       candidate (if the stride does not land on it), in that order.
+    2. Refinement: ``step = coarse_step``; while ``step > 1``: ``step //= 2``, take the best position
+       ``i`` so far and evaluate ``grid[i - step]`` then ``grid[i + step]``, skipping positions outside
+       the grid or already evaluated. With a power-of-two ``coarse_step`` the last round is at step 1, so
+       the result is a local maximum at the grid's full resolution.
+
+    ``coarse_step=1`` is an exhaustive sweep: every candidate once, in grid order, no refinement.
+
+    "Best" is the highest score; ties go to the candidate **earliest in the grid** (for the linear
+    probe's increasing C grid: the smallest C, the strongest regularisation). Each position is scored
+    at most once. Scores should be ordinary numbers: a NaN compares unequal to everything, so it makes
+    the choice depend on the evaluation order.
+
+    The grid is one-dimensional and ``score`` closes over anything else; a 2-D search (ELEVATER's learning
+    rate x weight decay) runs this once per axis, e.g. the learning rate at a fixed weight decay, then the
+    weight decay at the chosen learning rate.
+
+    Args:
+        score: the objective, called as ``score(grid[i])``; larger is better.
+        grid: the candidates in a meaningful order (e.g. increasing C on a log scale); must be non-empty.
+        coarse_step: the stride of the coarse pass in grid positions (>= 1).
+
+    Returns:
+        ``SearchResult(best, trace)``: the best candidate and the ``(candidate, score)`` of every
+        evaluation in the order made (coarse pass first, then each refinement round).
+    """
+    if len(grid) == 0:
+        raise ValueError("coarse_to_fine_search needs a non-empty grid")
+    if coarse_step < 1:
+        raise ValueError(f"coarse_step must be >= 1, got {coarse_step!r}")
+    n = len(grid)
+    scores: dict[int, float] = {}  # grid position -> score, in evaluation order
+
+    def evaluate(i: int) -> None:
+        if 0 <= i < n and i not in scores:
+            scores[i] = float(score(grid[i]))
+
+    def best_position() -> int:  # highest score; among equal scores the earliest in the grid
+        return min(scores, key=lambda i: (-scores[i], i))
+
+    for i in range(0, n, coarse_step):
+        evaluate(i)
+    evaluate(n - 1)
+    step = coarse_step
+    while step > 1:
+        step //= 2
+        i_best = best_position()
+        evaluate(i_best - step)
+        evaluate(i_best + step)
+    return SearchResult(grid[best_position()], [(grid[i], s) for i, s in scores.items()])
+
+
+# --------------------------------------------------------------------------------------------------
 # fitting
 
 
@@ -236,6 +313,45 @@ def fit_linear_probe(
     """
     if metric not in metrics.METRIC_NAMES:
         raise ValueError(f"unknown metric {metric!r}; known metrics: {', '.join(metrics.METRIC_NAMES)}")
+    x_fit, y_fit, x_va, y_va, num_classes = _prepare_splits(
+        train_x, train_y, val_x, val_y, normalize=normalize, num_classes=num_classes,
+        val_fraction=val_fraction, seed=seed,
+    )
+    not_converged: list[float] = []
+
+    def score(C: float) -> float:  # validation metric of a probe fitted on the train part
+        probe = _fit(x_fit, y_fit, C, num_classes, normalize, seed)
+        if not probe.converged:
+            not_converged.append(C)
+        return float(metrics.compute(metric, probe._logits(x_va), y_va))
+
+    chosen, trace = coarse_to_fine_search(score, *_c_search_space(c_grid))
+    if not_converged:
+        log.warning("linear probe: L-BFGS hit max_iter=%d for C in %s", MAX_ITER, sorted(not_converged))
+    if refit:
+        x_fit, y_fit = np.concatenate([x_fit, x_va]), np.concatenate([y_fit, y_va])
+    model = _fit(x_fit, y_fit, chosen, num_classes, normalize, seed)
+    if not model.converged:
+        log.warning("linear probe: final fit with C=%g hit max_iter=%d", chosen, MAX_ITER)
+    return LinearProbeFit(model, chosen, dict(sorted(trace)))
+
+
+def _c_search_space(c_grid: Sequence[float] | None) -> tuple[list[float], int]:
+    """(grid, coarse_step) for :func:`coarse_to_fine_search`: the default 97-value grid searched from every
+    2 decades down, or the sorted distinct values of ``c_grid`` swept exhaustively."""
+    if c_grid is None:
+        return [float(C) for C in default_c_grid()], 2 * STEPS_PER_DECADE
+    grid = np.asarray(list(c_grid), dtype=np.float64)
+    if grid.ndim != 1 or grid.size == 0 or not np.all(np.isfinite(grid)) or np.any(grid <= 0):
+        raise LinearProbeError(f"c_grid must be a non-empty sequence of positive finite numbers, got {c_grid!r}")
+    return [float(C) for C in np.unique(grid)], 1
+
+
+def _prepare_splits(train_x, train_y, val_x, val_y, *, normalize: bool, num_classes: int | None,
+                    val_fraction: float, seed: int):
+    """Validated float64 features and int64 labels: ``(x_fit, y_fit, x_val, y_val, num_classes)``.
+
+    Without ``val_x``/``val_y`` the validation part is a stratified split carved from train."""
     x_tr = _prepare_features(train_x, "train_x", normalize)
     y_tr = _prepare_labels(train_y, x_tr.shape[0], "train_y")
     if (val_x is None) != (val_y is None):
@@ -260,55 +376,32 @@ def fit_linear_probe(
         num_classes = max_label + 1
     elif max_label >= num_classes:
         raise LinearProbeError(f"labels go up to {max_label} but num_classes={num_classes}")
-
-    val_scores: dict[float, float] = {}
-    not_converged: list[float] = []
-
-    def score(C: float) -> float:
-        if C not in val_scores:
-            probe = _fit(x_fit, y_fit, C, num_classes, normalize, seed)
-            if not probe.converged:
-                not_converged.append(C)
-            val_scores[C] = float(metrics.compute(metric, probe._logits(x_va), y_va))
-        return val_scores[C]
-
-    def best() -> float:
-        # highest score; among equal scores the smallest C
-        return min(val_scores, key=lambda C: (-val_scores[C], C))
-
-    if c_grid is None:
-        exps: dict[float, int] = {}
-        for k in COARSE_EXPONENTS:
-            exps[_c_of(k)] = k
-            score(_c_of(k))
-        step = 2 * STEPS_PER_DECADE
-        while step > 1:
-            step //= 2
-            k_best = exps[best()]
-            for k in (k_best - step, k_best + step):
-                if MIN_EXPONENT * STEPS_PER_DECADE <= k <= MAX_EXPONENT * STEPS_PER_DECADE:
-                    exps[_c_of(k)] = k
-                    score(_c_of(k))
-    else:
-        grid = np.asarray(list(c_grid), dtype=np.float64)
-        if grid.ndim != 1 or grid.size == 0 or not np.all(np.isfinite(grid)) or np.any(grid <= 0):
-            raise LinearProbeError(f"c_grid must be a non-empty sequence of positive finite numbers, got {c_grid!r}")
-        for C in np.unique(grid):
-            score(float(C))
-
-    chosen = best()
-    if not_converged:
-        log.warning("linear probe: L-BFGS hit max_iter=%d for C in %s", MAX_ITER, sorted(not_converged))
-    if refit:
-        model = _fit(np.concatenate([x_fit, x_va]), np.concatenate([y_fit, y_va]), chosen, num_classes,
-                     normalize, seed)
-    else:
-        model = _fit(x_fit, y_fit, chosen, num_classes, normalize, seed)
-    if not model.converged:
-        log.warning("linear probe: final fit with C=%g hit max_iter=%d", chosen, MAX_ITER)
-    return LinearProbeFit(model, chosen, dict(sorted(val_scores.items())))
+    return x_fit, y_fit, x_va, y_va, num_classes
 
 
 def evaluate_linear_probe(model: LinearProbe, test_x) -> np.ndarray:
     """Test scores: (n, num_classes) logits for :func:`vlbench.metrics.compute`."""
     return model.decision_function(test_x)
+
+
+def run(inputs, cfg, seed: int):
+    """The linear_probe analysis: fit on `train_split`, choose C on `val_split` (carved from train when the
+    dataset has none), score `test_split` with the dataset's metric."""
+    from vlbench.datasets.canonical import DatasetError
+    from vlbench.results import Result
+
+    meta = inputs.meta
+    if meta.multi_label:
+        raise DatasetError(f"dataset {meta.name!r} is multi-label; the linear probe takes single-label datasets")
+    train, test = inputs.images(cfg["train_split"]), inputs.images(cfg["test_split"])
+    val = inputs.images(cfg["val_split"]) if inputs.has_split(cfg["val_split"]) else None
+    labels = {name: f.table.column(meta.label_column).to_numpy() for name, f in (("train", train), ("test", test), ("val", val)) if f}
+    fit = fit_linear_probe(train.embeddings, labels["train"], val.embeddings if val else None, labels.get("val"),
+                           seed=seed, metric=meta.metric, num_classes=len(meta.classes))
+    scores = evaluate_linear_probe(fit.model, test.embeddings)
+    return Result(
+        metrics={meta.metric: float(metrics.compute(meta.metric, scores, labels["test"]))},
+        counts={"train": train.table.num_rows, "val": val.table.num_rows if val else 0,
+                "test": test.table.num_rows, "classes": len(meta.classes)},
+        params={**cfg, "val_split": cfg["val_split"] if val else "carved from train", "chosen_C": fit.chosen_C},
+    )

@@ -56,23 +56,21 @@ def train_toy_clip(
 
     Writes the state_dict to `out_path` (atomically) and `train_log.csv` (step, loss, lr) beside it;
     returns summary statistics. `max_pairs` uses only the first N images of the split (for tests).
+
+    The pieces, in order: :func:`build_toy_model`, :func:`_load_corpus`, :class:`_Batches`,
+    :func:`_make_optimizer`, :func:`_train_loop` (one :func:`_train_step` per step), then
+    :func:`_write_checkpoint`, :func:`_write_train_log` and :func:`_summary`. Model init, corpus loading and
+    training run in that order under one seeded, deterministic RNG scope, which is what makes the
+    checkpoint bit-identical for a seed (on one CPU type and thread count).
     """
-    import open_clip
-    from open_clip.loss import ClipLoss
-
-    from vlbench.models import register_local_configs
-
     if steps < 1 or batch_size < 2:
         raise ValueError(f"steps must be >= 1 and batch_size >= 2 (got steps={steps}, batch_size={batch_size})")
     t_start = time.perf_counter()
     out_path = Path(out_path)
-    register_local_configs()
-    if arch not in open_clip.list_models():
-        raise ValueError(f"unknown open_clip architecture {arch!r}; vlbench's own are {local_archs()}")
+    _check_arch(arch)
 
     with _deterministic(seed), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = open_clip.create_model(arch, pretrained=None, device="cpu")
+        model = build_toy_model(arch, seed)
         pp = dict(model.visual.preprocess_cfg)
         images, tokens, owner = _load_corpus(corpus_dir, arch, pp, max_pairs)
         if images.shape[0] < batch_size:
@@ -80,73 +78,125 @@ def train_toy_clip(
                 f"{corpus_dir}: train split has {images.shape[0]} captioned images, fewer than batch_size={batch_size}"
             )
         t_data = time.perf_counter() - t_start
-
-        mean = torch.tensor(pp["mean"], dtype=torch.float32).view(1, 3, 1, 1) * 255.0
-        std = torch.tensor(pp["std"], dtype=torch.float32).view(1, 3, 1, 1) * 255.0
-
-        decay, no_decay = [], []
-        for name, p in model.named_parameters():
-            if p.ndim < 2 or "bn" in name or "ln" in name or "bias" in name or "logit_scale" in name:
-                no_decay.append(p)
-            else:
-                decay.append(p)
-        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        try:  # the fused CPU kernel is ~5x faster than the loop (the token embedding is most of the weights)
-            optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6, fused=True)
-        except (RuntimeError, TypeError):
-            optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6)
-        schedule = _lr_schedule(lr, warmup_steps, steps)
-        loss_fn = ClipLoss()
-        gen = torch.Generator().manual_seed(seed)
-        n_img = images.shape[0]
-        n_caps = owner.counts
-        sampler = _BatchSampler(n_img, batch_size, gen)
-
-        log: list[tuple[int, float, float]] = []
-        model.train()
+        batches = _Batches(images, tokens, owner, pp, batch_size, seed)
+        optimizer = _make_optimizer(model, lr, weight_decay)
         t_train = time.perf_counter()
-        bar = _progress(steps, arch, progress)
-        for step in range(1, steps + 1):
-            idx = sampler.next()
-            pick = owner.offsets[idx] + (torch.rand(batch_size, generator=gen) * n_caps[idx]).long()
-            x = (images[idx].float() - mean) / std
-            text = tokens[pick]
-
-            cur_lr = schedule(step)
-            for group in optimizer.param_groups:
-                group["lr"] = cur_lr
-            image_features, text_features, logit_scale = model(x, text)[:3]
-            loss = loss_fn(image_features, text_features, logit_scale)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"toy training diverged at step {step} (loss {loss.item()}); lower lr")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm)
-            optimizer.step()
-            with torch.no_grad():
-                model.logit_scale.clamp_(0, math.log(100))
-            log.append((step, float(loss.item()), cur_lr))
-            if bar is not None:
-                bar.update(1)
-                if step % 10 == 0 or step == steps:
-                    bar.set_postfix(loss=f"{log[-1][1]:.3f}", lr=f"{cur_lr:.2e}")
-        if bar is not None:
-            bar.close()
+        log = _train_loop(model, optimizer, batches, _lr_schedule(lr, warmup_steps, steps), steps, grad_clip_norm,
+                          _progress(steps, arch, progress))
         train_seconds = time.perf_counter() - t_train
 
     model.eval()
+    _write_checkpoint(model, out_path)
+    log_path = _write_train_log(log, out_path.with_name(LOG_NAME))
+    settings = dict(steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                    warmup_steps=warmup_steps, seed=seed)
+    timings = dict(data=t_data, train=train_seconds, total=time.perf_counter() - t_start)
+    return _summary(model, arch, out_path, log_path, log, images.shape[0], tokens.shape[0], settings, timings)
+
+
+def _check_arch(arch: str) -> None:
+    import open_clip
+
+    from vlbench.models import register_local_configs
+
+    register_local_configs()
+    if arch not in open_clip.list_models():
+        raise ValueError(f"unknown open_clip architecture {arch!r}; vlbench's own are {local_archs()}")
+
+
+def build_toy_model(arch: str, seed: int):
+    """A freshly initialised open_clip `arch` on CPU, from `torch.manual_seed(seed)`.
+
+    It reseeds torch's global generator: call it inside a `torch.random.fork_rng` scope (as
+    `train_toy_clip` does) to leave the caller's RNG state alone.
+    """
+    import open_clip
+
+    _check_arch(arch)
+    torch.manual_seed(seed)
+    return open_clip.create_model(arch, pretrained=None, device="cpu")
+
+
+def _make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW (betas 0.9/0.98, eps 1e-6) with weight decay on matrices only, not on biases, norms or logit_scale."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.ndim < 2 or "bn" in name or "ln" in name or "bias" in name or "logit_scale" in name:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    try:  # the fused CPU kernel is ~5x faster than the loop (the token embedding is most of the weights)
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6)
+
+
+def _train_loop(model, optimizer, batches: _Batches, schedule, steps: int, grad_clip_norm: float | None,
+                bar=None) -> list[tuple[int, float, float]]:
+    """`steps` optimisation steps (1-based) with open_clip's `ClipLoss`; returns the log of (step, loss, lr)."""
+    from open_clip.loss import ClipLoss
+
+    loss_fn = ClipLoss()
+    log: list[tuple[int, float, float]] = []
+    model.train()
+    for step in range(1, steps + 1):
+        x, text = batches.next()
+        cur_lr = schedule(step)
+        loss = _train_step(model, optimizer, loss_fn, x, text, cur_lr, grad_clip_norm, step)
+        log.append((step, loss, cur_lr))
+        if bar is not None:
+            bar.update(1)
+            if step % 10 == 0 or step == steps:
+                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{cur_lr:.2e}")
+    if bar is not None:
+        bar.close()
+    return log
+
+
+def _train_step(model, optimizer, loss_fn, x: torch.Tensor, text: torch.Tensor, lr: float,
+                grad_clip_norm: float | None, step: int) -> float:
+    """One AdamW step at learning rate `lr` on the batch (x, text); returns the loss before the step.
+
+    Gradients are clipped to `grad_clip_norm` (if set) and `logit_scale` is clamped to [0, log 100] after.
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    image_features, text_features, logit_scale = model(x, text)[:3]
+    loss = loss_fn(image_features, text_features, logit_scale)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"toy training diverged at step {step} (loss {loss.item()}); lower lr")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip_norm:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm)
+    optimizer.step()
+    with torch.no_grad():
+        model.logit_scale.clamp_(0, math.log(100))
+    return float(loss.item())
+
+
+def _write_checkpoint(model: torch.nn.Module, out_path: Path) -> None:
+    """The state_dict, written atomically."""
     with atomic_path(out_path) as tmp, open(tmp, "wb") as f:
         torch.save(model.state_dict(), f)  # a file object: given a path, torch names the archive after the temp file
-    log_path = out_path.with_name(LOG_NAME)
+
+
+def _write_train_log(log: list[tuple[int, float, float]], log_path: Path) -> Path:
+    """`step,loss,lr` rows (loss to 6 decimals, lr to 8 significant digits), written atomically."""
     with atomic_path(log_path) as tmp:
         with open(tmp, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["step", "loss", "lr"])
             writer.writerows((s, f"{l:.6f}", f"{r:.8g}") for s, l, r in log)
+    return log_path
 
+
+def _summary(model, arch: str, out_path: Path, log_path: Path, log: list[tuple[int, float, float]], n_img: int,
+             n_captions: int, settings: dict[str, Any], timings: dict[str, float]) -> dict[str, Any]:
+    """What `train_toy_clip` returns: the files, the corpus size, the settings, losses and timings."""
+    steps, batch_size = settings["steps"], settings["batch_size"]
     tail = [l for _, l, _ in log[-max(1, steps // 20):]]
-    seconds = time.perf_counter() - t_start
     return {
         "arch": arch,
         "checkpoint": str(out_path),
@@ -154,21 +204,21 @@ def train_toy_clip(
         "weights_sha256": sha256_file(out_path),
         "parameters": sum(p.numel() for p in model.parameters()),
         "images": int(n_img),
-        "captions": int(tokens.shape[0]),
+        "captions": int(n_captions),
         "steps": steps,
         "batch_size": batch_size,
         "epochs": steps * batch_size / n_img,
-        "lr": lr,
-        "weight_decay": weight_decay,
-        "warmup_steps": warmup_steps,
-        "seed": seed,
+        "lr": settings["lr"],
+        "weight_decay": settings["weight_decay"],
+        "warmup_steps": settings["warmup_steps"],
+        "seed": settings["seed"],
         "initial_loss": log[0][1],
         "final_loss": float(np.mean(tail)),
         "logit_scale": float(model.logit_scale.exp().item()),
-        "data_seconds": round(t_data, 2),
-        "train_seconds": round(train_seconds, 2),
-        "seconds": round(seconds, 2),
-        "steps_per_s": round(steps / train_seconds, 3),
+        "data_seconds": round(timings["data"], 2),
+        "train_seconds": round(timings["train"], 2),
+        "seconds": round(timings["total"], 2),
+        "steps_per_s": round(steps / timings["train"], 3),
         "threads": torch.get_num_threads(),
     }
 
@@ -255,6 +305,28 @@ class _BatchSampler:
             self.order = torch.randperm(self.n, generator=self.gen)
         batch, self.order = self.order[: self.bs], self.order[self.bs:]
         return batch
+
+
+class _Batches:
+    """Training batches (x, text): images from `_BatchSampler` passes, normalised like the model's eval
+    preprocessing (`/255`, mean/std), and one caption per image drawn uniformly from its captions.
+
+    One generator seeded with `seed` drives both the pass order and the caption choice."""
+
+    def __init__(self, images: torch.Tensor, tokens: torch.Tensor, owner: _Owners, pp: dict, batch_size: int,
+                 seed: int):
+        self.images, self.tokens, self.owner, self.batch_size = images, tokens, owner, batch_size
+        self.mean = torch.tensor(pp["mean"], dtype=torch.float32).view(1, 3, 1, 1) * 255.0
+        self.std = torch.tensor(pp["std"], dtype=torch.float32).view(1, 3, 1, 1) * 255.0
+        self.gen = torch.Generator().manual_seed(seed)
+        self.sampler = _BatchSampler(images.shape[0], batch_size, self.gen)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self.sampler.next()
+        pick = self.owner.offsets[idx] + (torch.rand(self.batch_size, generator=self.gen)
+                                          * self.owner.counts[idx]).long()
+        x = (self.images[idx].float() - self.mean) / self.std
+        return x, self.tokens[pick]
 
 
 def _lr_schedule(base_lr: float, warmup: int, total: int):
