@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import math
 import shutil
 import subprocess
 import sys
@@ -49,10 +47,9 @@ def svg_texts(path: Path) -> list[str]:
     return ["".join(t.itertext()) for t in root.iter(f"{SVG_NS}text")]
 
 
-def test_one_csv_and_one_svg_per_analysis(tmp_path):
+def test_one_svg_per_analysis(tmp_path):
     written = write_plots(METRICS, tmp_path)
-    assert written == [tmp_path / n for n in
-                       ("zeroshot.csv", "zeroshot.svg", "linear_probe.csv", "linear_probe.svg")]
+    assert written == [tmp_path / n for n in ("zeroshot.svg", "linear_probe.svg")]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in written)  # no temp files left
 
 
@@ -88,19 +85,6 @@ def test_svg_is_self_contained(tmp_path):
         assert 200 < float(root.get("width")) < 1200 and 50 < float(root.get("height")) < 1200
 
 
-def test_csv_rows(tmp_path):
-    write_plots(METRICS, tmp_path)
-    for analysis in ("zeroshot", "linear_probe"):
-        with open(tmp_path / f"{analysis}.csv", newline="") as f:
-            reader = csv.DictReader(f)
-            assert reader.fieldnames == ["dataset", "metric", "value"]
-            rows = [(r["dataset"], r["metric"], float(r["value"])) for r in reader]
-        expected = [(d, m, v) for d, ms in METRICS[analysis].items() for m, v in ms.items()]
-        assert [(d, m) for d, m, _ in rows] == [(d, m) for d, m, _ in expected]
-        assert all(math.isclose(v, e, abs_tol=1e-6) for (_, _, v), (_, _, e) in zip(rows, expected))
-    assert (tmp_path / "zeroshot.csv").read_text().splitlines()[-1] == "hierarchy,map_11point,0.447675"
-
-
 def test_rerun_is_byte_identical(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     written = write_plots(METRICS, first)
@@ -123,9 +107,9 @@ def test_changed_value_changes_only_its_analysis(tmp_path):
     write_plots(METRICS, tmp_path / "a")
     changed = {**METRICS, "linear_probe": {**METRICS["linear_probe"], "position": {"accuracy": 0.4}}}
     write_plots(changed, tmp_path / "b")
-    same = {n for n in ("zeroshot.csv", "zeroshot.svg", "linear_probe.csv", "linear_probe.svg")
+    same = {n for n in ("zeroshot.svg", "linear_probe.svg")
             if (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()}
-    assert same == {"zeroshot.csv", "zeroshot.svg"}
+    assert same == {"zeroshot.svg"}
     assert "accuracy 0.400" in svg_texts(tmp_path / "b" / "linear_probe.svg")
 
 
@@ -140,11 +124,11 @@ def test_any_analysis_name_and_odd_values(tmp_path):
         "version": "0.1.0",
     }
     written = write_plots(metrics, tmp_path)
-    assert [p.name for p in written] == ["adapt.csv", "adapt.svg"]
+    assert [p.name for p in written] == ["adapt.svg"]
     texts = svg_texts(tmp_path / "adapt.svg")
     for label in ("vtab_dtd", "weird", "accuracy 0.420", "mean_per_class 0.400", "accuracy n/a", "roc_auc 1.300"):
         assert label in texts
-    assert "note" not in (tmp_path / "adapt.csv").read_text()
+    assert not any("note" in t for t in texts)
 
 
 def test_unusable_analysis_name_is_refused(tmp_path):
@@ -198,5 +182,5 @@ def test_a_chart_depends_on_its_own_analysis_only(tmp_path):
     write_plots(METRICS, tmp_path / "a")
     grown = {**METRICS, "adapt": {"vtab_dtd": {"mean_per_class": 0.3, "roc_auc": 0.7}}}
     write_plots(grown, tmp_path / "b")
-    for name in ("zeroshot.csv", "zeroshot.svg", "linear_probe.csv", "linear_probe.svg"):
+    for name in ("zeroshot.svg", "linear_probe.svg"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -1,15 +1,14 @@
-"""Static, offline plots of reports/metrics.json: one CSV and one SVG bar chart per analysis.
+"""Static, offline plots of reports/metrics.json: one SVG bar chart per analysis.
 
-`dvc plots show` draws through an HTML page that loads Vega from a CDN (blank offline), and a single
-summary CSV overlaps the bars of different analyses. Here each analysis gets its own
-`<analysis>.csv` (columns dataset, metric, value; plottable by DVC one file per analysis) and its own
-`<analysis>.svg`, rendered from a Vega-Lite spec by vl-convert (no browser, no network). The output is a
+`dvc plots show` draws data files through an HTML page that loads Vega from a CDN (blank offline), and a
+single summary CSV overlapped the bars of different analyses. Here each analysis gets its own
+`<analysis>.svg`, rendered from a Vega-Lite spec by vl-convert (no browser, no network); DVC shows such
+files as images (dvc.yaml declares the folder once), and the numbers themselves are in metrics.json. The output is a
 pure function of the metrics: the same numbers give byte-identical files, so DVC sees no spurious change.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -18,9 +17,7 @@ from typing import Any, Mapping
 
 from vlbench.io import atomic_path
 
-CSV_FIELDS = ("dataset", "metric", "value")
 VALUE_FORMAT = "{:.3f}"          # the value printed on each bar
-CSV_DIGITS = 6                   # as reports/metrics.json's summary rows
 BAR_STEP = 28                    # px per bar
 CHART_WIDTH = 480                # px, the 0..1 axis
 INSIDE_FROM = 0.5                # bars at least this long carry their label inside, others just after
@@ -154,24 +151,16 @@ def _check_name(analysis: str) -> None:
 
 
 def write_plots(metrics: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    """Write `<out_dir>/<analysis>.csv` and `<out_dir>/<analysis>.svg` per analysis; return the paths.
+    """Write `<out_dir>/<analysis>.svg` per analysis; return the paths.
 
     `metrics` has the shape of reports/metrics.json: `{analysis: {dataset: {metric: value}}}`; other
-    top-level entries (the model fingerprint) are skipped. Files are written atomically, CSV then SVG per
-    analysis, in the order of `metrics`. Files of analyses no longer present are left alone.
+    top-level entries (the model fingerprint) are skipped. Files are written atomically, in the order of
+    `metrics`. Files of analyses no longer present are left alone.
     """
     out_dir = Path(out_dir)
     written: list[Path] = []
     for analysis, rows in analyses(metrics).items():
         _check_name(analysis)
-        csv_path = out_dir / f"{analysis}.csv"
-        with atomic_path(csv_path) as tmp:
-            with open(tmp, "w", newline="", encoding="utf-8") as f:
-                writer = csv.writer(f, lineterminator="\n")
-                writer.writerow(CSV_FIELDS)
-                writer.writerows((d, m, round(v, CSV_DIGITS)) for d, m, v in rows)
-        written.append(csv_path)
-
         svg_path = out_dir / f"{analysis}.svg"
         svg = render_svg(vegalite_spec(analysis, rows))
         with atomic_path(svg_path) as tmp:
