@@ -12,5 +12,6 @@ def write_report(datasets_by_analysis: Mapping[str, list[str]]) -> dict[str, Any
     write_metrics(metrics, model)
     from vlbench.report.plots import write_plots
 
+    PLOTS_DIR.mkdir(parents=True, exist_ok=True)  # a declared output, even for a suite without analyses
     write_plots(metrics, PLOTS_DIR)
     return metrics
