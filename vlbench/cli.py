@@ -85,7 +85,11 @@ def compose_cmd(ctx: click.Context, overrides: tuple[str, ...], output: str) -> 
     """Write params.yaml from conf/ with Hydra OVERRIDES (e.g. model=toy-wide)."""
     conf = _conf(ctx)
     _check_groups(overrides, conf)
-    Path(output).write_text(PARAMS_HEADER + yaml.safe_dump(compose(list(overrides), conf), sort_keys=False))
+    try:
+        params = compose(list(overrides), conf)
+    except VlbenchError as err:
+        raise click.ClickException(str(err)) from err
+    Path(output).write_text(PARAMS_HEADER + yaml.safe_dump(params, sort_keys=False))
     click.echo(f"wrote {output}")
 
 

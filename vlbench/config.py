@@ -134,9 +134,16 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(conf_dir(config_dir).resolve()), version_base=None):
-        cfg = hydra_compose(config_name="config", overrides=overrides or [])
-    return OmegaConf.to_container(cfg, resolve=True)
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir(config_dir).resolve()), version_base=None):
+            cfg = hydra_compose(config_name="config", overrides=overrides or [])
+        return OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ParamsError(f"cannot compose conf/ with overrides {overrides or []}: {first}") from err
 
 
 def available(group: str, config_dir: str | Path | None = None) -> list[str]:
