@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
@@ -12,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from vlbench.datasets import canonical, local
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.datasets.local import (
     IMG_EXTENSIONS,
     build_imagefolder,
     build_manifest,
-    image_problem,
 )
 from vlbench.datasets.registry import prepare_dataset
 
@@ -78,6 +77,8 @@ def test_imagefolder_labels_ids_and_bytes(folder, tmp_path):
     assert prov["source"] == "imagefolder" and prov["root"] == str(folder.resolve())
     assert prov["counts"] == {"train": 7, "test": 7} and prov["skipped_corrupt"] == []
     assert prov["class_folders"] == ["cat", "dog_big", "eel"]
+    classes = json.loads((out / "classes.json").read_text())["classes"]
+    assert [(c["key"], c["name"]) for c in classes] == [("cat", "cat"), ("dog_big", "dog big"), ("eel", "eel")]
 
 
 def test_imagefolder_matches_torchvision(folder, tmp_path):
@@ -107,12 +108,14 @@ def test_imagefolder_flat_split_is_default(folder, tmp_path):
 
 
 def test_imagefolder_classnames_templates_wnids(folder, tmp_path):
-    spec = {"source": "imagefolder", "root": folder / "val", "classnames": ["kitty", "big dog", "eel fish"],
+    spec = {"source": "imagefolder", "root": folder / "val",
+            "classnames": {"eel": "eel fish", "cat": "kitty", "dog_big": "big dog"},  # any order: matched by folder
             "templates": ["a photo of a {c}.", "a blurry {c}."], "metric": "mean_per_class",
-            "wnids": ["n02121808", "n02084071", "n02526121"]}
+            "wnids": {"dog_big": "n02084071", "cat": "n02121808"}}
     meta = build_imagefolder("pets", spec, tmp_path / "a")
     assert meta.class_names == ["kitty", "big dog", "eel fish"]
-    assert meta.classes[1].wnid == "n02084071" and meta.metric == "mean_per_class"
+    assert [c.key for c in meta.classes] == ["cat", "dog_big", "eel"]
+    assert [c.wnid for c in meta.classes] == ["n02121808", "n02084071", None] and meta.metric == "mean_per_class"
     assert load_meta(tmp_path / "a").templates == ["a photo of a {c}.", "a blurry {c}."]
     # A mapping renames some folders; the rest default to the folder name with spaces.
     spec = {"source": "imagefolder", "root": folder / "val", "classnames": {"eel": "moray eel"}}
@@ -124,10 +127,22 @@ def test_imagefolder_via_registry(folder, tmp_path):
     assert meta.splits == {"test": 7} and (tmp_path / "out" / "classes.json").exists()
 
 
-def test_imagefolder_classnames_errors(folder, tmp_path):
-    spec = {"source": "imagefolder", "root": folder / "val", "classnames": ["a", "b"]}
-    with pytest.raises(DatasetError, match=r"'classnames' has 2 entries but there are 3 class folders"):
+def test_imagefolder_classnames_list_is_refused(folder, tmp_path):
+    """A list would be matched by position to the sorted folders: ["dog", "cat", "eel"] would mislabel two classes."""
+    spec = {"source": "imagefolder", "root": folder / "val", "classnames": ["big dog", "kitty", "eel fish"]}
+    with pytest.raises(DatasetError) as err:
         build_imagefolder("pets", spec, tmp_path / "out")
+    msg = str(err.value)
+    assert "dataset 'pets'" in msg and "'classnames'" in msg and "list" in msg
+    assert "cat, dog_big, eel" in msg  # the sorted folder order
+    assert "{cat: ..., dog_big: ..., eel: ...}" in msg  # the mapping form to use
+    with pytest.raises(DatasetError, match=r"'wnids'.*mapping"):
+        build_imagefolder("pets", {**spec, "classnames": None, "wnids": ["n1", "n2", "n3"]}, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_imagefolder_classnames_errors(folder, tmp_path):
+    spec = {"source": "imagefolder", "root": folder / "val"}
     spec["classnames"] = {"cta": "typo"}
     with pytest.raises(DatasetError, match=r"'classnames' names \['cta'\]"):
         build_imagefolder("pets", spec, tmp_path / "out")
@@ -180,13 +195,8 @@ def test_bad_metric_and_templates(folder, tmp_path):
         build_imagefolder("pets", {**spec, "templates": ["a photo"]}, tmp_path / "out")
 
 
-def test_truncated_jpeg_is_detected():
-    buf = io.BytesIO()
-    Image.fromarray(np.zeros((32, 32, 3), np.uint8) + 80).save(buf, "JPEG")
-    data = buf.getvalue()
-    assert image_problem(data) is None
-    assert image_problem(data[:-30]) is not None  # passes PIL's verify(), fails decoding
-    assert image_problem(b"not an image") is not None
+def test_image_check_is_the_canonical_one():
+    assert local.image_problem is canonical.image_problem  # one check, reusable by every source
 
 
 def test_imagefolder_corrupt_image(folder, tmp_path):
@@ -231,8 +241,10 @@ def test_manifest_csv_string_labels_split_column(images, tmp_path):
         "img/2.jpg,sea_lion,train\n"
     )
     out = tmp_path / "out"
-    meta = build_manifest("m", {"source": "manifest", "path": str(images / "m.csv"), "split_column": "split"}, out)
+    meta = build_manifest("m", {"source": "manifest", "path": str(images / "m.csv"), "split_column": "split",
+                                "allow_outside_root": True}, out)
     assert meta.class_names == ["ant", "sea lion", "zebra"]  # sorted unique labels
+    assert [c.key for c in meta.classes] == ["ant", "sea_lion", "zebra"]  # the label as written, beside its name
     assert meta.splits == {"test": 2, "train": 3}
     train, test = read_split(out, "train"), read_split(out, "test")
     assert [(r["sample_id"], r["label"]) for r in train] == [("img/0.jpg", 2), ("img/1.png", 0), ("img/2.jpg", 1)]
@@ -254,6 +266,7 @@ def test_manifest_parquet_int_labels_single_split(images, tmp_path):
     meta = build_manifest("m", spec, tmp_path / "out")
     assert meta.class_names == ["cat", "dog", "eel"] and meta.splits == {"test": 4}
     assert [c.wnid for c in meta.classes] == ["n1", None, None]
+    assert [c.key for c in meta.classes] == [None, None, None]  # integer labels: the index is the key
     rows = read_split(tmp_path / "out", "test")
     assert [r["label"] for r in rows] == [1, 0, 1, 2]
     assert [r["sample_id"] for r in rows] == ["img/0.jpg", "img/1.png", "img/2.jpg", "img/3.png"]
@@ -327,3 +340,108 @@ def test_manifest_corrupt_image(images, tmp_path):
     assert meta.splits == {"test": 2}
     assert [r["sample_id"] for r in read_split(tmp_path / "out", "test")] == ["img/0.jpg", "img/1.png"]
     assert load_meta(tmp_path / "out").provenance["skipped_corrupt"] == ["img/bad.jpg"]
+
+
+def test_metric_that_cannot_apply_is_refused_at_prepare(folder, tmp_path):
+    spec = {"source": "imagefolder", "root": folder / "val", "metric": "roc_auc"}
+    with pytest.raises(DatasetError) as err:
+        build_imagefolder("pets", spec, tmp_path / "out")
+    assert all(part in str(err.value) for part in ("dataset 'pets'", "'roc_auc'", "3 classes", "single-label"))
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------- paths and links
+
+
+def test_manifest_paths_leaving_its_folder_are_refused(images, tmp_path):
+    far = tmp_path / "elsewhere" / "far.png"
+    (images / "img" / "link.png").symlink_to(far)  # inside by name, outside once resolved
+    for n, written in enumerate([str(far), "../elsewhere/far.png", "img/link.png"]):
+        (images / "m.csv").write_text(f"path,label\nimg/0.jpg,a\n{written},b\n")
+        spec = {"source": "manifest", "path": images / "m.csv"}
+        with pytest.raises(DatasetError) as err:
+            build_manifest("m", spec, tmp_path / f"out{n}")
+        msg = str(err.value)
+        assert "dataset 'm'" in msg and "m.csv' row 1" in msg and repr(written) in msg and str(far) in msg
+        assert "outside" in msg and "allow_outside_root: true" in msg
+        assert not (tmp_path / f"out{n}").exists()
+        meta = build_manifest("m", {**spec, "allow_outside_root": True}, tmp_path / f"out{n}")
+        assert meta.splits == {"test": 2}
+        assert read_split(tmp_path / f"out{n}", "test")[1]["image"] == far.read_bytes()
+
+
+def test_manifest_relative_paths_resolve_against_its_folder(images, tmp_path, monkeypatch):
+    (images / "m.csv").write_text("path,label\nimg/0.jpg,a\n")
+    monkeypatch.chdir(tmp_path)  # not the manifest's folder
+    build_manifest("m", {"source": "manifest", "path": images / "m.csv"}, tmp_path / "out")
+    assert read_split(tmp_path / "out", "test")[0]["image"] == (images / "img" / "0.jpg").read_bytes()
+
+
+def test_allow_outside_root_must_be_a_boolean(images, tmp_path):
+    (images / "m.csv").write_text("path,label\nimg/0.jpg,a\n")
+    with pytest.raises(DatasetError, match=r"dataset 'm': 'allow_outside_root' must be true or false, got 'yes'"):
+        build_manifest("m", {"source": "manifest", "path": images / "m.csv", "allow_outside_root": "yes"},
+                       tmp_path / "out")
+
+
+def test_imagefolder_link_loop_is_refused(tmp_path):
+    """The issue's case: a link to an ancestor turned 12 images into hundreds of mislabelled samples."""
+    root = tmp_path / "loop"
+    for c in range(3):
+        for j in range(4):
+            make_image(root / f"c{c}" / f"{j}.png", 10 * c + j)
+    (root / "c1" / "again").symlink_to(root, target_is_directory=True)
+    for allow in (False, True):
+        with pytest.raises(DatasetError) as err:
+            build_imagefolder("loop", {"source": "imagefolder", "root": root, "allow_outside_root": allow},
+                              tmp_path / "out")
+        msg = str(err.value)
+        assert "dataset 'loop' split 'test'" in msg and str(root / "c1" / "again") in msg and "loop" in msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_imagefolder_folder_reached_twice_is_refused(folder, tmp_path):
+    (folder / "val" / "cat" / "doggy").symlink_to(folder / "val" / "dog_big", target_is_directory=True)
+    with pytest.raises(DatasetError) as err:
+        build_imagefolder("pets", {"source": "imagefolder", "root": folder / "val"}, tmp_path / "out")
+    msg = str(err.value)
+    assert "split 'test'" in msg and str(folder / "val" / "cat" / "doggy") in msg
+    assert str(folder / "val" / "dog_big") in msg and "twice" in msg
+
+
+def test_imagefolder_links_inside_root_are_followed(folder, tmp_path):
+    make_image(folder / "extra" / "x.png", 77)  # not a split folder: reachable only through the link
+    (folder / "val" / "eel" / "more").symlink_to(folder / "extra", target_is_directory=True)
+    (folder / "val" / "eel" / "same.png").symlink_to(folder / "train" / "eel" / "img0.png")
+    meta = build_imagefolder("pets", {"source": "imagefolder", "root": folder, "splits": {"test": "val"}},
+                             tmp_path / "out")
+    ids = [r["sample_id"] for r in read_split(tmp_path / "out", "test")]
+    assert meta.splits == {"test": 9} and "val/eel/more/x.png" in ids and "val/eel/same.png" in ids
+
+
+def test_imagefolder_links_leaving_root_are_refused_unless_allowed(folder, tmp_path):
+    outside = tmp_path / "elsewhere"
+    make_image(outside / "x.png", 78)
+    make_image(outside / "y.png", 79)
+    root = folder / "val"
+    cases = [(root / "eel" / "ext", outside, True, 9), (root / "cat" / "y.png", outside / "y.png", False, 8)]
+    for link, target, is_dir, count in cases:
+        link.symlink_to(target, target_is_directory=is_dir)
+        spec = {"source": "imagefolder", "root": root}
+        with pytest.raises(DatasetError) as err:
+            build_imagefolder("pets", spec, tmp_path / "out")
+        msg = str(err.value)
+        assert "dataset 'pets' split 'test'" in msg and str(link) in msg and str(target) in msg
+        assert "outside the root" in msg and "allow_outside_root: true" in msg
+        meta = build_imagefolder("pets", {**spec, "allow_outside_root": True}, tmp_path / "out")
+        assert meta.splits["test"] == count and meta.provenance["allow_outside_root"] is True
+        link.unlink()
+        import shutil
+        shutil.rmtree(tmp_path / "out")
+
+
+def test_imagefolder_split_folder_leaving_root_is_refused(folder, tmp_path):
+    spec = {"source": "imagefolder", "root": folder / "val", "splits": {"test": "../train"}}
+    with pytest.raises(DatasetError, match=r"split 'test': folder '.*train' is outside the root"):
+        build_imagefolder("pets", spec, tmp_path / "out")
+    assert build_imagefolder("pets", {**spec, "allow_outside_root": True}, tmp_path / "out").splits == {"test": 7}

@@ -174,6 +174,7 @@ def test_registry_builds_synthetic(tmp_path):
     ({"task": None}, "task"),
     ({"splits": None}, "splits"),
     ({"splits": {"train": -1}}, "splits"),
+    ({"splits": {"train": 0}}, "splits"),
     ({"splits": {"train": "ten"}}, "splits"),
     ({"image_size": 4}, "image_size"),
     ({"seed": "x"}, "seed"),
@@ -186,6 +187,16 @@ def test_bad_spec(tmp_path, bad, key):
     with pytest.raises(DatasetError, match=rf"'my-data'.*'{key}'"):
         S.build("my-data", s, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_empty_split_is_refused_at_parse_naming_dataset_and_split(tmp_path):
+    with pytest.raises(DatasetError, match=r"dataset 'my-data': spec key 'splits' has 'test': 0; .*positive"):
+        S.parse_spec("my-data", spec("shapes", splits={"train": 3, "test": 0}))
+
+
+def test_unknown_key_uses_the_shared_spec_check():
+    with pytest.raises(DatasetError, match=r"unknown spec key\(s\) \['image_sise'\] for source 'synthetic'.*did you mean 'image_size'"):
+        S.parse_spec("my-data", spec("shapes", image_sise=64))
 
 
 def test_shapes_are_wordnet_shapes(wn):

@@ -9,6 +9,7 @@ that no split is ever held in memory whole.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,14 +33,20 @@ class DatasetError(VlbenchError):
 
 @dataclass
 class ClassInfo:
+    """One class. `key` is its identifier in the source data when that differs from the index: the ImageFolder
+    class folder or a manifest's label string; classes.json shows it right after the display `name`."""
+
     index: int
     name: str
     wnid: str | None = None
     group: str | None = None
     aliases: list[str] = field(default_factory=list)
+    key: str | None = None
 
     def to_json(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v not in (None, [])}
+        fields = asdict(self)
+        ordered = {"index": fields.pop("index"), "name": fields.pop("name"), "key": fields.pop("key"), **fields}
+        return {k: v for k, v in ordered.items() if v not in (None, [])}
 
 
 @dataclass
@@ -62,9 +69,25 @@ class DatasetMeta:
             raise DatasetError(f"dataset {self.name!r}: metric {self.metric!r} is not one of {METRICS}")
         if [c.index for c in self.classes] != list(range(len(self.classes))):
             raise DatasetError(f"dataset {self.name!r}: class indices must be 0..{len(self.classes) - 1} in order")
+        self._check_metric_applies()
         for t in self.templates:
             if "{c}" not in t:
                 raise DatasetError(f"dataset {self.name!r}: template {t!r} has no '{{c}}' placeholder")
+
+    def _check_metric_applies(self) -> None:
+        """Refuse a metric that `vlbench.metrics` could not compute on this task and class count."""
+        n, problem = len(self.classes), None
+        if self.metric == "map_11point" and not self.multi_label:
+            problem = "11-point mAP needs multi-label targets"
+        elif self.metric != "map_11point" and self.multi_label:
+            problem = f"{self.metric} needs one integer label per sample; multi-label tasks use map_11point"
+        elif self.metric == "roc_auc" and n != 2:
+            problem = "ROC-AUC here is binary only (exactly 2 classes); use accuracy or mean_per_class"
+        if problem:
+            raise DatasetError(
+                f"dataset {self.name!r}: metric {self.metric!r} cannot apply to a {self.task} task "
+                f"with {n} class{'' if n == 1 else 'es'}: {problem}"
+            )
 
     @property
     def multi_label(self) -> bool:
@@ -132,8 +155,11 @@ def write_dataset(
     The dataset version is a hash of the split files only, that is of the images, labels and per-sample
     fields (never of class names, templates or provenance): image features stay valid when a class is
     renamed, and a teammate's copy of the same data at another path has the same version.
+    A dataset without splits, or a split without rows, is refused (naming the dataset and split).
     """
     schema = split_schema(meta.multi_label, extra_columns)
+    if not splits:
+        raise DatasetError(f"dataset {meta.name!r}: no splits to write")
     with atomic_dir(out_dir) as tmp:
         digest = hashlib.sha256()
         for split, rows in splits.items():
@@ -147,6 +173,7 @@ def write_dataset(
 
 
 def _check_rows(rows: Iterable[dict], meta: DatasetMeta, split: str) -> Iterator[dict]:
+    """Check each row's sample_id and labels as it streams past; refuse a split with no rows."""
     n = len(meta.classes)
     seen: set[str] = set()
     for row in rows:
@@ -159,6 +186,28 @@ def _check_rows(rows: Iterable[dict], meta: DatasetMeta, split: str) -> Iterator
         if bad:
             raise DatasetError(f"dataset {meta.name!r} split {split!r} sample {sid!r}: label {bad[0]} not in 0..{n - 1}")
         yield row
+    if not seen:
+        raise DatasetError(f"dataset {meta.name!r} split {split!r}: empty split, no samples to write")
+
+
+def image_problem(data: bytes) -> str | None:
+    """Why these encoded bytes are not a readable image, or None. Every source checks its images with this.
+
+    `verify()` checks the container (PNG CRCs, headers) but not a JPEG's entropy-coded data, so a truncated
+    JPEG passes it; decoding once more (at the smallest JPEG draft scale, which still reads every byte)
+    catches truncation.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.verify()
+        with Image.open(io.BytesIO(data)) as im:
+            im.draft(im.mode, (1, 1))
+            im.load()
+    except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError, ...
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 def load_meta(dataset_dir: str | Path) -> DatasetMeta:

@@ -7,38 +7,54 @@ Two sources turn data already on disk into the canonical format (`canonical.py`)
   (`find_classes` / `make_dataset`, same `IMG_EXTENSIONS`), so labels agree with
   `torchvision.datasets.ImageFolder`.
 - `manifest`: a CSV/TSV or Parquet file (read with polars) listing an image path, a label and
-  optionally a split per row; relative image paths resolve against the manifest's folder.
+  optionally a split per row.
 
 Images are stored as distributed (the file's bytes, never re-encoded or resized) and verified at prepare
 time; rows are streamed into `write_dataset` one image at a time. `sample_id` is the image path relative
 to the root (or the manifest's folder), POSIX style, so it is stable across machines.
+
+Paths and links (docs/protocols.md, "Bring-your-own data: paths and links"). A dataset's root is the
+ImageFolder `root`, or the folder of each manifest file. Relative manifest paths resolve against that
+folder, never the working directory. Every image, split folder and class folder must lie under the root
+once symlinks are resolved: a manifest path (absolute or relative) or a link that leaves it is refused,
+naming the manifest row or the link, unless the spec sets `allow_outside_root: true` (then such an image's
+`sample_id` is its absolute path). ImageFolder walks follow symlinks as torchvision does, but a folder link
+that leads to a folder containing it (a loop) or to a folder the split already walks (its images would
+count twice) is always refused, with or without `allow_outside_root`: the walk never loops.
+
+Class names. Each class's source key (the ImageFolder folder name, or a manifest's label string) is kept
+beside its display name in classes.json (`ClassInfo.key`). For `imagefolder`, `classnames` and `wnids`
+must be mappings `{folder: value}` (folders not named keep the folder name with spaces, and no wnid);
+a list is refused, because it would be matched by position to the folders sorted by name and a list in
+any other order would silently mislabel classes. For a manifest, a list is unambiguous: with integer
+labels it is in label order, with string labels it lists the labels themselves in class order.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import posixpath
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import polars as pl
-from PIL import Image
 
 from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
+    image_problem,
     write_dataset,
 )
+from vlbench.datasets.spec import check_flag, check_keys
 from vlbench.io import sha256_file
 
 # torchvision.datasets.folder.IMG_EXTENSIONS (lower case; matching is case-insensitive, as there).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 DEFAULT_TEMPLATES = ["a photo of a {c}."]
-COMMON_KEYS = ("source", "classnames", "templates", "metric", "wnids", "skip_corrupt")
+COMMON_KEYS = ("source", "classnames", "templates", "metric", "wnids", "skip_corrupt", "allow_outside_root")
 IMAGEFOLDER_KEYS = COMMON_KEYS + ("root", "splits")
 MANIFEST_KEYS = COMMON_KEYS + ("path", "splits", "image_column", "label_column", "split_column")
 MANIFEST_FORMATS = {".csv": ",", ".tsv": "\t", ".parquet": None, ".pq": None}
@@ -46,6 +62,7 @@ _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 # One sample to write: (absolute image path, sample_id, class index).
 Item = tuple[Path, str, int]
+OUTSIDE_HINT = "move the data under the root or set allow_outside_root: true"
 
 
 # --------------------------------------------------------------------------------------------- imagefolder
@@ -53,17 +70,17 @@ Item = tuple[Path, str, int]
 
 def build_imagefolder(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
     """`{source: imagefolder, root, splits: {split: subfolder} (default {test: .}), classnames?, ...}`."""
-    _check_keys(name, spec, IMAGEFOLDER_KEYS)
+    check_keys(name, spec, IMAGEFOLDER_KEYS)
     root = _path_key(name, spec, "root")
     if not root.is_dir():
         raise DatasetError(f"dataset {name!r}: root {str(root)!r} is not a directory")
     splits = _split_folders(name, spec.get("splits", {"test": "."}))
+    allow_outside = check_flag(name, spec, "allow_outside_root")
+    trees = {split: _Tree(name, split, root, os.path.realpath(root), allow_outside) for split in splits}
 
     class_sets: dict[str, list[str]] = {}
     for split, sub in splits.items():
-        split_dir = Path(os.path.normpath(root / sub))
-        if not split_dir.is_dir():
-            raise DatasetError(f"dataset {name!r} split {split!r}: folder {str(split_dir)!r} does not exist")
+        split_dir = trees[split].split_dir(sub)
         class_sets[split] = find_classes(split_dir)
         if not class_sets[split]:
             raise DatasetError(f"dataset {name!r} split {split!r}: no class folders in {str(split_dir)!r}")
@@ -71,13 +88,15 @@ def build_imagefolder(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
 
     items = {}
     for split, sub in splits.items():
-        items[split] = list(_folder_items(root, Path(os.path.normpath(root / sub)), folders))
+        items[split] = list(_folder_items(trees[split], trees[split].split_dir(sub), folders))
         if not items[split]:
             raise DatasetError(
                 f"dataset {name!r} split {split!r}: empty split, no image files ({', '.join(IMG_EXTENSIONS)}) "
                 f"in the class folders of {str(root / sub)!r}"
             )
 
+    for key in ("classnames", "wnids"):
+        _require_mapping(name, key, spec.get(key), folders)
     classes = _class_infos(name, folders, spec.get("classnames"), spec.get("wnids"), "class folders")
     provenance = {
         "source": "imagefolder",
@@ -93,14 +112,79 @@ def find_classes(directory: Path) -> list[str]:
     return sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())
 
 
-def _folder_items(root: Path, split_dir: Path, folders: list[str]) -> Iterator[Item]:
+def _folder_items(tree: _Tree, split_dir: Path, folders: list[str]) -> Iterator[Item]:
     """Samples in torchvision's `make_dataset` order: sorted classes, then a sorted recursive walk."""
+    seen: dict[str, Path] = {}
     for index, folder in enumerate(folders):
-        for dirpath, _, fnames in sorted(os.walk(split_dir / folder, followlinks=True)):
+        for dirpath, _, fnames in sorted(tree.walk(split_dir / folder, seen)):
             for fname in sorted(fnames):
                 if fname.lower().endswith(IMG_EXTENSIONS):
                     path = Path(dirpath) / fname
-                    yield path, Path(os.path.relpath(path, root)).as_posix(), index
+                    tree.check_file(path)
+                    yield path, Path(os.path.relpath(path, tree.root)).as_posix(), index
+
+
+@dataclass(frozen=True)
+class _Tree:
+    """One split's walk under an ImageFolder root: follows symlinks as torchvision does, but refuses a link
+    loop, a folder reached twice, and (unless `allow_outside`) anything that resolves outside the root."""
+
+    name: str
+    split: str
+    root: Path
+    real_root: str
+    allow_outside: bool
+
+    def split_dir(self, sub: str) -> Path:
+        path = Path(os.path.normpath(self.root / sub))
+        if not path.is_dir():
+            raise DatasetError(f"dataset {self.name!r} split {self.split!r}: folder {str(path)!r} does not exist")
+        self._check_inside(path, "folder")
+        return path
+
+    def walk(self, top: Path, seen: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
+        """os.walk(top, followlinks=True) that checks every folder before it descends into it."""
+        self._enter(top, os.path.realpath(top.parent), seen)
+        for dirpath, dirnames, fnames in os.walk(top, followlinks=True):
+            current = os.path.realpath(dirpath)
+            for d in dirnames:
+                self._enter(Path(dirpath) / d, current, seen)
+            yield dirpath, dirnames, fnames
+
+    def check_file(self, path: Path) -> None:
+        if path.is_symlink():
+            self._check_inside(path, "image link")
+
+    def _enter(self, path: Path, parent_real: str, seen: dict[str, Path]) -> None:
+        real = os.path.realpath(path)
+        if _inside(parent_real, real):
+            raise DatasetError(
+                f"{self._where()}: folder link {str(path)!r} leads to {real!r}, which contains it: a link loop; "
+                f"remove the link"
+            )
+        self._check_inside(path, "folder link" if path.is_symlink() else "folder")
+        if real in seen:
+            raise DatasetError(
+                f"{self._where()}: folder {real!r} is reached twice, as {str(seen[real])!r} and as {str(path)!r} "
+                f"(a symlink repeats its images); remove the link"
+            )
+        seen[real] = path
+
+    def _check_inside(self, path: Path, what: str) -> None:
+        real = os.path.realpath(path)
+        if not self.allow_outside and not _inside(real, self.real_root):
+            shown = f"{str(path)!r}" if real == str(path) else f"{str(path)!r} (resolves to {real!r})"
+            raise DatasetError(
+                f"{self._where()}: {what} {shown} is outside the root {str(self.root)!r}; {OUTSIDE_HINT}"
+            )
+
+    def _where(self) -> str:
+        return f"dataset {self.name!r} split {self.split!r}"
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether resolved `path` is `folder` or below it (both absolute and resolved)."""
+    return os.path.commonpath([path, folder]) == folder
 
 
 def _same_classes(name: str, class_sets: dict[str, list[str]]) -> list[str]:
@@ -132,7 +216,8 @@ def _split_folders(name: str, splits: Any) -> dict[str, str]:
 
 def build_manifest(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
     """`{source: manifest, path | splits: {split: file}, image_column, label_column, split_column?, ...}`."""
-    _check_keys(name, spec, MANIFEST_KEYS)
+    check_keys(name, spec, MANIFEST_KEYS)
+    allow_outside = check_flag(name, spec, "allow_outside_root")
     image_col = spec.get("image_column", "path")
     label_col = spec.get("label_column", "label")
     split_col = spec.get("split_column")
@@ -171,12 +256,8 @@ def build_manifest(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
                     f"dataset {name!r} split {split!r}: manifest {str(path)!r} row {i}: label {label!r} is not "
                     f"in classnames ({_label_range(kind, keys)})"
                 )
-            abs_path, sid = _resolve_image(path.parent, image)
-            if not abs_path.is_file():
-                raise DatasetError(
-                    f"dataset {name!r} split {split!r}: manifest {str(path)!r} row {i}: image file "
-                    f"{str(abs_path)!r} does not exist"
-                )
+            where = f"dataset {name!r} split {split!r}: manifest {str(path)!r} row {i}"
+            abs_path, sid = _manifest_image(where, path.parent, image, allow_outside)
             items[split].append((abs_path, sid, index[label]))
 
     provenance: dict[str, Any] = {
@@ -300,26 +381,26 @@ def _label_range(kind: str, keys: list) -> str:
     return f"known: {shown}{', ...' if len(keys) > 20 else ''}"
 
 
-def _resolve_image(base: Path, image: str) -> tuple[Path, str]:
-    """(absolute path, sample_id): the path relative to `base`, POSIX style; absolute if outside `base`."""
-    if os.path.isabs(image):
-        abs_path = Path(os.path.normpath(image))
-        rel = os.path.relpath(abs_path, base)
-        sid = abs_path.as_posix() if rel.startswith("..") else Path(rel).as_posix()
-        return abs_path, sid
-    return Path(os.path.normpath(base / image)), posixpath.normpath(Path(image).as_posix())
+def _manifest_image(where: str, base: Path, image: str, allow_outside: bool) -> tuple[Path, str]:
+    """(absolute path, sample_id) of a manifest row's image; relative paths resolve against `base`.
+
+    The sample_id is the path relative to `base`, POSIX style, or the absolute path when it leaves `base`
+    (allowed only with allow_outside_root). Leaving is judged after resolving symlinks.
+    """
+    abs_path = Path(os.path.normpath(base / image))  # an absolute `image` replaces `base`
+    if not abs_path.is_file():
+        raise DatasetError(f"{where}: image file {str(abs_path)!r} does not exist")
+    real = os.path.realpath(abs_path)
+    if not allow_outside and not _inside(real, os.path.realpath(base)):
+        raise DatasetError(
+            f"{where}: image {image!r} resolves to {real!r}, outside the manifest's folder {str(base)!r}; "
+            f"{OUTSIDE_HINT}"
+        )
+    rel = Path(os.path.relpath(abs_path, base))
+    return abs_path, (abs_path if rel.parts[0] == ".." else rel).as_posix()
 
 
 # ------------------------------------------------------------------------------------------------- common
-
-
-def _check_keys(name: str, spec: Mapping, allowed: tuple[str, ...]) -> None:
-    unknown = sorted(str(k) for k in spec if k not in allowed)
-    if unknown:
-        raise DatasetError(
-            f"dataset {name!r}: unknown spec key(s) {unknown} for source {spec.get('source')!r}; "
-            f"allowed keys: {', '.join(allowed)}"
-        )
 
 
 def _check_split_name(name: str, split: Any, where: str = "splits") -> None:
@@ -351,7 +432,20 @@ def _class_infos(name: str, keys: list, classnames: Any, wnids: Any, what: str) 
                 f"dataset {name!r}: classnames: name for {key!r} must be a non-empty string, got {display!r}"
             )
     codes = _per_class(name, "wnids", wnids, keys, what)
-    return [ClassInfo(index=i, name=n, wnid=w) for i, (n, w) in enumerate(zip(names, codes))]
+    return [ClassInfo(index=i, name=n, wnid=w, key=k if isinstance(k, str) else None)
+            for i, (k, n, w) in enumerate(zip(keys, names, codes))]
+
+
+def _require_mapping(name: str, key: str, value: Any, folders: list[str]) -> None:
+    """Refuse a list for a per-class ImageFolder option: matched by position, a list in any other order than
+    the sorted folders would silently mislabel classes."""
+    if value is None or isinstance(value, Mapping):
+        return
+    example = ", ".join(f"{f}: ..." for f in folders[:3]) + (", ..." if len(folders) > 3 else "")
+    raise DatasetError(
+        f"dataset {name!r}: '{key}' must be a mapping class folder -> value, not a list (a list would be matched "
+        f"by position to the class folders sorted by name: {_preview(folders)}); write {key}: {{{example}}}"
+    )
 
 
 def _per_class(name: str, key: str, value: Any, keys: list, what: str) -> list:
@@ -382,9 +476,9 @@ def _write(name: str, spec: dict, out_dir: Path, classes: list[ClassInfo], prove
     templates = spec.get("templates", DEFAULT_TEMPLATES)
     if not _is_list(templates) or not templates or not all(isinstance(t, str) for t in templates):
         raise DatasetError(f"dataset {name!r}: 'templates' must be a non-empty list of strings with '{{c}}'")
-    skip = spec.get("skip_corrupt", False)
-    if not isinstance(skip, bool):
-        raise DatasetError(f"dataset {name!r}: 'skip_corrupt' must be true or false, got {skip!r}")
+    skip = check_flag(name, spec, "skip_corrupt")
+    if spec.get("allow_outside_root"):
+        provenance["allow_outside_root"] = True
     provenance["counts"] = {}
     provenance["skipped_corrupt"] = []
     meta = DatasetMeta(
@@ -417,21 +511,3 @@ def _rows(name: str, split: str, items: list[Item], skip: bool, provenance: dict
     if count == 0:
         raise DatasetError(f"dataset {name!r} split {split!r}: empty split, every image was corrupt and skipped")
     provenance["counts"][split] = count
-
-
-def image_problem(data: bytes) -> str | None:
-    """Why these encoded bytes are not a readable image, or None.
-
-    `verify()` checks the container (PNG CRCs, headers) but not a JPEG's entropy-coded data, so a truncated
-    JPEG passes it; decoding once more (at the smallest JPEG draft scale, which still reads every byte)
-    catches truncation.
-    """
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.verify()
-        with Image.open(io.BytesIO(data)) as im:
-            im.draft(im.mode, (1, 1))
-            im.load()
-    except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError, ...
-        return f"{type(err).__name__}: {err}"
-    return None

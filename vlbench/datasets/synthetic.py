@@ -32,6 +32,7 @@ from vlbench.datasets.canonical import (
     DatasetMeta,
     write_dataset,
 )
+from vlbench.datasets.spec import check_keys
 
 GENERATOR = "vlbench.datasets.synthetic"
 SUPERSAMPLE = 4  # shapes are drawn at 4x and box-filtered down: anti-aliased edges
@@ -472,9 +473,7 @@ def parse_spec(name: str, spec: dict) -> dict:
     def fail(key: str, problem: str):
         raise DatasetError(f"dataset {name!r}: spec key {key!r} {problem}")
 
-    unknown = sorted(set(spec) - set(SPEC_KEYS))
-    if unknown:
-        fail(unknown[0], f"is not a synthetic dataset key; allowed: {', '.join(SPEC_KEYS)}")
+    check_keys(name, spec, SPEC_KEYS, source="synthetic")
     task = spec.get("task")
     if task not in TASKS:
         fail("task", f"is {task!r}; expected one of {', '.join(TASKS)}")
@@ -482,8 +481,8 @@ def parse_spec(name: str, spec: dict) -> dict:
     if not splits or not hasattr(splits, "items"):
         fail("splits", "is missing or empty; expected a mapping like {train: 2000, test: 1000}")
     for split, n in splits.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            fail("splits", f"has {split!r}: {n!r}; expected a non-negative integer")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            fail("splits", f"has {split!r}: {n!r}; expected a positive integer (a split needs samples)")
     out = {**SPEC_DEFAULTS, **{k: v for k, v in spec.items() if v is not None}}
     if isinstance(out["seed"], bool) or not isinstance(out["seed"], int) or out["seed"] < 0:
         fail("seed", f"is {out['seed']!r}; expected a non-negative integer")
