@@ -61,7 +61,7 @@ def test_imagefolder_labels_ids_and_bytes(folder, tmp_path):
     meta = build_imagefolder("pets", {"source": "imagefolder", "root": str(folder),
                                       "splits": {"train": "train", "test": "val"}}, out)
     assert meta.class_names == ["cat", "dog big", "eel"]
-    assert meta.templates == ["a photo of a {c}."] and meta.metric == "accuracy"
+    assert meta.metric == "accuracy"
     assert meta.splits == {"train": 7, "test": 7}
     rows = read_split(out, "test")
     assert [r["sample_id"] for r in rows] == [
@@ -107,16 +107,16 @@ def test_imagefolder_flat_split_is_default(folder, tmp_path):
     assert [r["sample_id"] for r in rows] == [r["sample_id"] for r in read_split(tmp_path / "b", "test")]
 
 
-def test_imagefolder_classnames_templates_wnids(folder, tmp_path):
+def test_imagefolder_classnames_and_wnids(folder, tmp_path):
     spec = {"source": "imagefolder", "root": folder / "val",
             "classnames": {"eel": "eel fish", "cat": "kitty", "dog_big": "big dog"},  # any order: matched by folder
-            "templates": ["a photo of a {c}.", "a blurry {c}."], "metric": "mean_per_class",
+            "metric": "mean_per_class",
             "wnids": {"dog_big": "n02084071", "cat": "n02121808"}}
     meta = build_imagefolder("pets", spec, tmp_path / "a")
     assert meta.class_names == ["kitty", "big dog", "eel fish"]
     assert [c.key for c in meta.classes] == ["cat", "dog_big", "eel"]
     assert [c.wnid for c in meta.classes] == ["n02121808", "n02084071", None] and meta.metric == "mean_per_class"
-    assert load_meta(tmp_path / "a").templates == ["a photo of a {c}.", "a blurry {c}."]
+    assert [c.key for c in load_meta(tmp_path / "a").classes] == ["cat", "dog_big", "eel"]
     # A mapping renames some folders; the rest default to the folder name with spaces.
     spec = {"source": "imagefolder", "root": folder / "val", "classnames": {"eel": "moray eel"}}
     assert build_imagefolder("pets", spec, tmp_path / "b").class_names == ["cat", "dog big", "moray eel"]
@@ -187,12 +187,12 @@ def test_unknown_spec_key_lists_allowed(folder, tmp_path):
         build_manifest("m", {"source": "manifest", "path": "x.csv", "root": "y"}, tmp_path / "out")
 
 
-def test_bad_metric_and_templates(folder, tmp_path):
+def test_bad_metric_and_templates_are_not_data(folder, tmp_path):
     spec = {"source": "imagefolder", "root": folder / "val"}
     with pytest.raises(DatasetError, match="metric 'f1'"):
         build_imagefolder("pets", {**spec, "metric": "f1"}, tmp_path / "out")
-    with pytest.raises(DatasetError, match=r"template 'a photo' has no"):
-        build_imagefolder("pets", {**spec, "templates": ["a photo"]}, tmp_path / "out")
+    with pytest.raises(DatasetError, match=r"unknown spec key.*'templates'"):  # prompts are text sets now
+        build_imagefolder("pets", {**spec, "templates": ["a photo of a {c}."]}, tmp_path / "out")
 
 
 def test_image_check_is_the_canonical_one():
@@ -262,7 +262,7 @@ def test_manifest_parquet_int_labels_single_split(images, tmp_path):
     pl.DataFrame({"file": [f"img/{i}.{'png' if i % 2 else 'jpg'}" for i in range(4)],
                   "y": [1, 0, 1, 2]}).write_parquet(images / "m.parquet")
     spec = {"source": "manifest", "path": images / "m.parquet", "image_column": "file", "label_column": "y",
-            "classnames": ["cat", "dog", "eel"], "templates": ["itap of a {c}."], "wnids": {0: "n1"}}
+            "classnames": ["cat", "dog", "eel"], "wnids": {0: "n1"}}
     meta = build_manifest("m", spec, tmp_path / "out")
     assert meta.class_names == ["cat", "dog", "eel"] and meta.splits == {"test": 4}
     assert [c.wnid for c in meta.classes] == ["n1", None, None]

@@ -1,6 +1,7 @@
 """The canonical prepared-dataset format (DESIGN.md, "Data contracts").
 
-`data/prepared/<dataset>/classes.json` describes the classes, task, metric, templates and provenance;
+`data/prepared/<dataset>/classes.json` describes the classes, task, metric and provenance (prompts are text
+sets, vlbench/texts.py);
 `<split>.parquet` holds `sample_id`, `label` (int) or `labels` (list<int>), `image` (encoded bytes as
 distributed), optional `captions` and free metadata columns. Splits are written and read in row groups so
 that no split is ever held in memory whole.
@@ -57,7 +58,6 @@ class DatasetMeta:
     task: str
     metric: str
     classes: list[ClassInfo]
-    templates: list[str] = field(default_factory=lambda: ["a photo of a {c}."])
     provenance: dict[str, Any] = field(default_factory=dict)
     splits: dict[str, int] = field(default_factory=dict)
     version: str = ""
@@ -70,9 +70,6 @@ class DatasetMeta:
         if [c.index for c in self.classes] != list(range(len(self.classes))):
             raise DatasetError(f"dataset {self.name!r}: class indices must be 0..{len(self.classes) - 1} in order")
         self._check_metric_applies()
-        for t in self.templates:
-            if "{c}" not in t:
-                raise DatasetError(f"dataset {self.name!r}: template {t!r} has no '{{c}}' placeholder")
 
     def _check_metric_applies(self) -> None:
         """Refuse a metric that `vlbench.metrics` could not compute on this task and class count."""
@@ -94,6 +91,11 @@ class DatasetMeta:
         return self.task == "multi-label"
 
     @property
+    def label_column(self) -> str:
+        """The one place that knows the label column: `labels` (list<int>) for multi-label data, else `label`."""
+        return label_column(self.multi_label)
+
+    @property
     def class_names(self) -> list[str]:
         return [c.name for c in self.classes]
 
@@ -105,7 +107,6 @@ class DatasetMeta:
             "metric": self.metric,
             "num_classes": len(self.classes),
             "classes": [c.to_json() for c in self.classes],
-            "templates": list(self.templates),
             "splits": dict(self.splits),
             "provenance": self.provenance,
         }
@@ -115,13 +116,17 @@ class DatasetMeta:
         classes = [ClassInfo(**c) for c in obj["classes"]]
         return cls(
             name=obj["name"], task=obj["task"], metric=obj["metric"], classes=classes,
-            templates=obj.get("templates", []), provenance=obj.get("provenance", {}),
+            provenance=obj.get("provenance", {}),
             splits=obj.get("splits", {}), version=obj.get("version", ""),
         )
 
 
+def label_column(multi_label: bool) -> str:
+    return "labels" if multi_label else "label"
+
+
 def split_schema(multi_label: bool, extra: dict[str, pa.DataType] | None = None) -> pa.Schema:
-    label = pa.field("labels", pa.list_(pa.int64())) if multi_label else pa.field("label", pa.int64())
+    label = pa.field(label_column(multi_label), pa.list_(pa.int64()) if multi_label else pa.int64())
     fields = [pa.field("sample_id", pa.string()), label, pa.field("image", pa.binary())]
     fields += [pa.field(k, v) for k, v in (extra or {}).items()]
     return pa.schema(fields)

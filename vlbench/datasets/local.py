@@ -53,8 +53,7 @@ from vlbench.io import sha256_file
 
 # torchvision.datasets.folder.IMG_EXTENSIONS (lower case; matching is case-insensitive, as there).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-DEFAULT_TEMPLATES = ["a photo of a {c}."]
-COMMON_KEYS = ("source", "classnames", "templates", "metric", "wnids", "skip_corrupt", "allow_outside_root")
+COMMON_KEYS = ("source", "classnames", "metric", "wnids", "skip_corrupt", "allow_outside_root")
 IMAGEFOLDER_KEYS = COMMON_KEYS + ("root", "splits")
 MANIFEST_KEYS = COMMON_KEYS + ("path", "splits", "image_column", "label_column", "split_column")
 MANIFEST_FORMATS = {".csv": ",", ".tsv": "\t", ".parquet": None, ".pq": None}
@@ -473,9 +472,6 @@ def _preview(keys: list, n: int = 20) -> str:
 
 def _write(name: str, spec: dict, out_dir: Path, classes: list[ClassInfo], provenance: dict,
            items: dict[str, list[Item]]) -> DatasetMeta:
-    templates = spec.get("templates", DEFAULT_TEMPLATES)
-    if not _is_list(templates) or not templates or not all(isinstance(t, str) for t in templates):
-        raise DatasetError(f"dataset {name!r}: 'templates' must be a non-empty list of strings with '{{c}}'")
     skip = check_flag(name, spec, "skip_corrupt")
     if spec.get("allow_outside_root"):
         provenance["allow_outside_root"] = True
@@ -483,7 +479,7 @@ def _write(name: str, spec: dict, out_dir: Path, classes: list[ClassInfo], prove
     provenance["skipped_corrupt"] = []
     meta = DatasetMeta(
         name=name, task="single-label", metric=spec.get("metric", "accuracy"), classes=classes,
-        templates=list(templates), provenance=provenance,
+        provenance=provenance,
     )
     # The generators fill provenance's counts and skipped files; write_dataset serialises it after the splits.
     rows = {split: _rows(name, split, split_items, skip, provenance) for split, split_items in items.items()}

@@ -117,18 +117,8 @@ MAX_COUNT = 4
 PREFIXES = ("a picture of", "a drawing of", "an image of", "a photo of")
 
 TASKS = ("shapes", "colors", "shape_color", "count", "position", "hierarchy", "captions", "corpus")
-DEFAULT_TEMPLATES = {
-    "shapes": ["a {c}.", "a picture of a {c}.", "a drawing of a {c}.", "a {c} shape."],
-    "colors": ["a {c} shape.", "a picture of a {c} shape.", "a drawing of a {c} object.", "something {c}."],
-    "shape_color": ["a {c}.", "a picture of a {c}.", "a drawing of a {c}."],
-    "count": ["{c} shapes.", "a picture of {c} shapes.", "a drawing of {c} objects."],
-    "position": ["a shape in the {c}.", "a picture of a shape in the {c}.", "an object in the {c} of the image."],
-    "hierarchy": ["a {c}.", "a picture of a {c}.", "a drawing of a {c}."],
-    "captions": ["a {c}.", "a picture of a {c}.", "a drawing of a {c}."],
-    "corpus": ["a {c}.", "a picture of a {c}.", "a drawing of a {c}."],
-}
 SPEC_DEFAULTS = {"seed": 0, "image_size": 32}
-SPEC_KEYS = ("source", "task", "seed", "image_size", "splits", "templates")
+SPEC_KEYS = ("source", "task", "seed", "image_size", "splits")
 
 OBJECT_TYPE = pa.struct([("shape", pa.string()), ("color", pa.string()), ("size", pa.string()),
                          ("position", pa.string())])
@@ -489,11 +479,8 @@ def parse_spec(name: str, spec: dict) -> dict:
     size = out["image_size"]
     if isinstance(size, bool) or not isinstance(size, int) or not 16 <= size <= 1024:
         fail("image_size", f"is {size!r}; expected an integer in 16..1024")
-    templates = out.get("templates") or DEFAULT_TEMPLATES[task]
-    if isinstance(templates, str) or not all(isinstance(t, str) and "{c}" in t for t in templates):
-        fail("templates", "must be a list of strings, each with a '{c}' placeholder")
     return {"source": out.get("source", "synthetic"), "task": task, "seed": out["seed"], "image_size": size,
-            "splits": {str(k): int(v) for k, v in splits.items()}, "templates": list(templates)}
+            "splits": {str(k): int(v) for k, v in splits.items()}}
 
 
 def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
@@ -504,9 +491,8 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
     meta = DatasetMeta(
         name=name,
         task={"hierarchy": "multi-label", "captions": "captions", "corpus": "captions"}.get(task, "single-label"),
-        metric="map_11point" if task == "hierarchy" else "accuracy",
+        metric=_metric(task),
         classes=classes,
-        templates=spec["templates"],
         provenance={"generator": GENERATOR, "vlbench_version": vlbench.__version__, "seed": spec["seed"],
                     "spec": spec, **({"hierarchy_root": HIERARCHY_ROOT} if task == "hierarchy" else {})},
     )
@@ -515,3 +501,14 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
     splits = {split: _rows(task, split, n, spec["seed"], spec["image_size"], classes)
               for split, n in spec["splits"].items()}
     return write_dataset(out_dir, meta, splits, extra_columns=extra)
+
+
+def catalogue_row(name: str, spec: dict) -> dict:
+    """Classes, split sizes and metric of a synthetic spec, known without generating anything."""
+    spec = parse_spec(name, spec)
+    return {"classes": len(_classes(spec["task"])), "splits": dict(spec["splits"]),
+            "metric": _metric(spec["task"])}
+
+
+def _metric(task: str) -> str:
+    return "map_11point" if task == "hierarchy" else "accuracy"
