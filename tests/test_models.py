@@ -42,7 +42,8 @@ def test_missing_openai_weights_offline_fail_fast_naming_model_and_cache(monkeyp
 
 @pytest.mark.parametrize("cfg, match", [
     ({"slug": "x", "arch": "ViT-B-16-quickgeluu", "pretrained": "openai"}, "unknown open_clip architecture 'ViT-B-16-quickgeluu'.*ViT-B-16-quickgelu"),
-    ({"slug": "x", "arch": "ViT-B-16", "pretrained": "openaii"}, "unknown pretrained tag 'openaii'.*laion2b_s34b_b88k"),
+    ({"slug": "x", "arch": "ViT-B-16", "pretrained": "openaii"}, "pretrained 'openaii' is no such file .* and no pretrained tag of 'ViT-B-16'.*laion2b_s34b_b88k"),
+    ({"slug": "x", "arch": "ViT-B-16", "pretrained": "mycheckpoint"}, "'mycheckpoint' is no such file \\(checked '/.*/mycheckpoint'\\) and no pretrained tag"),
     ({"slug": "x", "arch": "ViT-B-16"}, r"lacks key\(s\) \['pretrained'\]"),
     ({"slug": "x", "arch": "ViT-B-16", "pretrained": "openai", "precision": "int3"}, "precision 'int3'"),
     ({"slug": "x", "arch": "vlbench-toy", "pretrained": "data/nowhere/checkpoint.pt"}, "checkpoint data/nowhere/checkpoint.pt not found"),
