@@ -2,11 +2,13 @@
 
 One run, same images, same model, same batch size and workers:
   stage     vlbench.embed.embed_images: Parquet row groups -> DataLoader workers (decode + preprocess) -> model
+            (workers run the whole transform on the CPU, stop at uint8 on an accelerator: vlbench.embed.worker_preprocess)
+  stage_uint8 / stage_whole   with --compare-worker-split: the stage with the other choice than the device's default
   model     the model alone on tensors decoded and preprocessed beforehand (upper bound)
   baseline  torchvision ImageFolder over the same files on disk + DataLoader -> model
 
     python benchmarks/embed_throughput.py --arch ViT-B-32-quickgelu --image-size 224 --n 512
-    python benchmarks/embed_throughput.py --arch vlbench-toy --image-size 32 --n 4096
+    python benchmarks/embed_throughput.py --arch vlbench-toy --image-size 32 --n 4096 --compare-worker-split
 
 Models have random weights (throughput does not depend on them). Each path runs `--repeats` times in rotating
 order; prints a JSON line with the median images/s, every run, and the ratios of the medians.
@@ -28,7 +30,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
-from vlbench.datasets.canonical import ClassInfo, DatasetMeta, write_dataset
+from vlbench.datasets.canonical import ClassInfo, DatasetMeta, split_path, write_dataset
 from vlbench.embed import default_workers, embed_images
 from vlbench.models import register_local_configs
 from vlbench.models.loading import LoadedModel, effective_precision, pick_device
@@ -55,7 +57,7 @@ def write_both(images: list[bytes], root: Path) -> tuple[Path, Path]:
     meta = DatasetMeta(name="bench", task="single-label", metric="accuracy", classes=[ClassInfo(0, "a"), ClassInfo(1, "b")])
     rows = ({"sample_id": f"{i:06d}", "label": i % 2, "image": data} for i, data in enumerate(images))
     write_dataset(root / "prepared", meta, {"test": rows})
-    return root / "prepared" / "test.parquet", folder
+    return split_path(root / "prepared", "test"), folder
 
 
 def timed(fn) -> float:
@@ -67,7 +69,7 @@ def timed(fn) -> float:
 
 
 def run(arch: str, image_size: int, n: int, batch_size: int, workers: int | None, device: str | None,
-        repeats: int = 3) -> dict:
+        repeats: int = 3, compare_worker_split: bool = False) -> dict:
     import open_clip
 
     register_local_configs()
@@ -106,18 +108,25 @@ def run(arch: str, image_size: int, n: int, batch_size: int, workers: int | None
                 encode(x)
 
         paths = {"model": model_only, "stage": stage, "baseline": baseline}
+        if compare_worker_split:  # the stage with the other choice: uint8 in the workers on the CPU, whole transform elsewhere
+            whole_by_default = dev.type == "cpu"
+            alternative = "stage_uint8" if whole_by_default else "stage_whole"
+            paths[alternative] = lambda: embed_images(loaded, parquet, "bench", "test", batch_size=batch_size,
+                                                      num_workers=workers, progress=False,
+                                                      normalise_in_workers=not whole_by_default)
         runs: dict[str, list[float]] = {k: [] for k in paths}
         for r in range(repeats):  # rotate the order so one-off costs (pinned-memory pools, caches) hit each path once
-            order = list(paths)[r % 3:] + list(paths)[:r % 3]
+            order = list(paths)[r % len(paths):] + list(paths)[:r % len(paths)]
             for name in order:
                 runs[name].append(n / timed(paths[name]))
     rates = {k: round(statistics.median(v), 1) for k, v in runs.items()}
+    extra = {f"stage_vs_{k}": round(rates["stage"] / rates[k], 3) for k in rates if k.startswith("stage_")}
     return {
         "arch": arch, "image_size": image_size, "n": n, "batch_size": batch_size, "workers": workers,
         "device": str(dev), "threads": torch.get_num_threads(), "repeats": repeats, "images_per_s": rates,
         "runs": {k: [round(x, 1) for x in v] for k, v in runs.items()},
         "stage_vs_baseline": round(rates["stage"] / rates["baseline"], 3),
-        "stage_vs_model": round(rates["stage"] / rates["model"], 3),
+        "stage_vs_model": round(rates["stage"] / rates["model"], 3), **extra,
     }
 
 
@@ -130,8 +139,11 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=None, help="default: what the embed stage uses")
     p.add_argument("--device", default=None)
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each path; the median is reported")
+    p.add_argument("--compare-worker-split", action="store_true",
+                   help="also time the stage with the workers' other preprocessing split (uint8 vs whole transform)")
     args = p.parse_args()
-    print(json.dumps(run(args.arch, args.image_size, args.n, args.batch_size, args.workers, args.device, args.repeats)))
+    print(json.dumps(run(args.arch, args.image_size, args.n, args.batch_size, args.workers, args.device, args.repeats,
+                         args.compare_worker_split)))
 
 
 if __name__ == "__main__":

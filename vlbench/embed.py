@@ -1,8 +1,8 @@
 """Encode a prepared dataset's images and class prompts into the feature store.
 
 Images stream from Parquet row groups into DataLoader workers (an IterableDataset sharded by row group),
-which decode and preprocess in parallel up to uint8 tensors; the model's device converts and normalises them,
-and the model runs under `torch.inference_mode`, with autocast on CUDA.
+which decode and preprocess in parallel: on an accelerator up to uint8 tensors, which the device converts and
+normalises; on the CPU the whole transform. The model runs under `torch.inference_mode`, with autocast on CUDA.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -34,14 +34,24 @@ class CorruptImageError(VlbenchError):
     """An image in a prepared dataset cannot be decoded; the message names the dataset, split and sample."""
 
 
+class CorruptSample(NamedTuple):
+    """What a worker yields in place of an image it cannot decode; the main process gathers them for the split."""
+
+    sample_id: str
+    reason: str
+
+
+MAX_LISTED_CORRUPT = 20  # sample ids named in a CorruptImageError; the total count is always given
+
+
 class ParquetImages(IterableDataset):
-    """Yields (row index, preprocessed tensor or None) for one split; each worker reads every n-th row group."""
+    """Yields (row index, preprocessed tensor or CorruptSample) for one split; each worker reads every n-th row group.
+    A corrupt image never raises in a worker, so that the main process can report every corrupt file of the split."""
 
-    def __init__(self, path: Path, preprocess: Callable, dataset: str, split: str, skip_corrupt: bool = False):
+    def __init__(self, path: Path, preprocess: Callable):
         self.path, self.preprocess = Path(path), preprocess
-        self.dataset, self.split, self.skip_corrupt = dataset, split, skip_corrupt
 
-    def __iter__(self) -> Iterator[tuple[int, torch.Tensor | None]]:
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor | CorruptSample]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         pf = pq.ParquetFile(self.path)
@@ -52,24 +62,37 @@ class ParquetImages(IterableDataset):
             for offset, (sample_id, data) in enumerate(zip(ids, images)):
                 yield int(starts[group]) + offset, self._decode(sample_id, data)
 
-    def _decode(self, sample_id: str, data: bytes | None) -> torch.Tensor | None:
+    def _decode(self, sample_id: str, data: bytes | None) -> torch.Tensor | CorruptSample:
         try:
             with Image.open(io.BytesIO(data or b"")) as img:
                 return self.preprocess(img.convert("RGB"))
         except (OSError, ValueError, SyntaxError) as err:
-            if self.skip_corrupt:
-                return None
-            raise CorruptImageError(
-                f"dataset {self.dataset!r} split {self.split!r} sample {sample_id!r}: cannot decode image ({err}); "
-                f"fix or remove the sample, or set embed.skip_corrupt: true to leave it out"
-            ) from err
+            return CorruptSample(sample_id, str(err) if data else "no image bytes")
 
 
-def collate(batch: list[tuple[int, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
-    good = [(i, x) for i, x in batch if x is not None]
-    bad = [i for i, x in batch if x is None]
+def collate(batch: list[tuple[int, torch.Tensor | CorruptSample]],
+            ) -> tuple[torch.Tensor, torch.Tensor | None, list[tuple[int, CorruptSample]]]:
+    """(row indices of the decoded images, their stacked tensors or None, [(row, CorruptSample)] of the others)."""
+    good = [(i, x) for i, x in batch if isinstance(x, torch.Tensor)]
+    bad = [(i, x) for i, x in batch if isinstance(x, CorruptSample)]
     rows = torch.tensor([i for i, _ in good], dtype=torch.long)
     return rows, torch.stack([x for _, x in good]) if good else None, bad
+
+
+def corrupt_images_error(dataset: str, split: str, path: Path, bad: list[tuple[int, CorruptSample]]) -> CorruptImageError:
+    """One error for every corrupt image of a split: the first MAX_LISTED_CORRUPT sample ids in row order, and the count."""
+    bad = sorted(bad, key=lambda item: item[0])
+    fix = "or set embed.skip_corrupt: true to leave {} out"
+    if len(bad) == 1:
+        (_, sample), = bad
+        return CorruptImageError(
+            f"dataset {dataset!r} split {split!r} sample {sample.sample_id!r}: cannot decode image ({sample.reason}) "
+            f"in {path}; fix or remove the sample, " + fix.format("it"))
+    listed = ", ".join(repr(s.sample_id) for _, s in bad[:MAX_LISTED_CORRUPT])
+    more = f" and {len(bad) - MAX_LISTED_CORRUPT} more" if len(bad) > MAX_LISTED_CORRUPT else ""
+    return CorruptImageError(
+        f"dataset {dataset!r} split {split!r}: {len(bad)} images cannot be decoded in {path}: samples {listed}{more} "
+        f"(first error: {bad[0][1].reason}); fix or remove these samples, " + fix.format("them"))
 
 
 def default_workers(device: torch.device) -> int:
@@ -94,25 +117,50 @@ def split_preprocess(preprocess: Callable) -> tuple[Callable, Callable[[torch.Te
     return Compose(steps[:-2] + [PILToTensor()]), finish
 
 
+def _unchanged(batch: torch.Tensor) -> torch.Tensor:
+    return batch
+
+
+def worker_preprocess(
+    preprocess: Callable, device: torch.device, normalise_in_workers: bool | None = None,
+) -> tuple[Callable, Callable[[torch.Tensor], torch.Tensor]]:
+    """(what the DataLoader workers run on each image, what the main process runs on each batch).
+
+    By default, on the CPU the workers run the model's whole transform, so that the model's process does not also
+    convert and normalise; on an accelerator they stop at uint8 and the device finishes (`split_preprocess`). Both
+    give bitwise-equal model inputs, hence identical features; only speed differs (docs/benchmarks.md)."""
+    if normalise_in_workers is None:
+        normalise_in_workers = device.type == "cpu"
+    return (preprocess, _unchanged) if normalise_in_workers else split_preprocess(preprocess)
+
+
 def embed_images(
     loaded: LoadedModel, path: Path, dataset: str, split: str, *, batch_size: int = 256,
     num_workers: int | None = None, skip_corrupt: bool = False, progress: bool = True,
+    normalise_in_workers: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return (embeddings in row order, row indices that were kept)."""
+    """Return (embeddings in row order, row indices that were kept).
+
+    Corrupt images: with `skip_corrupt` their rows are left out of the result; without it the whole split is still
+    read (the model stops at the first one) and one CorruptImageError names them all. `normalise_in_workers`: see
+    `worker_preprocess` (None: on the CPU only); it changes speed, never the features."""
+    path = Path(path)
     num_rows = pq.ParquetFile(path).metadata.num_rows
     workers = default_workers(loaded.device) if num_workers is None else num_workers
-    decode, finish = split_preprocess(loaded.preprocess)
+    decode, finish = worker_preprocess(loaded.preprocess, loaded.device, normalise_in_workers)
     loader = DataLoader(
-        ParquetImages(path, decode, dataset, split, skip_corrupt), batch_size=batch_size,
+        ParquetImages(path, decode), batch_size=batch_size,
         num_workers=workers, collate_fn=collate, pin_memory=loaded.device.type == "cuda",
     )
     out: np.ndarray | None = None
     kept = np.zeros(num_rows, dtype=bool)
+    corrupt: list[tuple[int, CorruptSample]] = []
     bar = tqdm(total=num_rows, desc=f"embed {dataset}/{split}", unit="img", disable=not progress)
     with torch.inference_mode():
         for rows, images, bad in loader:
             bar.update(len(rows) + len(bad))
-            if images is None:
+            corrupt += bad
+            if images is None or (corrupt and not skip_corrupt):  # the split fails: only look for more corrupt files
                 continue
             with loaded.autocast():
                 emb = loaded.model.encode_image(finish(images.to(loaded.device, non_blocking=True)))
@@ -122,8 +170,10 @@ def embed_images(
             out[rows.numpy()] = emb
             kept[rows.numpy()] = True
     bar.close()
+    if corrupt and not skip_corrupt:
+        raise corrupt_images_error(dataset, split, path, corrupt)
     if out is None:
-        raise CorruptImageError(f"dataset {dataset!r} split {split!r}: no image could be decoded")
+        raise CorruptImageError(f"dataset {dataset!r} split {split!r}: no image could be decoded in {path}")
     return out[kept], np.flatnonzero(kept)
 
 

@@ -1,15 +1,96 @@
-"""Atomic file output: write to a temporary sibling, then rename, so readers never see half a file."""
+"""Atomic file output: write to a temporary sibling, then rename, so readers never see half a file or folder.
+
+Temporaries are named `.<name>.<pid>-<random>.tmp` beside the output (`.<name>.<pid>-<random>.old` for an old
+folder moved aside). A run that is killed leaves them behind; the next run for the same output deletes those of
+dead processes before it starts (`clean_stale_temporaries`), and puts back an old folder that a kill left aside.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
+
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - platforms without a C library handle (Windows)
+    _LIBC = None
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE). False where the OS or the
+    filesystem cannot; the caller then falls back to two renames."""
+    fn = getattr(_LIBC, "renameat2", None)
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
+        return False
+    raise OSError(err, f"cannot swap {a} and {b}: {os.strerror(err)}")
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}-"
+
+
+def _temp_pattern(path: Path) -> re.Pattern:
+    """This output's temporaries and nothing else's: the part after the name has no dot, so `.out.v2.<...>.tmp`
+    (output `out.v2`) never matches output `out`. The pid is absent in names made before it was added."""
+    return re.compile(rf"\.{re.escape(path.name)}\.(?:(?P<pid>\d+)-)?[a-z0-9_]+\.(?P<kind>tmp|old)\Z")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def clean_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries that killed runs left beside `path` (only this output's, only of dead processes).
+    If `path` is missing and a kill left the old folder aside, move it back first. Returns what was deleted."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    pattern = _temp_pattern(path)
+    stale: list[Path] = []
+    asides: list[Path] = []
+    for entry in path.parent.iterdir():
+        match = pattern.match(entry.name)
+        if match is None or (match["pid"] is not None and _alive(int(match["pid"]))):
+            continue
+        (asides if match["kind"] == "old" else stale).append(entry)
+    if asides and not os.path.lexists(path):
+        latest = max(asides, key=lambda p: p.lstat().st_mtime_ns)
+        os.rename(latest, path)
+        asides.remove(latest)
+    for entry in stale + asides:
+        _remove(entry)
+    return stale + asides
 
 
 @contextlib.contextmanager
@@ -17,7 +98,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success rename it onto `path`, on error delete it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    clean_stale_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
     try:
@@ -29,15 +111,29 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty temporary directory beside `path`; on success it replaces `path` whole."""
+    """Yield an empty temporary directory beside `path`; on success it replaces `path` whole.
+
+    The old folder is never deleted before the new one is in place: the two are swapped in one atomic step where
+    the filesystem allows it (then the temporary holds the old folder and is deleted), otherwise the old one is
+    renamed aside, the new one renamed in, and the old one deleted. A kill at any point leaves either the old or
+    the new folder at `path`, or (between the two renames) the old one aside, which the next run puts back."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    clean_stale_temporaries(path)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
     try:
         yield tmp
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        if not os.path.lexists(path):
+            os.rename(tmp, path)
+        elif not _exchange(tmp, path):
+            aside = path.with_name(f"{_temp_prefix(path)}{secrets.token_hex(4)}.old")
+            os.rename(path, aside)
+            try:
+                os.rename(tmp, path)
+            except BaseException:
+                os.rename(aside, path)
+                raise
+            _remove(aside)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
