@@ -17,6 +17,7 @@ PETS = """prepare:
   source: imagefolder
   root: {root}
   splits: {{train: train, test: test}}
+  skip_corrupt: true
 input: ${{.prepare.root}}
 texts: {{templates: ['a photo of a {{c}}.']}}
 """
@@ -33,6 +34,8 @@ SUITE = """defaults:
   - /dataset@datasets.xray: xray
   - _self_
 slug: byo
+embed: [pets]
+zeroshot: [pets]
 """
 
 
@@ -49,6 +52,7 @@ def byo(tmp_path_factory):
             (pets / split / name).mkdir(parents=True)
             for k in range(2):
                 (pets / split / name / f"{k}.png").write_bytes(png(rgb, seed=k + 10 * label))
+    (pets / "train" / "red" / "broken.png").write_bytes(png(COLORS["red"])[:60])
     xray = base / "xray"
     (xray / "img").mkdir(parents=True)
     lines = ["path,label,split"]
@@ -64,6 +68,15 @@ def byo(tmp_path_factory):
     run(repo, *DVC, "repro")
     assert status(repo) == set()
     return repo, pets, xray
+
+
+def test_skipped_corrupt_images_are_counted_in_the_results(byo):
+    repo, _, _ = byo
+    classes = json.loads((repo / "data/prepared/pets/classes.json").read_text())
+    assert classes["provenance"]["skipped_corrupt"] == ["train/red/broken.png"]
+    result = json.loads((repo / "reports/zeroshot/pets.json").read_text())
+    assert result["counts"]["skipped_corrupt"] == 1 and result["counts"]["samples"] == 4
+    assert [c["key"] for c in classes["classes"]] == ["green", "red"]
 
 
 def test_a_changed_image_makes_prepare_of_its_dataset_stale(byo):

@@ -445,3 +445,22 @@ def test_imagefolder_split_folder_leaving_root_is_refused(folder, tmp_path):
     with pytest.raises(DatasetError, match=r"split 'test': folder '.*train' is outside the root"):
         build_imagefolder("pets", spec, tmp_path / "out")
     assert build_imagefolder("pets", {**spec, "allow_outside_root": True}, tmp_path / "out").splits == {"test": 7}
+
+
+def test_every_corrupt_image_of_a_split_is_reported_in_one_error(folder, tmp_path):
+    bad = [truncated_jpeg(folder / "val" / "cat" / f"broken{i}.jpg") for i in range(3)]
+    (folder / "val" / "eel" / "garbage.png").write_bytes(b"not a png at all")
+    bad.append(folder / "val" / "eel" / "garbage.png")
+    spec = {"source": "imagefolder", "root": folder, "splits": {"train": "train", "test": "val"}}
+    with pytest.raises(DatasetError, match=r"split 'test': 4 corrupt or truncated image\(s\)") as err:
+        build_imagefolder("pets", spec, tmp_path / "out")
+    assert all(str(p) in str(err.value) for p in bad) and len(str(err.value).splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_long_list_of_corrupt_images_is_cut_and_counted(folder, tmp_path):
+    for i in range(25):
+        (folder / "val" / "cat" / f"bad{i:02d}.png").write_bytes(b"x")
+    spec = {"source": "imagefolder", "root": folder, "splits": {"train": "train", "test": "val"}}
+    with pytest.raises(DatasetError, match=r"25 corrupt .*; and 5 more; fix or remove them"):
+        build_imagefolder("pets", spec, tmp_path / "out")

@@ -61,6 +61,7 @@ _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 # One sample to write: (absolute image path, sample_id, class index).
 Item = tuple[Path, str, int]
+MAX_REPORTED = 20  # corrupt images named in one error; the rest are counted
 OUTSIDE_HINT = "move the data under the root or set allow_outside_root: true"
 
 
@@ -487,7 +488,10 @@ def _write(name: str, spec: dict, out_dir: Path, classes: list[ClassInfo], prove
 
 
 def _rows(name: str, split: str, items: list[Item], skip: bool, provenance: dict) -> Iterator[dict]:
+    """Verified rows of one split. Without skip_corrupt every bad image of the split is collected and
+    reported in one error at the end (nothing is written: the dataset folder is atomic)."""
     count = 0
+    corrupt: list[str] = []
     for path, sid, label in items:
         try:
             data = path.read_bytes()
@@ -495,15 +499,16 @@ def _rows(name: str, split: str, items: list[Item], skip: bool, provenance: dict
             raise DatasetError(f"dataset {name!r} split {split!r}: cannot read image {str(path)!r}: {err}") from err
         problem = image_problem(data)
         if problem:
-            if not skip:
-                raise DatasetError(
-                    f"dataset {name!r} split {split!r}: corrupt or truncated image {str(path)!r} ({problem}); "
-                    f"fix or remove it, or set skip_corrupt: true"
-                )
+            corrupt.append(f"{str(path)!r} ({problem})")
             provenance["skipped_corrupt"].append(sid)
             continue
         count += 1
         yield {"sample_id": sid, "label": label, "image": data}
+    if corrupt and not skip:
+        shown = "; ".join(corrupt[:MAX_REPORTED])
+        more = f"; and {len(corrupt) - MAX_REPORTED} more" if len(corrupt) > MAX_REPORTED else ""
+        raise DatasetError(f"dataset {name!r} split {split!r}: {len(corrupt)} corrupt or truncated image(s): {shown}{more}; "
+                           f"fix or remove them, or set skip_corrupt: true")
     if count == 0:
         raise DatasetError(f"dataset {name!r} split {split!r}: empty split, every image was corrupt and skipped")
     provenance["counts"][split] = count
