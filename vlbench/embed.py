@@ -1,4 +1,4 @@
-"""Encode a prepared dataset's images and class prompts into the feature store.
+"""Encode a prepared dataset's images, and its text sets, into the feature store (two separate steps).
 
 Images stream from Parquet row groups into DataLoader workers (an IterableDataset sharded by row group),
 which decode and preprocess in parallel: on an accelerator up to uint8 tensors, which the device converts and
@@ -24,10 +24,11 @@ from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
 from tqdm import tqdm
 
 from vlbench import features
-from vlbench.datasets.canonical import DatasetMeta, load_meta
+from vlbench.datasets.canonical import load_meta, split_path
 from vlbench.errors import VlbenchError
 from vlbench.io import atomic_dir
 from vlbench.models.loading import LoadedModel
+from vlbench.texts import read_text_set, text_set_names
 
 
 class CorruptImageError(VlbenchError):
@@ -177,11 +178,6 @@ def embed_images(
     return out[kept], np.flatnonzero(kept)
 
 
-def prompt_texts(meta: DatasetMeta) -> list[tuple[int, str, str]]:
-    """(class_index, source, text) for every class and template of the dataset."""
-    return [(c.index, "template", t.replace("{c}", c.name)) for c in meta.classes for t in meta.templates]
-
-
 def embed_texts(loaded: LoadedModel, texts: list[str], batch_size: int = 512) -> np.ndarray:
     chunks = []
     with torch.inference_mode():
@@ -192,37 +188,43 @@ def embed_texts(loaded: LoadedModel, texts: list[str], batch_size: int = 512) ->
     return np.concatenate(chunks)
 
 
-def embed_dataset(
+def embed_image_splits(
     loaded: LoadedModel, dataset_dir: Path, out_dir: Path, *, batch_size: int = 256,
     num_workers: int | None = None, skip_corrupt: bool = False, progress: bool = True,
 ) -> dict[str, Any]:
-    """Write features/<model>/<dataset>/ (every split + text.parquet) atomically; return a summary."""
+    """Write `out_dir/<split>.parquet` for every split of a prepared dataset (the folder replaced whole)."""
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
     meta = load_meta(dataset_dir)
     fingerprint = {**loaded.fingerprint, "dataset": meta.name, "dataset_version": meta.version}
-    label_col = "labels" if meta.multi_label else "label"
     summary: dict[str, Any] = {"dataset": meta.name, "splits": {}}
     with atomic_dir(out_dir) as tmp:
         for split in meta.splits:
-            path = dataset_dir / f"{split}.parquet"
+            path = split_path(dataset_dir, split)
             start = time.perf_counter()
             emb, kept = embed_images(loaded, path, meta.name, split, batch_size=batch_size,
                                      num_workers=num_workers, skip_corrupt=skip_corrupt, progress=progress)
             seconds = time.perf_counter() - start
-            ids_labels = pq.read_table(path, columns=["sample_id", label_col])
-            skipped = [ids_labels.column("sample_id")[int(i)].as_py() for i in np.setdiff1d(np.arange(ids_labels.num_rows), kept)]
+            ids_labels = pq.read_table(path, columns=["sample_id", meta.label_column])
+            skipped = ids_labels.column("sample_id").to_numpy(zero_copy_only=False)[
+                np.setdiff1d(np.arange(ids_labels.num_rows), kept)].tolist()
             table = ids_labels.take(pa.array(kept)).append_column("embedding", features.embedding_array(emb))
-            schema = features.image_schema(emb.shape[1], meta.multi_label, fingerprint)
-            schema = schema.with_metadata({**schema.metadata, b"vlbench.skipped_corrupt": json.dumps(skipped).encode()})
+            schema = features.features_schema(ids_labels.schema, emb.shape[1], fingerprint)
+            schema = schema.with_metadata({**schema.metadata, features.SKIPPED_KEY: json.dumps(skipped).encode()})
             features.write_table(tmp / f"{split}.parquet", [table], schema)
             summary["splits"][split] = {"images": int(len(kept)), "skipped_corrupt": skipped,
                                         "seconds": round(seconds, 3), "images_per_s": round(len(kept) / max(seconds, 1e-9), 1)}
-        prompts = prompt_texts(meta)
-        text_emb = embed_texts(loaded, [t for _, _, t in prompts])
-        text_table = pa.table({
-            "class_index": [c for c, _, _ in prompts], "source": [s for _, s, _ in prompts],
-            "text": [t for _, _, t in prompts], "embedding": features.embedding_array(text_emb),
-        })
-        features.write_table(tmp / "text.parquet", [text_table], features.text_schema(text_emb.shape[1], fingerprint))
-    summary["texts"] = len(prompts)
     return summary
+
+
+def embed_text_sets(loaded: LoadedModel, texts_dir: Path, out_dir: Path) -> dict[str, int]:
+    """Write `out_dir/<set>.parquet` (the set's rows + embedding) for every text set of a dataset."""
+    counts = {}
+    with atomic_dir(out_dir) as tmp:
+        for name in text_set_names(texts_dir):
+            rows, stamp = read_text_set(Path(texts_dir) / f"{name}.parquet")
+            emb = embed_texts(loaded, rows.column("text").to_pylist())
+            table = rows.append_column("embedding", features.embedding_array(emb))
+            schema = features.features_schema(rows.schema, emb.shape[1], {**loaded.fingerprint, **stamp})
+            features.write_table(tmp / f"{name}.parquet", [table], schema)
+            counts[name] = rows.num_rows
+    return counts
