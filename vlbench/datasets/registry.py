@@ -69,8 +69,8 @@ def describe(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
         from vlbench.datasets.synthetic import catalogue_row
 
         row.update(catalogue_row(name, spec))
-    elif isinstance(spec.get("classnames"), (list, Mapping)):
-        row["classes"] = len(spec["classnames"])
+    elif row["source"] == "manifest" and isinstance(spec.get("classnames"), list):
+        row["classes"] = len(spec["classnames"])  # a manifest's list names every class (an ImageFolder mapping may not)
     classes_json = prepared_dir(name) / "classes.json"
     if classes_json.is_file():
         prepared = json.loads(classes_json.read_text())
