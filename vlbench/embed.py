@@ -83,7 +83,7 @@ def collate(batch: list[tuple[int, torch.Tensor | CorruptSample]],
 def corrupt_images_error(dataset: str, split: str, path: Path, bad: list[tuple[int, CorruptSample]]) -> CorruptImageError:
     """One error for every corrupt image of a split: the first MAX_LISTED_CORRUPT sample ids in row order, and the count."""
     bad = sorted(bad, key=lambda item: item[0])
-    fix = "or set embed.skip_corrupt: true to leave {} out"
+    fix = "then re-run prepare (skip_corrupt: true in the dataset's prepare spec leaves {} out)"
     if len(bad) == 1:
         (_, sample), = bad
         return CorruptImageError(
