@@ -1,4 +1,4 @@
-"""Validation shared by every dataset source's spec (the mapping under `datasets.<name>` in params).
+"""Validation shared by every dataset source's spec (the `prepare` mapping of a dataset entry, `suite.datasets.<name>.prepare`).
 
 Each source lists its allowed keys and calls `check_keys` first, so a typo is refused the same way everywhere:
 one line naming the dataset, the source, the unknown key(s), the closest allowed key and the allowed keys.
