@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.pipeline_repo import make_repo, run
 

@@ -199,7 +199,7 @@ def test_unknown_key_uses_the_shared_spec_check():
 
 
 def test_shapes_are_wordnet_shapes(wn):
-    from vlbench.knowledge.wordnet import synset_from_wnid, wnid_of
+    from vlbench.knowledge.wordnet import synset_from_wnid
     for shape in S.SHAPES:
         synset = synset_from_wnid(wn, shape.wnid)
         assert synset.name() == shape.synset and synset.lexname() == "noun.shape"
