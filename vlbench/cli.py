@@ -70,11 +70,13 @@ def datasets(ctx: click.Context, suite: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(f"{'dataset':16s} {'source':12s} {'classes':>7s}  {'metric':14s} {'manual':6s}  splits")
+    width = max([len("dataset")] + [len(r["name"]) for r in rows])
+    click.echo(f"{'dataset':{width}s} {'source':12s} {'classes':>7s}  {'metric':14s} {'manual':6s}  splits")
     for r in rows:
         splits = ", ".join(f"{k} {v}" for k, v in r["splits"].items()) or "(sizes known once prepared)"
         classes = "?" if r["classes"] is None else str(r["classes"])
-        click.echo(f"{r['name']:16s} {r['source']:12s} {classes:>7s}  {r['metric']:14s} {'yes' if r['manual_download'] else 'no':6s}  {splits}")
+        manual = "yes" if r["manual_download"] else "no"
+        click.echo(f"{r['name']:{width}s} {r['source']:12s} {classes:>7s}  {r['metric']:14s} {manual:6s}  {splits}")
 
 
 @main.command("compose")
@@ -114,6 +116,39 @@ def _check_groups(overrides, conf: Path) -> None:
         group, _, option = override.partition("=")
         if group in ("model", "suite") and option not in available(group, conf):
             raise click.ClickException(f"unknown {group} {option!r}; known {group}s: {', '.join(available(group, conf))}")
+
+
+@main.command()
+@click.argument("dataset")
+@click.option("--json", "as_json", is_flag=True, help="every coarse class with its level, name and leaves, as JSON")
+@click.option("--dag", is_flag=True, help="all hypernym paths (a DAG) instead of each leaf's longest path (a tree)")
+@click.pass_context
+def hierarchy(ctx: click.Context, dataset: str, as_json: bool, dag: bool) -> None:
+    """The WordNet hierarchy above DATASET's classes: coarse classes, count per level, depth."""
+    from omegaconf import OmegaConf
+
+    from vlbench.knowledge.hierarchy import build_hierarchy, dataset_leaves
+
+    conf = _conf(ctx)
+    if dataset not in available("dataset", conf):
+        raise click.ClickException(f"unknown dataset {dataset!r}; known datasets: {', '.join(available('dataset', conf))}")
+    entry = OmegaConf.to_container(OmegaConf.load(conf / "dataset" / f"{dataset}.yaml"), resolve=True)
+    try:
+        leaves = dataset_leaves(dataset, entry)
+        tree = build_hierarchy(leaves.wnids, mode="dag" if dag else "tree")
+    except VlbenchError as err:
+        raise click.ClickException(str(err)) from err
+    if as_json:
+        click.echo(json.dumps(tree.to_json(dataset, leaves.origin), indent=2))
+        return
+    shape = "a DAG of all hypernym paths" if dag else "a tree of each leaf's longest hypernym path"
+    click.echo(f"{dataset}: WordNet {tree.wordnet or '?'} hierarchy, {shape}; leaves from {leaves.origin}")
+    click.echo(f"leaves {len(tree.leaves)}  coarse classes {len(tree.coarse_classes)}  depth {tree.depth}  "
+               f"(levels from entity = 0; {len(tree.tied)} leaves had tied longest paths)")
+    click.echo(f"{'level':>5s} {'coarse':>7s} {'leaves':>7s}")
+    leaf_levels = tree.per_level(leaves=True)
+    for level, count in tree.per_level().items():
+        click.echo(f"{level:5d} {count:7d} {leaf_levels[level]:7d}")
 
 
 if __name__ == "__main__":
