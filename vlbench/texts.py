@@ -61,15 +61,31 @@ def prompts(meta: DatasetMeta, templates: list[str]) -> pa.Table:
     return text_table("class_index", [i for i, _ in rows], ["template"] * len(rows), [t for _, t in rows])
 
 
-def captions(meta: DatasetMeta, dataset_dir: Path) -> pa.Table:
-    """Every caption of every sample of every split, owned by its sample_id."""
+# Per-sample text columns of prepared splits and the text set (and `source`) each becomes.
+SAMPLE_TEXT_COLUMNS = {"captions": "caption", "narratives": "narrative"}
+
+
+def sample_texts(meta: DatasetMeta, dataset_dir: Path, column: str = "captions") -> pa.Table:
+    """Every text of a per-sample list column (captions, narratives) of every split, owned by its sample_id."""
     ids, texts = [], []
     for split in meta.splits:
-        for batch in iter_batches(split_path(dataset_dir, split), columns=["sample_id", "captions"]):
-            for sid, caps in zip(batch.column("sample_id").to_pylist(), batch.column("captions").to_pylist()):
-                ids += [sid] * len(caps or [])
-                texts += list(caps or [])
-    return text_table("sample_id", ids, ["caption"] * len(ids), texts)
+        for batch in iter_batches(split_path(dataset_dir, split), columns=["sample_id", column]):
+            for sid, items in zip(batch.column("sample_id").to_pylist(), batch.column(column).to_pylist()):
+                ids += [sid] * len(items or [])
+                texts += list(items or [])
+    return text_table("sample_id", ids, [SAMPLE_TEXT_COLUMNS[column]] * len(ids), texts)
+
+
+def captions(meta: DatasetMeta, dataset_dir: Path) -> pa.Table:
+    return sample_texts(meta, dataset_dir, "captions")
+
+
+def _sample_text_columns(meta: DatasetMeta, dataset_dir: Path) -> list[str]:
+    """The per-sample text columns every split of the prepared dataset has."""
+    import pyarrow.parquet as pq
+
+    names = [set(pq.read_schema(split_path(dataset_dir, split)).names) for split in meta.splits]
+    return [c for c in SAMPLE_TEXT_COLUMNS if names and all(c in n for n in names)]
 
 
 def build_text_sets(meta: DatasetMeta, dataset_dir: Path, cfg: Mapping[str, Any]) -> dict[str, pa.Table]:
@@ -78,8 +94,8 @@ def build_text_sets(meta: DatasetMeta, dataset_dir: Path, cfg: Mapping[str, Any]
     if unknown:
         raise DatasetError(f"dataset {meta.name!r}: unknown texts key(s) {unknown}; allowed: {', '.join(TEXTS_KEYS)}")
     sets = {"prompts": prompts(meta, check_templates(meta.name, cfg.get("templates", DEFAULT_TEMPLATES)))}
-    if meta.task == "captions":
-        sets["captions"] = captions(meta, dataset_dir)
+    for column in _sample_text_columns(meta, dataset_dir):
+        sets[column] = sample_texts(meta, dataset_dir, column)
     return sets
 
 

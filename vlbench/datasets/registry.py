@@ -1,9 +1,10 @@
 """Dataset sources and the catalogue of registered datasets.
 
 A dataset entry (conf/dataset/<name>.yaml) has `prepare` (a spec naming its `source`), `input` (what DVC
-tracks for prepare) and `texts`. The builder of a source gets `(name, spec, out_dir)` and returns the
-written `DatasetMeta`. Adding a source means adding one line to `SOURCES` (and, if it reads files the user
-provides, to `DATA_KEYS`).
+tracks for prepare) and `texts`. A source is a module with `build(name, spec, out_dir) -> DatasetMeta` and,
+where its classes and split sizes are known without any download, `catalogue_row(name, spec) -> dict`
+(classes, splits, metric, manual_download). Adding a source means adding one line to `SOURCES` (and, if it
+reads files the user provides, to `DATA_KEYS`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ SOURCES = {
     "synthetic": "vlbench.datasets.synthetic:build",
     "imagefolder": "vlbench.datasets.local:build_imagefolder",
     "manifest": "vlbench.datasets.local:build_manifest",
+    # real datasets, downloaded and verified by vlbench/datasets/download.py
+    "elevater": "vlbench.datasets.elevater:build",
+    "imagenet": "vlbench.datasets.imagenet:build",
+    "breeds": "vlbench.datasets.breeds:build",
+    "cifar": "vlbench.datasets.cifar:build",
+    "coop": "vlbench.datasets.coop:build",
+    "coco": "vlbench.datasets.coco:build",
 }
 # Spec keys that name the user's files: they must lie inside the entry's `input`, which DVC hashes.
 DATA_KEYS = {"imagefolder": ("root",), "manifest": ("path", "splits")}
@@ -65,10 +73,9 @@ def describe(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     spec = entry["prepare"]
     row = {"name": name, "source": _source(name, spec), "classes": None, "splits": {}, "metric": spec.get("metric"),
            "manual_download": False}
-    if row["source"] == "synthetic":
-        from vlbench.datasets.synthetic import catalogue_row
-
-        row.update(catalogue_row(name, spec))
+    module = importlib.import_module(SOURCES[row["source"]].split(":")[0])
+    if hasattr(module, "catalogue_row"):
+        row.update(module.catalogue_row(name, dict(spec)))
     elif row["source"] == "manifest" and isinstance(spec.get("classnames"), list):
         row["classes"] = len(spec["classnames"])  # a manifest's list names every class (an ImageFolder mapping may not)
     classes_json = prepared_dir(name) / "classes.json"
