@@ -144,7 +144,7 @@ def test_catalogue_lists_the_suite_without_any_download(tmp_path):
         assert rows[name]["source"] == "elevater"
         assert (rows[name]["classes"], rows[name]["splits"], rows[name]["metric"]) == (
             n_classes, {"train": train, "test": test}, metric), name
-        assert rows[name]["manual_download"] is False
+        assert rows[name]["manual_download"] is (name == "hateful-memes"), name  # its licence needs a person
     assert sum(r["classes"] for r in rows.values()) == 1151
     assert not (tmp_path / "cache").exists()
 
@@ -474,3 +474,21 @@ def test_a_zip_member_that_is_a_link_is_refused(tmp_path, cache):
     spec = {"source": "elevater"}
     with serve(tmp_path / "www") as base, pytest.raises(DatasetError, match=r"'images/00005.png' in 'train.zip' is not a regular"):
         elevater.build("cifar-10", {**spec, "base_urls": [f"{base}/datasets"]}, tmp_path / "out")
+
+
+def test_hateful_memes_asks_for_its_files_by_hand(tmp_path, monkeypatch):
+    """Its licence must be accepted by a person: no download is attempted; the message names the cached file
+    name to use, the licence, ELEVATER's URL of the file and where to put it."""
+    from vlbench.datasets.download import ManualDownloadError
+
+    monkeypatch.setenv("VLBENCH_DOWNLOADS", str(tmp_path / "cache"))
+    monkeypatch.delenv("VLBENCH_MIRROR", raising=False)
+    spec = yaml.safe_load((ROOT / "conf" / "dataset" / "hateful-memes.yaml").read_text())["prepare"]
+    assert elevater.catalogue_row("hateful-memes", spec)["manual_download"] is True
+    with pytest.raises(ManualDownloadError) as err:
+        elevater.build("hateful-memes", spec, tmp_path / "out")
+    message = str(err.value)
+    assert "elevater-hateful_memes_20211014-" in message
+    assert "hatefulmemeschallenge.com" in message and "cvinthewildeus.blob.core.windows.net" in message
+    assert str(tmp_path / "cache") in message
+    assert not (tmp_path / "out").exists()

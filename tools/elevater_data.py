@@ -54,7 +54,12 @@ DATASETS = (
     "mnist", "voc-2007-classification", "oxford-iiit-pets", "gtsrb", "resisc45_clip", "dtd", "cifar-100",
     "fgvc-aircraft-2013b-variants102", "food-101", "caltech-101", "oxford-flower-102", "stanford-cars", "country211",
 )
-EXTRA = ("imagenet-1k",)  # classes and templates only (its images are a manual download, another source)
+EXTRA = ("imagenet-1k",)
+# Datasets whose licence must be accepted by a person before download: prepare then asks for the files by name.
+MANUAL = {
+    "hateful-memes": "Hateful Memes is licensed under Facebook's Hateful Memes Dataset Licence, which each user must "
+                     "accept (https://hatefulmemeschallenge.com/). After accepting it, download the file by hand.",
+}  # classes and templates only (its images are a manual download, another source)
 METRICS = {"accuracy": "accuracy", "mean-per-class": "mean_per_class", "11point_mAP": "map_11point",
            "roc_auc": "roc_auc"}
 TASKS = {"classification_multiclass": "single-label", "classification_multilabel": "multi-label"}
@@ -255,6 +260,8 @@ def dataset_yaml(name: str, entry: dict) -> str:
         "prepare:",
         "  source: elevater",
     ]
+    if name in MANUAL:
+        lines.append(f"  manual: {quoted(MANUAL[name])}")
     if entry["preprocess"] != "default":
         lines.append(f"  preprocess: {entry['preprocess']}  # ELEVATER resizes without a centre crop (CENTER_CROP: false)")
     lines += [

@@ -74,7 +74,7 @@ from vlbench.datasets.spec import check_flag, check_keys
 
 DATA_FILE = Path(__file__).with_name("data") / "elevater.json"
 KEYS = ("source", "dataset", "splits", "base_urls", "checksums", "metric", "preprocess", "skip_corrupt",
-        "aliases", "label_match")
+        "aliases", "label_match", "manual")
 LABEL_MATCH = ("auto", "name")
 DEFAULT_SPLITS = {"train": "train", "test": "test"}
 MAX_REPORTED = 20  # names or images listed in one error; the rest are counted
@@ -155,6 +155,7 @@ class ElevaterSpec:
     skip_corrupt: bool
     aliases: dict[str, str]
     label_match: str
+    manual: str | None = None
 
     @property
     def task(self) -> str:
@@ -184,8 +185,15 @@ def parse_spec(name: str, spec: Mapping[str, Any]) -> ElevaterSpec:
         metric=spec.get("metric", info["metric"]), preprocess=spec.get("preprocess", info["preprocess"]),
         skip_corrupt=check_flag(name, spec, "skip_corrupt"),
         aliases=_string_mapping(name, "aliases", spec.get("aliases", {})),
-        label_match=label_match,
+        label_match=label_match, manual=_manual(name, spec.get("manual")),
     )
+
+
+def _manual(name: str, text: Any) -> str | None:
+    """A licence to accept before download: every file then comes in by hand (the download layer says how)."""
+    if text is not None and (not isinstance(text, str) or not text.strip()):
+        raise DatasetError(f"dataset {name!r}: 'manual' must be a sentence saying where to get the files, got {text!r}")
+    return text
 
 
 def _split_map(name: str, splits: Any, info: dict) -> dict[str, str]:
@@ -240,7 +248,7 @@ def catalogue_row(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         "classes": len(parsed.info["classes"]),
         "splits": {ours: parsed.info["splits"][theirs]["num_images"] for ours, theirs in parsed.splits.items()},
         "metric": parsed.metric,
-        "manual_download": False,
+        "manual_download": parsed.manual is not None,
     }
 
 
@@ -272,9 +280,10 @@ class _Files:
 
         if file not in self.paths:
             info = self.spec.info
-            res = Resource(cache_name(info, file),
-                           tuple(file_url(b, info["root_folder"], file) for b in self.spec.base_urls),
-                           sha256=self.spec.checksums.get(file))
+            urls = tuple(file_url(b, info["root_folder"], file) for b in self.spec.base_urls)
+            manual = self.spec.manual and f"{self.spec.manual} ELEVATER's copy of this file: {urls[0]}"
+            res = Resource(cache_name(info, file), () if manual else urls, sha256=self.spec.checksums.get(file),
+                           manual=manual)
             self.paths[file] = fetch(res, self.spec.name)
             self.records.append({"elevater_file": f"{info['root_folder']}/{file}", **res.provenance(self.paths[file])})
         return self.paths[file]
