@@ -1,4 +1,4 @@
-"""vlbench.embed.embed_images: every corrupt image of a split reported at once; CPU workers run the whole transform."""
+"""vlbench.embed: every corrupt image of a split reported at once; CPU workers run the whole transform; squash preprocessing."""
 
 from __future__ import annotations
 
@@ -12,8 +12,25 @@ import torch
 from PIL import Image
 
 from tests.conftest import png
-from vlbench.datasets.canonical import split_schema, write_split
-from vlbench.embed import CorruptImageError, embed_images, split_preprocess, worker_preprocess
+from vlbench.datasets.canonical import (
+    ClassInfo,
+    DatasetMeta,
+    load_meta,
+    split_schema,
+    write_dataset,
+    write_split,
+)
+from vlbench.embed import (
+    CorruptImageError,
+    PreprocessError,
+    embed_image_splits,
+    embed_images,
+    model_for_dataset,
+    split_preprocess,
+    squash_preprocess,
+    worker_preprocess,
+)
+from vlbench.features import read_fingerprint
 from vlbench.models.loading import load_model
 
 
@@ -135,3 +152,100 @@ def test_cpu_embeddings_are_identical_whether_workers_normalise_or_not(loaded, t
     assert np.array_equal(whole, split)
     assert np.array_equal(default, whole)
     assert whole.dtype == np.float32 and pq.ParquetFile(path).metadata.num_rows == len(whole)
+
+
+# ---------------------------------------------------------------- preprocess: squash (ELEVATER's KITTI distance)
+
+
+def striped(width: int, height: int) -> Image.Image:
+    """Blue, with a red stripe along the left eighth: a centre crop of a wide image cuts the stripe off."""
+    pixels = np.zeros((height, width, 3), dtype=np.uint8)
+    pixels[:, :, 2] = 255
+    pixels[:, : width // 8] = (255, 0, 0)
+    return Image.fromarray(pixels)
+
+
+def test_squash_replaces_resize_and_centre_crop_by_one_resize_to_the_crop_size(loaded):
+    squash = squash_preprocess(loaded.preprocess)
+    steps, original = squash.transforms, loaded.preprocess.transforms
+    resize = steps[0]
+    assert type(resize).__name__ == "Resize" and tuple(resize.size) == (32, 32)
+    assert resize.interpolation == original[0].interpolation and resize.antialias == original[0].antialias
+    assert steps[1:] == original[2:]  # RGB, ToTensor, Normalize kept
+    assert squash(striped(96, 32)).shape == loaded.preprocess(striped(96, 32)).shape == (3, 32, 32)
+
+
+def test_squash_keeps_the_whole_image_where_the_centre_crop_cuts(loaded):
+    wide = striped(128, 32)
+    squashed, cropped = squash_preprocess(loaded.preprocess)(wide), loaded.preprocess(wide)
+    mean, std = np.array(loaded.fingerprint["preprocess"]["mean"]), np.array(loaded.fingerprint["preprocess"]["std"])
+    red = torch.tensor((np.array([1.0, 0.0, 0.0]) - mean) / std, dtype=torch.float32)
+    assert torch.allclose(squashed[:, 16, 0], red, atol=0.05)  # the stripe is the left 4 of 32 columns
+    assert not torch.allclose(cropped[:, 16, 0], red, atol=0.5)  # the crop kept only the blue middle
+    square = striped(64, 64)  # a square image: nothing to crop, both give the same input
+    assert torch.equal(squash_preprocess(loaded.preprocess)(square), loaded.preprocess(square))
+
+
+def test_squash_keeps_the_uint8_path_for_accelerators_bit_for_bit(loaded):
+    squash = squash_preprocess(loaded.preprocess)
+    decode, finish = split_preprocess(squash)
+    images = [striped(40 + 9 * k, 30) for k in range(4)]
+    assert decode(images[0]).dtype == torch.uint8
+    assert torch.equal(finish(torch.stack([decode(im) for im in images])), torch.stack([squash(im) for im in images]))
+
+
+def test_a_model_transform_without_resize_and_centre_crop_cannot_be_squashed():
+    with pytest.raises(PreprocessError, match=r"model 'odd': cannot squash images: its preprocess has no Resize followed by CenterCrop"):
+        squash_preprocess(lambda img: img, "odd")
+
+
+def write_wide_dataset(out_dir, preprocess: str):
+    """Four wide JPEGs (non-square, so squash and crop differ) in one split, with the given preprocess."""
+    meta = DatasetMeta(name="kitti", task="single-label", metric="accuracy",
+                       classes=[ClassInfo(0, "near"), ClassInfo(1, "far")], preprocess=preprocess)
+    rows = ({"sample_id": f"img-{k}", "label": k % 2, "image": jpeg(k, (120 + 10 * k, 36))} for k in range(4))
+    return write_dataset(out_dir, meta, {"test": rows})
+
+
+def test_squash_dataset_gets_other_features_a_version_and_a_fingerprint_saying_so(loaded, tmp_path):
+    default_meta = write_wide_dataset(tmp_path / "prepared" / "default", "default")
+    squash_meta = write_wide_dataset(tmp_path / "prepared" / "squash", "squash")
+    assert load_meta(tmp_path / "prepared" / "squash").preprocess == "squash"
+    assert squash_meta.version != default_meta.version  # same images and labels, other model input
+    # the splits folder (embed_images' DVC dependency) differs too, so flipping preprocess re-embeds
+    assert (tmp_path / "prepared" / "squash" / "splits" / "preprocess.txt").read_text() == "squash\n"
+    assert not (tmp_path / "prepared" / "default" / "splits" / "preprocess.txt").exists()
+    for name in ("default", "squash"):
+        embed_image_splits(loaded, tmp_path / "prepared" / name, tmp_path / "features" / name, num_workers=0, progress=False)
+    fingerprints = {name: read_fingerprint(tmp_path / "features" / name / "test.parquet") for name in ("default", "squash")}
+    assert fingerprints["default"]["preprocess"] == loaded.fingerprint["preprocess"]
+    assert fingerprints["default"]["preprocess"]["resize_mode"] == "shortest"
+    assert fingerprints["squash"]["preprocess"] == {**loaded.fingerprint["preprocess"], "resize_mode": "squash"}
+    default_emb = pq.read_table(tmp_path / "features" / "default" / "test.parquet").column("embedding").to_pylist()
+    squash_emb = pq.read_table(tmp_path / "features" / "squash" / "test.parquet").column("embedding").to_pylist()
+    assert not np.allclose(default_emb, squash_emb, atol=1e-4)
+    expected, _ = embed_images(model_for_dataset(loaded, squash_meta), tmp_path / "prepared" / "squash" / "splits" / "test.parquet",
+                               "kitti", "test", num_workers=0, progress=False)
+    np.testing.assert_array_equal(np.array(squash_emb, dtype=np.float32), expected)
+
+
+def test_default_datasets_are_embedded_exactly_as_before(loaded, tmp_path):
+    """`preprocess: default` leaves the model, its transform and its fingerprint untouched, and classes.json
+    has no `preprocess` key: existing prepared data, versions and features stay byte-identical."""
+    meta = write_wide_dataset(tmp_path / "prepared" / "default", "default")
+    assert model_for_dataset(loaded, meta) is loaded
+    assert "preprocess" not in (tmp_path / "prepared" / "default" / "classes.json").read_text()
+    embed_image_splits(loaded, tmp_path / "prepared" / "default", tmp_path / "features", num_workers=0, progress=False)
+    assert read_fingerprint(tmp_path / "features" / "test.parquet") == {
+        **loaded.fingerprint, "dataset": "kitti", "dataset_version": meta.version}
+    expected, _ = embed_images(loaded, tmp_path / "prepared" / "default" / "splits" / "test.parquet", "kitti", "test",
+                               num_workers=0, progress=False)
+    got = pq.read_table(tmp_path / "features" / "test.parquet").column("embedding").to_pylist()
+    np.testing.assert_array_equal(np.array(got, dtype=np.float32), expected)
+
+
+def test_an_unknown_preprocess_is_refused_naming_the_dataset():
+    from vlbench.datasets.canonical import DatasetError
+
+    with pytest.raises(DatasetError, match=r"dataset 'kitti': preprocess 'crop' is not one of \('default', 'squash'\)"):
+        DatasetMeta(name="kitti", task="single-label", metric="accuracy", classes=[ClassInfo(0, "a")], preprocess="crop")

@@ -261,3 +261,59 @@ def test_mean_confidence_interval_errors():
         M.mean_confidence_interval([0.5, 0.6], confidence=95)
     with pytest.raises(M.MetricError, match="1-D"):
         M.mean_confidence_interval(np.zeros((2, 2)))
+
+
+# ---------------------------------------------------------------- the ELEVATER convention
+
+
+def _ap11_elevater_reference(score, target):
+    """ELEVATER's toolkit (vision_evaluation 0.2.9): scikit-learn's precision-recall curve with its (recall 0,
+    precision 1) end point kept, max precision at recall >= r for r in linspace(1, 0, 11)."""
+    from sklearn.metrics import precision_recall_curve
+
+    precision, recall, _ = precision_recall_curve(target, score)
+    return np.mean([precision[recall >= r].max() for r in np.linspace(1, 0, 11)])
+
+
+def test_ap_11point_elevater_convention_agrees_with_the_toolkits_definition_on_random_data():
+    rng = np.random.default_rng(5)
+    scores = np.round(rng.normal(size=(150, 5)), 1)  # ties
+    targets = (rng.random((150, 5)) < 0.3).astype(int)
+    targets[:, 4] = 0  # no positive: left out of the mean, as vision_evaluation drops all-zero target columns
+    ap = M.ap_11point_per_class(scores, targets, convention="elevater")
+    for j in range(4):
+        assert ap[j] == pytest.approx(_ap11_elevater_reference(scores[:, j], targets[:, j]), abs=1e-12)
+    assert math.isnan(ap[4])
+    assert M.map_11point(scores, targets, convention="elevater") == pytest.approx(ap[:4].mean())
+    assert M.compute("map_11point", scores, targets, convention="elevater") == pytest.approx(ap[:4].mean())
+
+
+def test_ap_11point_conventions_differ_only_in_the_recall_zero_term():
+    # scores 0.9 0.8 0.7 0.6, targets 0 1 0 1: precisions 0, 1/2 (R 1/2), 1/3, 1/2 (R 1); devkit: every r -> 1/2
+    s = np.array([[0.9], [0.8], [0.7], [0.6]])
+    t = np.array([[0], [1], [0], [1]])
+    assert M.map_11point(s, t) == pytest.approx(0.5)
+    assert M.map_11point(s, t, convention="elevater") == pytest.approx((1 + 10 * 0.5) / 11)
+    # when the top-ranked sample is a positive the two agree
+    assert M.map_11point(s[1:], t[1:]) == M.map_11point(s[1:], t[1:], convention="elevater")
+
+
+def test_roc_auc_elevater_convention_ranks_by_column_one_alone():
+    # rows (p0, p1), labels 1 0 1 0: column 1 alone ties the first two (that pair counts 1/2), the difference
+    # p1 - p0 puts the positive first; pairs (row 2, row 1) lost, (row 0 or 2, row 3) won either way
+    probs = np.array([[0.0, 1.0], [1e-9, 1.0], [0.4, 0.6], [0.7, 0.3]])
+    y = np.array([1, 0, 1, 0])
+    assert M.roc_auc(probs, y, convention="elevater") == pytest.approx(roc_auc_score(y, probs[:, 1]))
+    assert M.roc_auc(probs, y, convention="elevater") == pytest.approx(2.5 / 4)
+    assert M.roc_auc(probs, y) == pytest.approx(roc_auc_score(y, probs[:, 1] - probs[:, 0]))
+    assert M.roc_auc(probs, y) == pytest.approx(3 / 4)
+    assert M.compute("roc_auc", probs, y, convention="elevater") == pytest.approx(2.5 / 4)
+
+
+def test_unknown_convention_is_refused_by_every_metric():
+    with pytest.raises(M.MetricError, match="unknown metric convention 'voc'; known: default, elevater"):
+        M.compute("accuracy", np.eye(2), np.array([0, 1]), convention="voc")
+    with pytest.raises(M.MetricError, match="unknown metric convention"):
+        M.map_11point(np.eye(2), np.eye(2), convention="sklearn")
+    with pytest.raises(M.MetricError, match="unknown metric convention"):
+        M.roc_auc(np.eye(2), np.array([0, 1]), convention="x")

@@ -56,3 +56,149 @@ def test_evaluate_zeroshot_mean_per_class_also_reports_accuracy():
     emb = np.array([[1, 0], [1, 0], [1, 0], [1, 0.1]], dtype=np.float32)  # always predicts class 0
     metrics, _ = evaluate_zeroshot(images, emb, text, np.eye(2, dtype=np.float32), _meta(metric="mean_per_class", n=2))
     assert metrics == {"mean_per_class": pytest.approx(0.5), "accuracy": pytest.approx(0.75)}
+
+
+# ---------------------------------------------------------------- zeroshot.scoring: logits | elevater
+
+
+def _two_class_texts():
+    return pa.table({"class_index": [0, 1], "source": ["template"] * 2, "text": ["a", "b"]}), np.eye(2, 3, dtype=np.float32)
+
+
+def _unit_rows(cosines) -> np.ndarray:
+    """Unit image embeddings whose cosines with the class weights e0, e1 are `cosines` (the rest in a third axis)."""
+    c = np.asarray(cosines, dtype=np.float64)
+    return np.c_[c, np.sqrt(1 - (c ** 2).sum(1))].astype(np.float32)
+
+
+# Five images, two classes (VOC-style multi-label). Cosines (class 0, class 1) and positives:
+#   A (.08, .06) {1}   B (.06, 0) {0}   C (0, .06) {1}   D (.028, 0) {0}   E (0, 0) {0}
+VOC_COSINES = [[0.08, 0.06], [0.06, 0.0], [0.0, 0.06], [0.028, 0.0], [0.0, 0.0]]
+VOC_LABELS = [[1], [0], [1], [0], [0]]
+# logits (ranking by cosine), VOC devkit 11-point AP:
+#   class 0: A(neg) > B > D > {C(neg), E} tied: precisions 0, 1/2 (R 1/3), 2/3 (R 2/3), 3/5 (R 1)
+#            r = 0..0.6 -> 2/3 (7 points), r = 0.7..1 -> 3/5 (4 points): AP = (14/3 + 12/5)/11 = 106/165
+#   class 1: {A, C} tied on top: AP 1                                   -> mAP = (106/165 + 1)/2 = 271/330
+# elevater (softmax per image: class 0 ranks by c0 - c1 = .02, .06, -.06, .028, 0):
+#   class 0: B > D > A(neg) > E > C(neg): precisions 1 (R 1/3), 1 (R 2/3), 2/3, 3/4 (R 1), 3/5
+#            r = 0..0.6 -> 1 (7 points), r = 0.7..1 -> 3/4 (4 points): AP = 10/11
+#   class 1: C > E(neg) > A > D > B: precisions 1 (R 1/2), 1/2, 2/3 (R 1), ...
+#            r = 0..0.5 -> 1 (6 points), r = 0.6..1 -> 2/3 (5 points): AP = 28/33  -> mAP = (10/11 + 28/33)/2 = 29/33
+VOC_MAP = {"logits": 271 / 330, "elevater": 29 / 33}
+
+
+def _voc_meta():
+    return DatasetMeta(name="voc", task="multi-label", metric="map_11point", classes=[ClassInfo(0, "a"), ClassInfo(1, "b")])
+
+
+def _elevater_11point_reference(probabilities: np.ndarray, targets: np.ndarray) -> float:
+    """ELEVATER's 11-point mAP computed independently: scikit-learn's precision-recall curve, its (recall 0,
+    precision 1) end point kept, max precision at recall >= r for r = 0, .1, ..., 1, mean over classes."""
+    from sklearn.metrics import precision_recall_curve
+
+    aps = []
+    for j in range(targets.shape[1]):
+        precision, recall, _ = precision_recall_curve(targets[:, j], probabilities[:, j])
+        aps.append(np.mean([precision[recall >= r - 1e-12].max() for r in np.arange(11) / 10]))
+    return float(np.mean(aps))
+
+
+@pytest.mark.parametrize("scoring", ["logits", "elevater"])
+def test_scoring_changes_voc_11point_map_as_computed_by_hand(scoring):
+    text, text_emb = _two_class_texts()
+    images = pa.table({"sample_id": list("ABCDE"), "labels": VOC_LABELS})
+    metrics, preds = evaluate_zeroshot(images, _unit_rows(VOC_COSINES), text, text_emb, _voc_meta(), scoring)
+    assert metrics == {"map_11point": pytest.approx(VOC_MAP[scoring], abs=1e-12)}
+    # the predictions keep the logits (100 * cosine) whatever the scoring
+    assert preds.column("logits")[0].as_py() == pytest.approx([8.0, 6.0], rel=1e-5)
+
+
+def test_elevater_scoring_matches_an_independent_softmax_and_sklearn_computation():
+    from vlbench.metrics import multilabel_indicator
+
+    text, text_emb = _two_class_texts()
+    images = pa.table({"sample_id": list("ABCDE"), "labels": VOC_LABELS})
+    metrics, _ = evaluate_zeroshot(images, _unit_rows(VOC_COSINES), text, text_emb, _voc_meta(), "elevater")
+    logits = 100 * np.asarray(VOC_COSINES)
+    probabilities = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    expected = _elevater_11point_reference(probabilities, multilabel_indicator(VOC_LABELS, 2))
+    assert expected == pytest.approx(29 / 33)
+    assert metrics["map_11point"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_elevater_scoring_uses_the_toolkits_recall_zero_point():
+    """A class whose top-ranked image is a negative: the VOC devkit's r = 0 term is the best precision (1/2),
+    ELEVATER's is 1 (scikit-learn's end point). Under softmax class 0 ranks by c0 - c1, the same order here."""
+    text, text_emb = _two_class_texts()
+    images = pa.table({"sample_id": ["neg", "pos"], "labels": [[1], [0, 1]]})
+    emb = _unit_rows([[0.05, 0.0], [0.02, 0.0]])  # class 0: neg first, then pos; class 1: tied, AP 1
+    meta = _voc_meta()
+    logits_map, _ = evaluate_zeroshot(images, emb, text, text_emb, meta, "logits")
+    elevater_map, _ = evaluate_zeroshot(images, emb, text, text_emb, meta, "elevater")
+    # class 0: precision 0 at the first image, 1/2 (recall 1) after the second; class 1: AP 1
+    assert logits_map["map_11point"] == pytest.approx((0.5 + 1) / 2)
+    assert elevater_map["map_11point"] == pytest.approx(((1 + 10 * 0.5) / 11 + 1) / 2)
+
+
+def test_elevater_roc_auc_ties_probabilities_that_round_to_one_in_float32():
+    """Hateful Memes' ROC-AUC. softmax(100 * cos) of class 1 is 1.0 in float32 once c1 - c0 exceeds ~0.17, so
+    ELEVATER's probabilities tie two images that the logits tell apart.
+    Images (c1 - c0, label): p1 (.5, 1), n1 (.3, 0), p2 (.05, 1), n2 (-.1, 0).
+    logits: p1 > n1 > p2 > n2: pairs (p1,n1) (p1,n2) (p2,n2) won, (p2,n1) lost -> 3/4.
+    elevater: p1 and n1 both 1.0 -> that pair counts 1/2 -> 2.5/4."""
+    from sklearn.metrics import roc_auc_score
+
+    meta = DatasetMeta(name="memes", task="single-label", metric="roc_auc", classes=[ClassInfo(0, "no"), ClassInfo(1, "yes")])
+    text, text_emb = _two_class_texts()
+    cosines = [[0.1, 0.6], [0.2, 0.5], [0.3, 0.35], [0.4, 0.3]]
+    images = pa.table({"sample_id": ["p1", "n1", "p2", "n2"], "label": [1, 0, 1, 0]})
+    emb = _unit_rows(cosines)
+    logits_result, _ = evaluate_zeroshot(images, emb, text, text_emb, meta, "logits")
+    elevater_result, _ = evaluate_zeroshot(images, emb, text, text_emb, meta, "elevater")
+    assert logits_result["roc_auc"] == pytest.approx(0.75)
+    assert elevater_result["roc_auc"] == pytest.approx(0.625)
+    # independently: float32 softmax of class 1, scikit-learn's AUC (what the toolkit's roc_auc does)
+    logits32 = (100 * np.asarray(cosines)).astype(np.float32)
+    p1 = np.exp(logits32[:, 1] - logits32.max(1)) / np.exp(logits32 - logits32.max(1, keepdims=True)).sum(1)
+    assert p1[0] == p1[1] == np.float32(1.0)
+    assert elevater_result["roc_auc"] == pytest.approx(roc_auc_score([1, 0, 1, 0], p1))
+    assert logits_result["roc_auc"] == pytest.approx(roc_auc_score([1, 0, 1, 0], logits32[:, 1] - logits32[:, 0]))
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "mean_per_class"])
+def test_accuracy_and_mean_per_class_do_not_depend_on_the_scoring(metric):
+    rng = np.random.default_rng(0)
+    n_classes = 5
+    text = pa.table({"class_index": list(range(n_classes)), "source": ["template"] * n_classes,
+                     "text": [f"c{i}" for i in range(n_classes)]})
+    text_emb = rng.normal(size=(n_classes, 16)).astype(np.float32)
+    image_emb = rng.normal(size=(60, 16)).astype(np.float32)
+    images = pa.table({"sample_id": [f"s{i}" for i in range(60)], "label": rng.integers(0, n_classes, 60)})
+    meta = _meta(metric=metric, n=n_classes)
+    by_logits, _ = evaluate_zeroshot(images, image_emb, text, text_emb, meta, "logits")
+    by_elevater, _ = evaluate_zeroshot(images, image_emb, text, text_emb, meta, "elevater")
+    assert by_logits == by_elevater
+    assert 0 < by_logits[metric] < 1
+
+
+def test_run_records_the_scoring_and_refuses_an_unknown_one():
+    from types import SimpleNamespace
+
+    from vlbench.analyses.zeroshot import run
+    from vlbench.config import ParamsError
+    from vlbench.features import Features
+
+    text, text_emb = _two_class_texts()
+    images = pa.table({"sample_id": list("ABCDE"), "labels": VOC_LABELS})
+    inputs = SimpleNamespace(
+        meta=_voc_meta(),
+        images=lambda split: Features(images, _unit_rows(VOC_COSINES), {}, []),
+        texts=lambda name: Features(text, text_emb, {}, []),
+    )
+    default = run(inputs, {"split": "test"}, seed=0)
+    elevater = run(inputs, {"split": "test", "scoring": "elevater"}, seed=0)
+    assert default.params["scoring"] == "logits" and elevater.params["scoring"] == "elevater"
+    assert default.metrics["map_11point"] == pytest.approx(VOC_MAP["logits"])
+    assert elevater.metrics["map_11point"] == pytest.approx(VOC_MAP["elevater"])
+    with pytest.raises(ParamsError, match=r"zeroshot.scoring 'softmax' is not one of \['logits', 'elevater'\]"):
+        run(inputs, {"split": "test", "scoring": "softmax"}, seed=0)

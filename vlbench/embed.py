@@ -11,8 +11,10 @@ import io
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -20,11 +22,18 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
+from torchvision.transforms import (
+    CenterCrop,
+    Compose,
+    Normalize,
+    PILToTensor,
+    Resize,
+    ToTensor,
+)
 from tqdm import tqdm
 
 from vlbench import features
-from vlbench.datasets.canonical import load_meta, split_path
+from vlbench.datasets.canonical import DatasetMeta, load_meta, split_path
 from vlbench.errors import VlbenchError
 from vlbench.io import atomic_dir
 from vlbench.models.loading import LoadedModel
@@ -40,6 +49,10 @@ class CorruptSample(NamedTuple):
 
     sample_id: str
     reason: str
+
+
+class PreprocessError(VlbenchError):
+    """A dataset asks for a preprocessing that the model's own transform cannot be turned into."""
 
 
 MAX_LISTED_CORRUPT = 20  # sample ids named in a CorruptImageError; the total count is always given
@@ -118,6 +131,34 @@ def split_preprocess(preprocess: Callable) -> tuple[Callable, Callable[[torch.Te
     return Compose(steps[:-2] + [PILToTensor()]), finish
 
 
+def squash_preprocess(preprocess: Callable, model: str = "?") -> Compose:
+    """The model's transform with its Resize + CenterCrop replaced by one Resize to the crop size (h, w), with the
+    same interpolation and antialiasing: the whole image is squashed to the model's input, its aspect ratio not kept
+    and nothing cropped (ELEVATER's KITTI distance; open_clip's `resize_mode="squash"`). The steps after it
+    (RGB, ToTensor, Normalize) are kept, so `split_preprocess` still stops at uint8 for accelerators."""
+    steps = list(getattr(preprocess, "transforms", []))
+    pairs = [i for i in range(len(steps) - 1) if isinstance(steps[i], Resize) and isinstance(steps[i + 1], CenterCrop)]
+    if not pairs:
+        raise PreprocessError(
+            f"model {model!r}: cannot squash images: its preprocess has no Resize followed by CenterCrop "
+            f"(steps: {[type(step).__name__ for step in steps]}); use a model with open_clip's default resize_mode 'shortest'")
+    i = pairs[0]
+    resize, crop = steps[i], steps[i + 1]
+    squash = Resize(tuple(crop.size), interpolation=resize.interpolation, antialias=resize.antialias)
+    return Compose(steps[:i] + [squash] + steps[i + 2:])
+
+
+def model_for_dataset(loaded: LoadedModel, meta: DatasetMeta) -> LoadedModel:
+    """The model as it embeds this dataset's images: unchanged for `preprocess: default`; for `squash`, with
+    `squash_preprocess` and the fingerprint's `preprocess.resize_mode` set to "squash", so that features made
+    either way can never be mistaken for each other."""
+    if meta.preprocess == "default":
+        return loaded
+    described = {**loaded.fingerprint.get("preprocess", {}), "resize_mode": "squash"}
+    return replace(loaded, preprocess=squash_preprocess(loaded.preprocess, loaded.fingerprint.get("model", "?")),
+                   fingerprint={**loaded.fingerprint, "preprocess": described})
+
+
 def _unchanged(batch: torch.Tensor) -> torch.Tensor:
     return batch
 
@@ -192,9 +233,11 @@ def embed_image_splits(
     loaded: LoadedModel, dataset_dir: Path, out_dir: Path, *, batch_size: int = 256,
     num_workers: int | None = None, skip_corrupt: bool = False, progress: bool = True,
 ) -> dict[str, Any]:
-    """Write `out_dir/<split>.parquet` for every split of a prepared dataset (the folder replaced whole)."""
+    """Write `out_dir/<split>.parquet` for every split of a prepared dataset (the folder replaced whole), with the
+    preprocessing the dataset asks for (`model_for_dataset`)."""
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
     meta = load_meta(dataset_dir)
+    loaded = model_for_dataset(loaded, meta)
     fingerprint = {**loaded.fingerprint, "dataset": meta.name, "dataset_version": meta.version}
     summary: dict[str, Any] = {"dataset": meta.name, "splits": {}}
     with atomic_dir(out_dir) as tmp:
@@ -211,7 +254,7 @@ def embed_image_splits(
             schema = features.features_schema(ids_labels.schema, emb.shape[1], fingerprint)
             schema = schema.with_metadata({**schema.metadata, features.SKIPPED_KEY: json.dumps(skipped).encode()})
             features.write_table(tmp / f"{split}.parquet", [table], schema)
-            summary["splits"][split] = {"images": int(len(kept)), "skipped_corrupt": skipped,
+            summary["splits"][split] = {"images": len(kept), "skipped_corrupt": skipped,
                                         "seconds": round(seconds, 3), "images_per_s": round(len(kept) / max(seconds, 1e-9), 1)}
     return summary
 

@@ -15,31 +15,37 @@ samples as one threshold step (they are either all above or all below any thresh
 
 Every shape or value problem raises :class:`MetricError` (a ``ValueError``) with a message that says what
 was expected and what came.
+
+Two conventions (``CONVENTIONS``) differ for the ranking metrics only: ``"default"`` (the VOC2007 devkit's 11-point
+AP; ROC-AUC on the difference of the two columns) and ``"elevater"``, which reproduces ELEVATER's toolkit
+(``vision_evaluation`` 0.2.9): its 11-point AP counts precision 1 at recall 0, and its ROC-AUC ranks by column 1
+alone. Accuracy and mean-per-class are the same under both.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from statistics import NormalDist
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from vlbench.errors import VlbenchError
 
 __all__ = [
-    "MetricError",
+    "CONVENTIONS",
     "METRIC_NAMES",
+    "MetricError",
     "accuracy",
-    "mean_per_class_accuracy",
     "ap_11point_per_class",
-    "map_11point",
     "average_precision_per_class",
-    "mean_average_precision",
-    "roc_auc",
     "compute",
+    "map_11point",
+    "mean_average_precision",
     "mean_confidence_interval",
+    "mean_per_class_accuracy",
     "multilabel_indicator",
+    "roc_auc",
 ]
 
 
@@ -100,6 +106,14 @@ def _as_targets(targets, shape: tuple[int, int], name: str = "targets") -> np.nd
     if not np.isin(t, (0, 1)).all():
         raise MetricError(f"{name} must contain only 0 and 1 (or bool)")
     return t.astype(bool)
+
+
+CONVENTIONS = ("default", "elevater")
+
+
+def _check_convention(convention: str) -> None:
+    if convention not in CONVENTIONS:
+        raise MetricError(f"unknown metric convention {convention!r}; known: {', '.join(CONVENTIONS)}")
 
 
 def _check_nonempty(n: int, what: str) -> None:
@@ -179,7 +193,7 @@ def _pr_steps(score: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, np.n
     return tp[ends], fp[ends]
 
 
-def ap_11point_per_class(scores, targets) -> np.ndarray:
+def ap_11point_per_class(scores, targets, convention: str = "default") -> np.ndarray:
     """PASCAL VOC2007 11-point interpolated average precision of every class, shape (C,).
 
     For class c, rank the samples by ``scores[:, c]``; precision and recall are taken at every distinct
@@ -194,10 +208,13 @@ def ap_11point_per_class(scores, targets) -> np.ndarray:
 
     A class with no positive sample has no AP: its entry is NaN.
 
-    ELEVATER's evaluator builds the curve with ``sklearn.metrics.precision_recall_curve``, which appends a
-    (recall 0, precision 1) point, so its r = 0 term is always 1: it exceeds the devkit's AP by
-    ``(1 - max precision) / 11`` when the top-ranked sample is a negative. We follow the devkit.
+    ``convention="elevater"``: ELEVATER's evaluator (``vision_evaluation.MeanAveragePrecisionNPointsEvaluator``)
+    builds the curve with ``sklearn.metrics.precision_recall_curve``, which appends a (recall 0, precision 1)
+    point, so its r = 0 term is always 1: it exceeds the devkit's AP by ``(1 - max precision) / 11`` when the
+    top-ranked sample is a negative. Everything else agrees (its float thresholds ``np.linspace(1, 0, 11)``
+    compare like the exact integers here). The default follows the devkit.
     """
+    _check_convention(convention)
     s = _as_scores(scores)
     t = _as_targets(targets, s.shape)
     n, c = s.shape
@@ -214,20 +231,20 @@ def ap_11point_per_class(scores, targets) -> np.ndarray:
         # reached[k, i]: threshold i has recall >= k/10
         reached = 10 * tp[None, :] >= ks[:, None] * n_pos
         interp = np.where(reached, precision[None, :], 0.0).max(axis=1)
+        if convention == "elevater":
+            interp[0] = 1.0  # scikit-learn's (recall 0, precision 1) point
         out[j] = interp.mean()
     return out
 
 
-def map_11point(scores, targets) -> float:
+def map_11point(scores, targets, convention: str = "default") -> float:
     """Mean over classes of :func:`ap_11point_per_class` (VOC2007 classification mAP).
 
-    Classes without any positive sample in ``targets`` are left out of the mean (their AP is undefined).
-    ELEVATER's evaluator (``vision_evaluation.MeanAveragePrecisionNPointsEvaluator``) averages over all
-    classes, giving such a class a degenerate value (1/11 with current scikit-learn, whose
-    ``precision_recall_curve`` then sets recall to 1); on VOC2007 test every class has positives, so the
-    choice does not matter there. Raises if no class has a positive. Use :func:`ap_11point_per_class` for per-class values.
+    Classes without any positive sample in ``targets`` are left out of the mean (their AP is undefined), as
+    ELEVATER's evaluator also does (``vision_evaluation`` drops all-zero target columns before averaging).
+    Raises if no class has a positive. Use :func:`ap_11point_per_class` for per-class values.
     """
-    ap = ap_11point_per_class(scores, targets)
+    ap = ap_11point_per_class(scores, targets, convention)
     if np.isnan(ap).all():
         raise MetricError("map_11point: no class has a positive sample in targets")
     return float(np.nanmean(ap))
@@ -276,31 +293,41 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def roc_auc(scores, labels) -> float:
+def _binary_decision(scores, convention: str) -> np.ndarray:
+    """The (n,) value ROC-AUC ranks by: a 1-D input as it is; of (n, 2) scores, column 1 minus column 0, or under
+    the "elevater" convention column 1 alone."""
+    _check_convention(convention)
+    arr = np.asarray(scores)
+    if arr.ndim == 1:
+        return _as_scores(arr[:, None])[:, 0]
+    s2 = _as_scores(arr)
+    if s2.shape[1] != 2:
+        raise MetricError(f"roc_auc is for binary tasks: scores must have 2 columns, got shape {s2.shape}")
+    if convention == "elevater":
+        return s2[:, 1]
+    with np.errstate(invalid="ignore"):
+        decision = s2[:, 1] - s2[:, 0]
+    if np.isnan(decision).any():
+        raise MetricError("roc_auc: a row has the same infinite score in both columns")
+    return decision
+
+
+def roc_auc(scores, labels, convention: str = "default") -> float:
     """Area under the ROC curve of a binary task.
 
     ``scores`` is (n, 2) (or (n,) already holding the score of class 1); the decision value is
     ``scores[:, 1] - scores[:, 0]``. For logits this is the log-odds of class 1, a monotone function of the
-    softmax probability of class 1, so the AUC equals that of ``softmax(scores)[:, 1]`` (what ELEVATER
-    passes to ``sklearn.metrics.roc_auc_score``) while also being right for raw scores, where
-    ``scores[:, 1]`` alone would ignore class 0's score.
+    softmax probability of class 1, so in exact arithmetic the AUC equals that of ``softmax(scores)[:, 1]``
+    while also being right for raw scores, where ``scores[:, 1]`` alone would ignore class 0's score.
+    ``convention="elevater"`` ranks by ``scores[:, 1]`` alone, as ELEVATER's ``roc_auc`` does (it passes the
+    softmax probability of class 1 to ``sklearn.metrics.roc_auc_score``): meant for probabilities, whose
+    float32 rounding can tie samples that the logit difference tells apart.
 
     Computed as the Mann-Whitney U statistic with average ranks for ties:
     ``AUC = (sum of positive ranks - P(P+1)/2) / (P*N)``, i.e. P(s_pos > s_neg) + 0.5 P(s_pos == s_neg).
     ``labels`` must hold 0/1 and contain both classes.
     """
-    arr = np.asarray(scores)
-    if arr.ndim == 1:
-        s2 = _as_scores(arr[:, None])
-        decision = s2[:, 0]
-    else:
-        s2 = _as_scores(arr)
-        if s2.shape[1] != 2:
-            raise MetricError(f"roc_auc is for binary tasks: scores must have 2 columns, got shape {s2.shape}")
-        with np.errstate(invalid="ignore"):
-            decision = s2[:, 1] - s2[:, 0]
-        if np.isnan(decision).any():
-            raise MetricError("roc_auc: a row has the same infinite score in both columns")
+    decision = _binary_decision(scores, convention)
     n = decision.shape[0]
     y = _as_int_labels(labels, n, 2)
     n_pos = int(y.sum())
@@ -316,7 +343,7 @@ def roc_auc(scores, labels) -> float:
 # dispatcher
 
 
-_METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
+_METRICS: dict[str, Callable[..., float]] = {
     "accuracy": accuracy,
     "mean_per_class": mean_per_class_accuracy,
     "map_11point": map_11point,
@@ -325,16 +352,23 @@ _METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
 METRIC_NAMES: tuple[str, ...] = tuple(_METRICS)
 
 
-def compute(metric_name: str, scores, labels) -> float:
+_CONVENTION_DEPENDENT = ("map_11point", "roc_auc")
+
+
+def compute(metric_name: str, scores, labels, convention: str = "default") -> float:
     """Compute the named dataset metric (the ``metric`` field of a prepared dataset's classes.json).
 
     ``accuracy`` (top-1) and ``mean_per_class`` take integer labels, ``map_11point`` takes (n, C) 0/1 targets,
     ``roc_auc`` takes (n, 2) scores and 0/1 labels. An unknown name raises ``ValueError`` listing the names.
+    ``convention`` (one of ``CONVENTIONS``) reaches the ranking metrics; the others do not depend on it.
     """
     try:
         fn = _METRICS[metric_name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown metric {metric_name!r}; known metrics: {', '.join(METRIC_NAMES)}") from None
+    _check_convention(convention)
+    if metric_name in _CONVENTION_DEPENDENT:
+        return fn(scores, labels, convention)
     return fn(scores, labels)
 
 

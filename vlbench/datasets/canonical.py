@@ -24,6 +24,8 @@ from vlbench.io import atomic_dir, sha256_file
 
 TASKS = ("single-label", "multi-label", "captions")
 METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc")
+PREPROCESS_FILE = "preprocess.txt"  # in splits/, only when not "default"
+PREPROCESS = ("default", "squash")  # squash: resize to the model's square input without a centre crop (ELEVATER's KITTI)
 ROWS_PER_GROUP = 256
 SPLITS = "splits"  # the sub-folder of images and labels that image embedding depends on
 
@@ -61,12 +63,15 @@ class DatasetMeta:
     provenance: dict[str, Any] = field(default_factory=dict)
     splits: dict[str, int] = field(default_factory=dict)
     version: str = ""
+    preprocess: str = "default"
 
     def __post_init__(self):
         if self.task not in TASKS:
             raise DatasetError(f"dataset {self.name!r}: task {self.task!r} is not one of {TASKS}")
         if self.metric not in METRICS:
             raise DatasetError(f"dataset {self.name!r}: metric {self.metric!r} is not one of {METRICS}")
+        if self.preprocess not in PREPROCESS:
+            raise DatasetError(f"dataset {self.name!r}: preprocess {self.preprocess!r} is not one of {PREPROCESS}")
         if [c.index for c in self.classes] != list(range(len(self.classes))):
             raise DatasetError(f"dataset {self.name!r}: class indices must be 0..{len(self.classes) - 1} in order")
         self._check_metric_applies()
@@ -100,11 +105,13 @@ class DatasetMeta:
         return [c.name for c in self.classes]
 
     def to_json(self) -> dict:
+        """`preprocess` appears only when not "default", so classes.json of existing datasets is unchanged."""
         return {
             "name": self.name,
             "version": self.version,
             "task": self.task,
             "metric": self.metric,
+            **({"preprocess": self.preprocess} if self.preprocess != "default" else {}),
             "num_classes": len(self.classes),
             "classes": [c.to_json() for c in self.classes],
             "splits": dict(self.splits),
@@ -118,6 +125,7 @@ class DatasetMeta:
             name=obj["name"], task=obj["task"], metric=obj["metric"], classes=classes,
             provenance=obj.get("provenance", {}),
             splits=obj.get("splits", {}), version=obj.get("version", ""),
+            preprocess=obj.get("preprocess", "default"),
         )
 
 
@@ -159,7 +167,8 @@ def write_dataset(
 
     The dataset version is a hash of the split files only, that is of the images, labels and per-sample
     fields (never of class names, templates or provenance): image features stay valid when a class is
-    renamed, and a teammate's copy of the same data at another path has the same version.
+    renamed, and a teammate's copy of the same data at another path has the same version. A `preprocess`
+    other than "default" is hashed in too, since the images the model sees differ.
     A dataset without splits, or a split without rows, is refused (naming the dataset and split).
     """
     schema = split_schema(meta.multi_label, extra_columns)
@@ -172,6 +181,10 @@ def write_dataset(
             path = tmp / SPLITS / f"{split}.parquet"
             meta.splits[split] = write_split(path, _check_rows(rows, meta, split), schema)
             digest.update(f"{split}:{sha256_file(path)}".encode())
+        if meta.preprocess != "default":  # it changes what the model sees; the default keeps existing versions
+            digest.update(f"preprocess:{meta.preprocess}".encode())
+            # in the splits folder too, which is what embed_images depends on: flipping it re-embeds
+            (tmp / SPLITS / PREPROCESS_FILE).write_text(meta.preprocess + "\n")
         meta.version = digest.hexdigest()[:16]
         (tmp / "classes.json").write_text(json.dumps(meta.to_json(), indent=2) + "\n")
     return meta
