@@ -151,5 +151,38 @@ def hierarchy(ctx: click.Context, dataset: str, as_json: bool, dag: bool) -> Non
         click.echo(f"{level:5d} {count:7d} {leaf_levels[level]:7d}")
 
 
+@main.group()
+def knowledge() -> None:
+    """Knowledge for prompts: ELEVATER's Wiktionary, WordNet and GPT-3 files, CuPL, Menon & Vondrick."""
+
+
+@knowledge.command("coverage")
+@click.option("--suite", default=None, help="only the datasets of this suite")
+@click.option("--json", "as_json", is_flag=True,
+              help='machine-readable: {dataset: {source: {"classes", "covered", "empty", "null", "missing"}}}')
+@click.pass_context
+def knowledge_coverage(ctx: click.Context, suite: str | None, as_json: bool) -> None:
+    """Per dataset and knowledge source: how many classes have a usable entry, an empty or null one, or none.
+
+    Reads the knowledge files from the download cache or the local mirror folder (env VLBENCH_MIRROR) only; it
+    never downloads, and says which files are absent."""
+    from vlbench.datasets.registry import entries
+    from vlbench.knowledge.coverage import coverage_report, format_report
+
+    conf = _conf(ctx)
+    if suite is not None:
+        _check_groups([f"suite={suite}"], conf)
+    try:
+        report = coverage_report(entries(suite, conf))
+    except VlbenchError as err:
+        raise click.ClickException(str(err)) from err
+    if not as_json:
+        click.echo(format_report(report))
+        return
+    click.echo(json.dumps(report.counts, indent=2))
+    for line in report.notes():
+        click.echo(line, err=True)
+
+
 if __name__ == "__main__":
     sys.exit(main())

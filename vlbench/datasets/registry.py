@@ -86,15 +86,18 @@ def describe(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
-def catalogue(suite: str | None = None, config_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """Every registered dataset (conf/dataset/*.yaml), or those of one suite."""
+def entries(suite: str | None = None, config_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """{name: entry} of every registered dataset (conf/dataset/*.yaml), or of one suite."""
     from omegaconf import OmegaConf
 
     from vlbench.config import conf_dir
 
     if suite is not None:
-        entries = compose([f"suite={suite}"], config_dir)["suite"]["datasets"]
-    else:
-        files = sorted((conf_dir(config_dir) / "dataset").glob("*.yaml"))
-        entries = {f.stem: OmegaConf.to_container(OmegaConf.load(f), resolve=True) for f in files}
-    return [describe(name, entry) for name, entry in entries.items()]
+        return dict(compose([f"suite={suite}"], config_dir)["suite"]["datasets"])
+    files = sorted((conf_dir(config_dir) / "dataset").glob("*.yaml"))
+    return {f.stem: OmegaConf.to_container(OmegaConf.load(f), resolve=True) for f in files}
+
+
+def catalogue(suite: str | None = None, config_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """Every registered dataset (conf/dataset/*.yaml), or those of one suite."""
+    return [describe(name, entry) for name, entry in entries(suite, config_dir).items()]

@@ -1,0 +1,1 @@
+"""Knowledge data: resources (URLs, sha256), vocabulary bindings and alias tables, read by vlbench/knowledge/sources.py."""
