@@ -42,6 +42,7 @@ from vlbench.datasets.canonical import (
     DatasetMeta,
     write_dataset,
 )
+from vlbench.datasets.download import fetch_files
 from vlbench.datasets.spec import check_flag, check_keys
 
 KEYS = ("source", "breeds", "files", "skip_corrupt")
@@ -292,7 +293,7 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
     check_keys(name, spec, KEYS)
     breeds = _breeds(name, spec)
     skip = check_flag(name, spec, "skip_corrupt")
-    files = imagenet.fetch_files(name, spec, FILES)
+    files = fetch_files(name, spec, FILES)
     paths = {role: path for role, (_, path) in files.items()}
     hierarchy = Hierarchy.from_files(paths["class_info"], paths["class_hierarchy"], paths["node_names"])
     groups = make(hierarchy, breeds)

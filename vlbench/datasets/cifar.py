@@ -41,7 +41,7 @@ from vlbench.datasets.canonical import (
     DatasetMeta,
     write_dataset,
 )
-from vlbench.datasets.imagenet import fetch_files
+from vlbench.datasets.download import fetch_files
 from vlbench.datasets.spec import check_keys
 
 KEYS = ("source", "variant", "files")

@@ -584,3 +584,33 @@ def _warn(message: str) -> None:
 
 def _warn_unverified(res: Resource, dataset: str, sha256: str, source) -> None:
     _warn(f"dataset {dataset!r}: {res.filename!r} from {source} has no published checksum; not verified (sha256 {sha256})")
+
+
+def spec_resources(name: str, spec: Mapping, defaults: Mapping[str, Mapping]) -> dict[str, Resource]:
+    """The source's files by role: `defaults`, each replaced whole by the entry's `files.<role>` if given
+    (another mirror URL or file name; a test's miniature file)."""
+    overrides = spec.get("files") or {}
+    if not isinstance(overrides, Mapping):
+        raise DatasetError(f"dataset {name!r}: 'files' must be a mapping role -> {{file, url, md5|sha256, manual}}")
+    unknown = sorted(str(k) for k in overrides if k not in defaults)
+    if unknown:
+        raise DatasetError(f"dataset {name!r}: unknown file role(s) {unknown} under 'files'; known: {', '.join(defaults)}")
+    return {role: resource(name, overrides.get(role, default)) for role, default in defaults.items()}
+
+
+def fetch_files(name: str, spec: Mapping, defaults: Mapping[str, Mapping]) -> dict[str, tuple[Resource, Path]]:
+    """Every file of the source, verified, in `defaults` order. Files that must be downloaded by hand and are
+    missing are all named in one ManualDownloadError, so that one trip to the website brings them all."""
+    found: dict[str, tuple[Resource, Path]] = {}
+    missing: list[str] = []
+    for role, res in spec_resources(name, spec, defaults).items():
+        try:
+            found[role] = (res, fetch(res, name))
+        except ManualDownloadError as err:
+            missing.append(str(err))
+    if len(missing) == 1:
+        raise ManualDownloadError(missing[0])
+    if missing:
+        listed = " ".join(f"({i}) {message}" for i, message in enumerate(missing, 1))
+        raise ManualDownloadError(f"{len(missing)} files must be downloaded by hand: {listed}")
+    return found

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -42,7 +42,7 @@ from vlbench.datasets.canonical import (
     image_problem,
     write_dataset,
 )
-from vlbench.datasets.download import ManualDownloadError, Resource, fetch, resource
+from vlbench.datasets.download import fetch_files
 from vlbench.datasets.spec import check_flag, check_keys
 
 KEYS = ("source", "files", "skip_corrupt")
@@ -72,36 +72,6 @@ FILES = {
 
 
 # ------------------------------------------------------------------------------------------------ files
-
-
-def spec_resources(name: str, spec: Mapping, defaults: Mapping[str, Mapping]) -> dict[str, Resource]:
-    """The source's files by role: `defaults`, each replaced whole by the entry's `files.<role>` if given
-    (another mirror URL or file name; a test's miniature file)."""
-    overrides = spec.get("files") or {}
-    if not isinstance(overrides, Mapping):
-        raise DatasetError(f"dataset {name!r}: 'files' must be a mapping role -> {{file, url, md5|sha256, manual}}")
-    unknown = sorted(str(k) for k in overrides if k not in defaults)
-    if unknown:
-        raise DatasetError(f"dataset {name!r}: unknown file role(s) {unknown} under 'files'; known: {', '.join(defaults)}")
-    return {role: resource(name, overrides.get(role, default)) for role, default in defaults.items()}
-
-
-def fetch_files(name: str, spec: Mapping, defaults: Mapping[str, Mapping]) -> dict[str, tuple[Resource, Path]]:
-    """Every file of the source, verified, in `defaults` order. Files that must be downloaded by hand and are
-    missing are all named in one ManualDownloadError, so that one trip to the website brings them all."""
-    found: dict[str, tuple[Resource, Path]] = {}
-    missing: list[str] = []
-    for role, res in spec_resources(name, spec, defaults).items():
-        try:
-            found[role] = (res, fetch(res, name))
-        except ManualDownloadError as err:
-            missing.append(str(err))
-    if len(missing) == 1:
-        raise ManualDownloadError(missing[0])
-    if missing:
-        listed = " ".join(f"({i}) {message}" for i, message in enumerate(missing, 1))
-        raise ManualDownloadError(f"{len(missing)} files must be downloaded by hand: {listed}")
-    return found
 
 
 # ----------------------------------------------------------------------------------------------- devkit
