@@ -488,6 +488,8 @@ def test_hateful_memes_asks_for_its_files_by_hand(tmp_path, monkeypatch):
     with pytest.raises(ManualDownloadError) as err:
         elevater.build("hateful-memes", spec, tmp_path / "out")
     message = str(err.value)
+    files = elevater.dataset_files(elevater.load_data()["hateful-memes"])  # every file at once: one trip to the website
+    assert message.startswith(f"{len(files)} files must be downloaded by hand")
     assert "elevater-hateful_memes_20211014-" in message
     assert "hatefulmemeschallenge.com" in message and "cvinthewildeus.blob.core.windows.net" in message
     assert str(tmp_path / "cache") in message

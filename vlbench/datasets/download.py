@@ -143,7 +143,7 @@ class Resource:
     def expected(self) -> str:
         """The expected checksum in words, for messages."""
         parts = [f"{algo} {getattr(self, algo)}" for algo in ("sha256", "md5") if getattr(self, algo)]
-        return ", ".join(parts) or "no published checksum"
+        return ", ".join(parts) or "none (no checksum is published)"
 
     def provenance(self, path: str | os.PathLike) -> dict:
         """What the prepared dataset records about this file: name, URLs, sha256 (always, computed or taken from a
@@ -608,9 +608,14 @@ def fetch_files(name: str, spec: Mapping, defaults: Mapping[str, Mapping]) -> di
             found[role] = (res, fetch(res, name))
         except ManualDownloadError as err:
             missing.append(str(err))
-    if len(missing) == 1:
-        raise ManualDownloadError(missing[0])
     if missing:
-        listed = " ".join(f"({i}) {message}" for i, message in enumerate(missing, 1))
-        raise ManualDownloadError(f"{len(missing)} files must be downloaded by hand: {listed}")
+        raise all_missing(missing)
     return found
+
+
+def all_missing(messages: list[str]) -> ManualDownloadError:
+    """One error naming every file a person must fetch, so that one trip to the website brings them all."""
+    if len(messages) == 1:
+        return ManualDownloadError(messages[0])
+    listed = " ".join(f"({i}) {message}" for i, message in enumerate(messages, 1))
+    return ManualDownloadError(f"{len(messages)} files must be downloaded by hand: {listed}")

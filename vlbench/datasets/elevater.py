@@ -560,6 +560,8 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
     classes and write the canonical dataset; rows in index order."""
     parsed = parse_spec(name, spec)
     files = _Files(parsed)
+    if parsed.manual:
+        _fetch_by_hand(parsed, files)
     names = parsed.info["classes"]
     alternatives = parsed.info.get("aliases", {})
     aliases = {**ALIASES.get(parsed.dataset, {}), **parsed.aliases}
@@ -586,6 +588,23 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
                        preprocess=parsed.preprocess)
     rows = {ours: _rows(parsed, ours, samples[ours], files, provenance) for ours in parsed.splits}
     return write_dataset(out_dir, meta, rows)
+
+
+def _fetch_by_hand(spec: ElevaterSpec, files: _Files) -> None:
+    """Every file the entry's splits need, or one error naming all those a person still has to bring."""
+    from vlbench.datasets.download import ManualDownloadError, all_missing
+
+    wanted = [spec.info["labelmap"]] if spec.info.get("labelmap") else []
+    for theirs in spec.splits.values():
+        wanted += [spec.info["splits"][theirs]["index"], *spec.info["splits"][theirs]["files"]]
+    missing = []
+    for file in dict.fromkeys(wanted):
+        try:
+            files.get(file)
+        except ManualDownloadError as err:
+            missing.append(str(err))
+    if missing:
+        raise all_missing(missing)
 
 
 def _note_positional(spec: ElevaterSpec, split: str, pairing: Pairing, n: int) -> None:
