@@ -3,7 +3,14 @@
 from stages.common import parser, run
 from vlbench.analyses import load
 from vlbench.analyses.base import Inputs
-from vlbench.config import features_dir, get, load_params, prepared_dir, texts_dir
+from vlbench.config import (
+    features_dir,
+    get,
+    knowledge_dir,
+    load_params,
+    prepared_dir,
+    texts_dir,
+)
 from vlbench.datasets.canonical import load_meta
 from vlbench.models.identity import model_identity
 from vlbench.results import write_result
@@ -17,7 +24,8 @@ def main() -> None:
     module = load(args.analysis)
     identity = model_identity(get(params, "model", dict))
     meta = load_meta(prepared_dir(args.dataset))
-    inputs = Inputs(meta, identity, features_dir(identity["model"], args.dataset), texts_dir(args.dataset))
+    inputs = Inputs(meta, identity, features_dir(identity["model"], args.dataset), texts_dir(args.dataset),
+                    knowledge_dir(args.dataset))
     result = module.run(inputs, get(params, args.analysis, dict), int(get(params, "seed", int)))
     skipped = meta.provenance.get("skipped_corrupt", []) + [s for ids in inputs.skipped.values() for s in ids]
     result.counts["skipped_corrupt"] = len(skipped)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -12,6 +13,14 @@ def parser(description: str, dataset: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--dataset", required=True, help="dataset name, a key of suite.datasets")
     p.add_argument("--params", default="params.yaml")
     return p
+
+
+def use_download_settings(params: dict) -> None:
+    """`downloads.cache` / `downloads.mirror` from params, unless the environment already sets them."""
+    settings = params.get("downloads") or {}
+    for key, variable in (("cache", "VLBENCH_DOWNLOADS"), ("mirror", "VLBENCH_MIRROR")):
+        if settings.get(key) and not os.environ.get(variable):
+            os.environ[variable] = str(settings[key])
 
 
 def run(main) -> None:

@@ -12,6 +12,9 @@ def main() -> None:
     args = parser(__doc__, dataset=False).parse_args()
     params = load_params(args.params)
     datasets = {a: list(get(params, f"suite.{a}", list)) for a in ANALYSES}
+    # dataset-level vocabularies (stage extensibility_sets@<name>) report under extensibility, each by its name
+    sets = (params.get("suite") or {}).get("extensibility_sets") or {}
+    datasets["extensibility"] = datasets.get("extensibility", []) + list(sets)
     metrics = write_report({a: d for a, d in datasets.items() if d})
     print(json.dumps(metrics, indent=2))
 

@@ -3,6 +3,9 @@
 from stages.common import parser, run
 from vlbench.config import dataset_entry, load_params, prepared_dir, texts_dir
 from vlbench.datasets.canonical import load_meta
+from vlbench.knowledge.coarse_texts import coarse_text_sets
+from vlbench.knowledge.negatives import specificity_text_sets
+from vlbench.knowledge.vocabulary import vocabulary_text_sets
 from vlbench.texts import build_text_sets, write_text_sets
 
 
@@ -11,6 +14,10 @@ def main() -> None:
     entry = dataset_entry(load_params(args.params), args.dataset)
     meta = load_meta(prepared_dir(args.dataset))
     sets = build_text_sets(meta, prepared_dir(args.dataset), entry["texts"] or {})
+    if (entry["texts"] or {}).get("specificity") is not None:  # the specificity analysis's texts (negatives.py)
+        sets.update(specificity_text_sets(meta, prepared_dir(args.dataset), entry["texts"]["specificity"]))
+    sets.update(coarse_text_sets(meta, entry["texts"] or {}))  # texts.hierarchy / texts.groups (coarse_texts.py)
+    sets.update(vocabulary_text_sets(meta, entry["texts"] or {}))  # texts.vocabulary / texts.prompt_sets (vocabulary.py)
     versions = write_text_sets(texts_dir(args.dataset), args.dataset, sets)
     print(f"texts {args.dataset}: " + ", ".join(f"{k} ({sets[k].num_rows} texts, version {v})" for k, v in versions.items()))
 

@@ -319,3 +319,146 @@ def test_bad_scores_orders_and_targets():
         ex.sample_orders(3, 0, seed=0)
     with pytest.raises(ex.ExtensibilityError, match="first group"):
         ex.sample_orders(3, 5, seed=0, first=3)
+
+
+# ---------------------------------------------------------------- classes shared by several groups (merged names)
+
+
+def brute_correct_shared(scores, labels, groups, vocab):
+    """As brute_correct, for groups that may share classes: the vocabulary's classes are the union of its groups',
+    its images those of these classes."""
+    cols = np.unique(np.concatenate([np.asarray(groups[g]) for g in vocab]))
+    images = np.flatnonzero(np.isin(labels, cols))
+    pred = cols[np.argmax(scores[np.ix_(images, cols)], axis=1)]
+    return images, pred == labels[images]
+
+
+def shared_problem(seed, n_groups=4, n_images=40):
+    """Random groups over C classes where some classes are in two or three groups; every group has images."""
+    rng = np.random.default_rng(seed)
+    scores, labels, groups = random_problem(seed, n_groups=n_groups, n_images=n_images)
+    C = scores.shape[1]
+    for c in rng.choice(C, 2, replace=False):  # two classes joined to further groups
+        for g in rng.choice(n_groups, 2, replace=False):
+            if c not in groups[g]:
+                groups[g] = sorted(groups[g] + [int(c)])
+    return scores, labels, groups
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("path", ["table", "direct"])
+def test_shared_classes_match_brute_force(seed, path, monkeypatch):
+    if path == "direct":
+        monkeypatch.setattr(ex, "_TABLE_MAX_GROUPS", 0)
+        monkeypatch.setattr(ex, "_CHUNK", 64)
+    scores, labels, groups = shared_problem(seed)
+    assert sum(len(g) for g in groups) > scores.shape[1]  # some class really is in several groups
+    with pytest.raises(ex.ExtensibilityError, match="must not overlap"):
+        ex.group_accuracy(scores, labels, groups)
+    acc_c = ex.group_accuracy(scores, labels, groups, overlap=True)
+    assert acc_c.per_group.tolist() == [np.mean(brute_correct_shared(scores, labels, groups, [g])[1]) for g in range(4)]
+    res = ex.extensibility(scores, labels, groups, ALL4, overlap=True)
+    brute = np.array([[np.mean(brute_correct_shared(scores, labels, groups, o[:k + 1])[1]) for k in range(4)]
+                      for o in ALL4])
+    assert np.array_equal(res.per_order, brute)
+    if path == "table":  # the exact expectation enumerates the subsets (no closed form with shared classes)
+        assert res.expected_steps == pytest.approx(brute.mean(axis=0), abs=1e-12)
+    for t in range(4):
+        rows = ALL4[ALL4[:, 0] == t]
+        s = ex.stability(scores, labels, groups, t, rows, overlap=True)
+        tcls = np.asarray(groups[t])
+        for r, o in enumerate(rows):
+            for j in range(1, 4):
+                images, ok = brute_correct_shared(scores, labels, groups, o[:j + 1])
+                assert s.per_order[r, j - 1] == pytest.approx(np.mean(ok[np.isin(labels[images], tcls)]), abs=1e-15)
+        assert s.expected_steps == pytest.approx(s.steps, abs=1e-12)
+
+
+# ---------------------------------------------------------------- Acc-E averaged over groups
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_acc_e_group_average_matches_brute_force_and_closed_form(seed):
+    scores, labels, groups = random_problem(seed)  # unequal image counts per group
+    sizes = [np.isin(labels, g).sum() for g in groups]
+    assert len(set(sizes)) > 1
+    res = ex.extensibility(scores, labels, groups, ALL4, average="groups")
+    brute = np.empty(ALL4.shape)
+    for r, o in enumerate(ALL4):
+        for k in range(4):
+            images, ok = brute_correct(scores, labels, groups, o[:k + 1])
+            brute[r, k] = np.mean([np.mean(ok[np.isin(labels[images], groups[g])]) for g in o[:k + 1]])
+    assert res.per_order == pytest.approx(brute, abs=1e-12)
+    assert res.expected_steps == pytest.approx(brute.mean(axis=0), abs=1e-12)  # closed form = all orders
+    micro = ex.extensibility(scores, labels, groups, ALL4)
+    assert not np.allclose(micro.per_order, res.per_order)
+
+
+def test_acc_e_group_average_equals_micro_with_equal_counts():
+    scores, labels, groups = random_problem(2, equal=True)
+    a = ex.extensibility(scores, labels, groups, ALL4, average="groups")
+    b = ex.extensibility(scores, labels, groups, ALL4)
+    assert np.array_equal(a.per_order, b.per_order) and a.expected_steps == pytest.approx(b.expected_steps)
+    with pytest.raises(ex.ExtensibilityError, match="partition"):
+        ex.extensibility(*shared_problem(0), ALL4, average="groups", overlap=True)
+    with pytest.raises(ex.ExtensibilityError, match="Acc-E average"):
+        ex.extensibility(scores, labels, groups, ALL4, average="classes")
+
+
+# ---------------------------------------------------------------- the authors' procedure
+
+
+def test_authors_orders_are_numpys_global_seed_42_sequence():
+    names = ["aquatic_mammals", "fish", "flowers", "food_containers", "fruit_and_vegetables"]
+    state = np.random.get_state()
+    try:
+        np.random.seed(42)
+        expect = []
+        for target in names:  # main.py: for each target, --trials permutations of the others (list of names)
+            others = [n for n in names if n != target]
+            expect += [[target] + np.random.permutation(others).tolist() for _ in range(3)]
+    finally:
+        np.random.set_state(state)
+    got = ex.authors_orders(5, 3)
+    assert [[names[g] for g in row] for row in got] == expect
+
+
+def authors_replica(scores, labels, groups, trials, class_average=True):
+    """main.py's incremental_evaluation written out with brute-force argmax (acc carried over between trials)."""
+    G = len(groups)
+    orders = ex.authors_orders(G, trials)
+    acc_c, acc_e, acc_s = [], [], []
+    for t in range(G):
+        images, ok = brute_correct_shared(scores, labels, groups, [t])
+        acc = np.mean(ok)
+        acc_c.append(acc)
+        e_local, s_local = [], []
+        for i in range(trials):
+            order = orders[t * trials + i]
+            e_trial, s_trial = [acc], []
+            for j in range(1, G):
+                images, ok = brute_correct_shared(scores, labels, groups, order[:j + 1])
+                acc = np.mean(ok)
+                per_class = [np.mean(ok[labels[images] == c]) for c in groups[t]]
+                e_trial.append(acc)
+                s_trial.append(np.mean(per_class))
+            e_local.append(np.mean(e_trial))
+            s_local.append(np.mean(s_trial))
+        acc_e.append(np.mean(e_local))
+        acc_s.append(np.mean(s_local))
+    return np.mean(acc_c), np.mean(acc_e), np.mean(acc_s), acc_e
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("shared", [False, True])
+def test_authors_protocol_matches_a_replica_of_their_loop(seed, shared):
+    scores, labels, groups = shared_problem(seed) if shared else random_problem(seed)
+    for c in range(scores.shape[1]):  # their per-class accuracy needs images of every class
+        labels[c] = c
+    got = ex.authors_protocol(scores, labels, groups, trials=3, overlap=shared)
+    acc_c, acc_e, acc_s, per_target = authors_replica(scores, labels, groups, 3)
+    assert (got.acc_c, got.acc_e, got.acc_s) == pytest.approx((acc_c, acc_e, acc_s), abs=1e-12)
+    assert got.acc_e_per_target == pytest.approx(per_target, abs=1e-12)
+    # the start step: trial 0 starts with Acc-C of the target, later trials with the whole vocabulary's accuracy
+    assert got.steps_e[:, 0, 0] == pytest.approx(got.acc_c_per_target)
+    assert (got.steps_e[:, 1:, 0] == got.steps_e[0, 0, -1]).all()

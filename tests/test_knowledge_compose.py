@@ -56,7 +56,7 @@ def test_external_knowledge_and_its_three_fallbacks():
     assert texts[2] == ["a photo of a eel.", "art of the eel."]  # null: the template alone
     assert texts[3] == ["a photo of a owl.", "art of the owl."]  # missing: the template alone
     assert result.counts == {"wiktionary": {"covered": 1, "empty": 1, "null": 1, "missing": 1}}
-    assert result.template_only == 1 and result.items == {"wiktionary": 2}
+    assert result.template_only == 2 and result.items == {"wiktionary": 2}  # eel (null) and owl (missing)
     assert result.sources == ["wiktionary"] * 4 + ["template"] * 4
 
 

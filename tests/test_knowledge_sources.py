@@ -173,13 +173,22 @@ def test_coverage_counts_every_status():
 # ---------------------------------------------------------------------------------------------------- resources
 
 
+def upstream_files() -> dict:
+    """The known files that come from an upstream repository (not the demo world's files this package ships)."""
+    return {name: f for name, f in sources.knowledge_files().items() if f.local is None}
+
+
 def test_every_knowledge_file_has_a_pinned_url_and_a_sha256():
     files = sources.knowledge_files()
-    families = [f.family for f in files.values()]
+    families = [f.family for f in upstream_files().values()]
     assert {fam: families.count(fam) for fam in set(families)} == {
         "elevater_external": 21, "elevater_gpt3": 21, "cupl": 12, "cupl_imagenet": 1, "menon": 7}
     for name, kfile in files.items():
         (url,) = kfile.resource.urls
+        if kfile.local is not None:  # the demo world's files: shipped here, fetched from their file:// URL
+            assert url == kfile.local.resolve().as_uri() and kfile.local.is_file()
+            assert kfile.upstream == f"vlbench:demo/{name}" and re.fullmatch(r"[0-9a-f]{64}", kfile.resource.sha256)
+            continue
         assert re.fullmatch(r"https://raw\.githubusercontent\.com/[\w.-]+/[\w.-]+/[0-9a-f]{40}/.+", url), url
         assert url.endswith("/" + name) and re.fullmatch(r"[0-9a-f]{64}", kfile.resource.sha256)
     for vocabulary, names in sources.vocabularies().items():
@@ -237,15 +246,15 @@ def test_find_local_reads_cache_then_mirror_and_never_downloads(tmp_path):
 def reference_paths() -> dict[str, Path]:
     """File name -> the shared reference copy, for every known knowledge file."""
     found = {p.name: p for p in REFERENCE.rglob("*") if p.is_file()}
-    return {name: found[name] for name in sources.knowledge_files() if name in found}
+    return {name: found[name] for name in upstream_files() if name in found}
 
 
 @needs_reference
 def test_every_real_file_matches_its_checksum_and_every_entry_parses():
     paths = reference_paths()
-    assert len(paths) == len(sources.knowledge_files()) == 62
+    assert len(paths) == len(upstream_files()) == 62
     entries = {}
-    for name, kfile in sources.knowledge_files().items():
+    for name, kfile in upstream_files().items():
         assert sha256(paths[name]) == kfile.resource.sha256, name
         tables = kfile.parse(paths[name])
         raw = json.loads(paths[name].read_text())

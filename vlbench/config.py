@@ -18,6 +18,7 @@ PARAMS_FILE = Path("params.yaml")
 CONF = Path("conf")
 PREPARED = Path("data/prepared")
 TEXTS = Path("data/texts")
+KNOWLEDGE = Path("data/knowledge")
 MODELS = Path("data/models")
 FEATURES = Path("features")
 REPORTS = Path("reports")
@@ -102,6 +103,11 @@ def splits_dir(dataset: str) -> Path:
 
 def texts_dir(dataset: str) -> Path:
     return _inside(TEXTS / check_name("dataset", dataset))
+
+
+def knowledge_dir(dataset: str) -> Path:
+    """The knowledge stage's text sets (one per knowledge variant), apart from the texts stage's data/texts/<dataset>."""
+    return _inside(KNOWLEDGE / check_name("dataset", dataset))
 
 
 def model_dir(slug: str) -> Path:

@@ -1,9 +1,10 @@
 """The one owner of result paths and the result file format.
 
-`reports/<analysis>/<dataset>.json`: {analysis, dataset, metrics, counts, params, fingerprint, vlbench_version}
+`reports/<analysis>/<dataset>.json`: {analysis, dataset, metrics, counts, params, details?, fingerprint, vlbench_version}
 (a plain output, in git); `reports/<analysis>/<dataset>.<table>.parquet`: per-sample tables (DVC cache);
-`reports/metrics.json`: {analysis: {dataset: {metric: value}}}, numbers only, the one file declared as DVC
-metrics so `dvc exp show` stays readable; `reports/model.json`: the model fingerprint behind those numbers.
+`reports/metrics.json`: {analysis: {dataset: {metric: value}}}, numbers (and a name that goes with them, e.g.
+zeroshot's `knowledge_best_variant`), the one file declared as DVC metrics so `dvc exp show` stays readable;
+`reports/model.json`: the model fingerprint behind those numbers.
 Paths never contain the model slug, so any two experiments are comparable.
 """
 
@@ -30,10 +31,11 @@ MODEL_KEYS = ("model", "arch", "pretrained", "weights_sha256", "precision", "vlb
 
 @dataclass
 class Result:
-    metrics: dict[str, float]  # the numbers people compare (they go to reports/metrics.json)
+    metrics: dict[str, float | str]  # the numbers people compare (they go to reports/metrics.json); str: a name
     counts: dict[str, int]
     params: dict[str, Any]  # what was used, including choices made on the way (e.g. a chosen C)
     tables: dict[str, pa.Table] = field(default_factory=dict)  # written as reports/<analysis>/<dataset>.<name>.parquet
+    details: dict[str, Any] = field(default_factory=dict)  # JSON-able breakdowns (per level, chance levels); "details"
 
 
 class MissingResultError(VlbenchError):
@@ -44,6 +46,11 @@ def result_path(analysis: str, dataset: str, suffix: str = ".json") -> Path:
     return REPORTS / check_name("analysis", analysis) / f"{check_name('dataset', dataset)}{suffix}"
 
 
+def _metric(value: Any) -> float | str:
+    """A number, or a name that goes with the numbers (zeroshot's `knowledge_best_variant`): DVC shows and diffs both."""
+    return value if isinstance(value, str) else float(value)
+
+
 def write_result(analysis: str, dataset: str, result: Result, fingerprint: Mapping[str, Any]) -> Path:
     """Write the tables, then the JSON (atomically, each): the JSON is there only when everything is."""
     for name, table in result.tables.items():
@@ -51,8 +58,9 @@ def write_result(analysis: str, dataset: str, result: Result, fingerprint: Mappi
             pq.write_table(table, tmp)
     path = result_path(analysis, dataset)
     write_json(path, {
-        "analysis": analysis, "dataset": dataset, "metrics": {k: float(v) for k, v in result.metrics.items()},
+        "analysis": analysis, "dataset": dataset, "metrics": {k: _metric(v) for k, v in result.metrics.items()},
         "counts": dict(result.counts), "params": dict(result.params),
+        **({"details": dict(result.details)} if result.details else {}),
         "fingerprint": dict(fingerprint),
         "vlbench_version": __version__,
     })

@@ -24,7 +24,14 @@ from vlbench.io import atomic_dir
 OWNERS = ("class_index", "sample_id", "key")
 META_KEY = b"vlbench.text_set"
 DEFAULT_TEMPLATES = ["a photo of a {c}."]
-TEXTS_KEYS = ("templates",)
+TEXTS_KEYS = ("templates", "hierarchy", "groups", "specificity", "knowledge", "vocabulary", "prompt_sets")
+# vocabulary, prompt_sets: adversarial candidate words and named class-prompt sets (prompts_<name>), made by the texts
+# stage with vlbench.knowledge.vocabulary (the extensibility analysis reads them)
+# knowledge: the knowledge vocabulary whose files describe the classes (vlbench.knowledge.sources.vocabulary_for); read
+# by the knowledge stage, not here
+# hierarchy, groups: coarse-class prompts, made by the texts stage with vlbench.knowledge.coarse_texts;
+# specificity: label prompts and altered captions, made by the texts stage with vlbench.knowledge.negatives (not imported
+# here, so that only the texts stage depends on the noun finder)
 
 
 def text_table(owner: str, owners: list, sources: list[str], texts: list[str]) -> pa.Table:
@@ -99,15 +106,17 @@ def build_text_sets(meta: DatasetMeta, dataset_dir: Path, cfg: Mapping[str, Any]
     return sets
 
 
-def write_text_sets(out_dir: Path, dataset: str, sets: Mapping[str, pa.Table]) -> dict[str, str]:
-    """Write every set atomically into `out_dir` (replaced whole); return {set: version}."""
+def write_text_sets(out_dir: Path, dataset: str, sets: Mapping[str, pa.Table],
+                    stamps: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, str]:
+    """Write every set atomically into `out_dir` (replaced whole); return {set: version}. `stamps[set]` adds keys to
+    a set's stamp (e.g. the knowledge stage's coverage counts), which the set's text features then carry too."""
     versions = {}
     with atomic_dir(out_dir) as tmp:
         for name, table in sets.items():
             check_name("text set", name)
             owner_column(table)
             versions[name] = text_set_version(table)
-            stamp = {"dataset": dataset, "text_set": name, "text_version": versions[name]}
+            stamp = {**(stamps or {}).get(name, {}), "dataset": dataset, "text_set": name, "text_version": versions[name]}
             pq.write_table(table.replace_schema_metadata({META_KEY: json.dumps(stamp, sort_keys=True).encode()}),
                            tmp / f"{name}.parquet")
     return versions

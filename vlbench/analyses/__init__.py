@@ -25,6 +25,11 @@ class Analysis:
 ANALYSES = {a.name: a for a in (
     Analysis("zeroshot", "vlbench.analyses.zeroshot", "Zero-shot classification (CLIP prompt ensembles)"),
     Analysis("linear_probe", "vlbench.analyses.linear_probe", "Linear probe (CLIP-paper logistic regression)"),
+    Analysis("specificity", "vlbench.analyses.specificity", "Specificity (true vs subtly wrong texts: mAP per cell)"),
+    Analysis("granularity", "vlbench.analyses.granularity", "Granularity (WordNet levels: direct vs propagated mAP)"),
+    Analysis("adapt", "vlbench.analyses.adapt", "Adaptation (ELEVATER linear probing, VTAB-1k, FewTrans episodes)"),
+    Analysis("extensibility", "vlbench.analyses.extensibility",
+             "Extensibility and stability under vocabulary expansion (Acc-C / Acc-E / Acc-S)"),
 )}
 
 

@@ -1,69 +1,64 @@
 """Extensibility and stability under vocabulary expansion (Ren et al., "Delving into the Openness of CLIP",
-ACL Findings 2023; issue 12), as plain numpy functions on one precomputed image-by-class score matrix.
-
-Not wired into the pipeline yet: no stage, params or dvc.yaml block reads this module.
+ACL Findings 2023; issue 12): Acc-C, Acc-E and Acc-S as plain numpy functions on one precomputed
+image-by-class score matrix, and `run`, the `extensibility` analysis of the pipeline (its work is in
+`vlbench.analyses.openness`; docs/protocols.md, "Extensibility", has every choice).
 
 Where the definitions come from
 -------------------------------
-The paper's full text could not be retrieved here (only its abstract: "we resort to an incremental
-perspective ... and define extensibility to measure a model's ability to handle novel classes"). The
-definitions below follow the authors' released code, lancopku/clip-openness, commit 14b83c0e:
-``main.py:incremental_evaluation`` (docstring "We calculate Acc-E and Acc-S together") and
-``trainers/zsclip.py:ZeroshotCLIP.test``. What that code does, and what is implemented here:
+Only the paper's abstract and the opening of its introduction could be read from this machine (the ICLR 2023
+submission text and the ACL anthology page); the definitions follow the authors' released code,
+lancopku/clip-openness at commit 14b83c0e: ``main.py:incremental_evaluation`` and
+``trainers/zsclip.py:ZeroshotCLIP.test``, where they agree with the issue's reading of the paper:
 
 - A *vocabulary* is a group of classes (CIFAR-100: the 20 superclasses of 5 classes each). At every step
-  the test set is the images of all classes in the current vocabulary (``datasets/my_cifar100.py`` keeps
-  only images whose class is in ``target_label.json``) and each image is classified by argmax over the
-  classes of the current vocabulary only.
-- **Acc-C** (``acc_c``): for each group alone, the accuracy (correct / images) on that group's images with
-  only that group's classes as candidates; the mean over groups.
-- **Acc-E** (``acc_e``): for each target group t and each of ``--trials`` orders, the vocabulary starts as t
-  and the other groups are appended one at a time in a random permutation
-  (``np.random.permutation(non_target_vocabs)``). At every step the accuracy is the *micro* accuracy over
-  all images of the groups added so far (dassl's evaluator: correct / total). The list starts with the
-  target-alone accuracy (``acc_e_trial_i = [acc, ]``), so the first step **counts**: a trial's value is the
-  mean of its G step accuracies (steps with 1, 2, ..., G groups). Then the mean over trials, then over
-  targets. With the same number of orders per target (which :func:`paper_orders` guarantees) that is the
-  mean over all orders, and the orders are, in distribution, uniform random permutations of the G groups.
-- **Conditional accuracy / Acc-S** (``acc_s``): in the same trials, after each non-target group is added,
-  the accuracy on the *target group's images only*, with every class of the current vocabulary as a
-  candidate. The list starts empty (``acc_s_trial_i = []``), so the target-alone step does **not** count:
-  a trial's value is the mean over its G-1 distractor steps; then the mean over trials and over targets.
-  The authors' code averages per-class accuracies over the target's classes
-  (``sum(target_acc) / len(target_acc)`` over ``_per_class_res``); on CIFAR-100 (100 test images per class)
-  that equals the accuracy over the target's images. Here ``average="images"`` (default, the issue's
-  "images of one target group only") or ``average="classes"`` (the authors' per-class mean) chooses.
+  the test set is the images of the classes in the current vocabulary and each image is classified by
+  argmax over the classes of the current vocabulary only.
+- **Acc-C**: for each group alone, the accuracy on that group's images with only that group's classes as
+  candidates; the mean over groups.
+- **Acc-E**: groups are added one at a time in a random order, with their images; after every step the
+  accuracy on the images of the groups added so far (``average="images"``: correct / images, the code's micro
+  accuracy; ``average="groups"``: the mean of the added groups' accuracies); the mean over the G steps (the
+  first group alone included) and the orders.
+- **Acc-S** (conditional accuracy): the images of one target group only; the other groups are added one at a
+  time as distractor classes; the accuracy after each addition (``average="images"`` or ``"classes"``, the
+  code's mean of per-class accuracies), the mean over the G-1 distractor steps, the orders and the targets.
+
+The authors' exact procedure (3 trials per target from numpy's global seed 42, its start step, its micro and
+per-class averaging) is :func:`authors_protocol`.
 
 Computation
 -----------
 The score matrix is computed once. For image i with true class y and any class c, "c beats y" means that
 argmax over a vocabulary containing both would not return y: ``s[i, c] > s[i, y]``, or a tie with
 ``c < y`` (ties go to the lower column index, like ``np.argmax`` over the selected columns). Image i is
-correct for a vocabulary V (a set of groups containing its own) iff no class in V beats y. So everything
-reduces to one boolean (n, G) matrix ``beats[i, h]`` = "some class of group h beats y_i" (h may be the
-image's own group: then it is wrong even alone). No score is ever recomputed.
+correct for a vocabulary V (a set of groups) iff no class of V beats y. So everything reduces to one boolean
+(n, G) matrix ``beats[i, h]`` = "some class of group h beats y_i", and one (n, G) matrix ``own[i, h]`` =
+"the class of image i is in group h" (exactly one group per image when the groups partition the classes;
+with ``overlap=True`` a class may be in several groups, as when the authors' code merges the classes that
+several datasets share: such an image is tested as soon as any of its groups is in the vocabulary). No score
+is ever recomputed.
 
-- Acc-E per step: the count of correct images for a vocabulary V is #{i: g_i in V and beats[i] ∩ V = ∅}
-  = F(V̄) - F'(V̄), with F(U) = #{i: beats[i] ⊆ U} and F'(U) = #{i: beats[i] ∪ {g_i} ⊆ U}: two subset-sum
-  (zeta) transforms over the 2^G subsets, after which every step of every order is a table lookup
-  (G <= ``_TABLE_MAX_GROUPS``); for more groups a chunked matrix product over (image, prefix) pairs.
+- Acc-E per step: correct(V) = #{i: own_i ∩ V ≠ ∅, beats_i ∩ V = ∅} = F(V̄) - F'(V̄), with
+  F(U) = #{i: beats_i ⊆ U} and F'(U) = #{i: beats_i ∪ own_i ⊆ U}: two subset-sum (zeta) transforms over the
+  2^G subsets, after which every step of every order is a table lookup (G <= ``_TABLE_MAX_GROUPS``); for more
+  groups a chunked matrix product over (image, prefix) pairs.
 - Acc-S: per target, a product of the target images' ``beats`` rows with the prefix indicators.
 
 Exact expectations over all orders (uniform random permutations; ``expected_*`` fields):
 
 - Acc-S, closed form: for an image of target t that is correct alone, with b the number of *other* groups
-  that beat it, P(still correct after j random distractor groups out of G-1) = C(G-1-b, j) / C(G-1, j)
-  (the j groups must all come from the G-1-b harmless ones); 0 if wrong alone.
-- Acc-E, equal image counts per group (m each), closed form: the step-k vocabulary is a uniform random
-  k-subset S, the denominator is k*m, P(g_i in S) = k/G, and given that, the other k-1 groups are a random
-  (k-1)-subset of the G-1 others: E[acc_k] = 1/(G m) * sum_i own_i * C(G-1-b_i, k-1) / C(G-1, k-1).
-- Acc-E, unequal counts: the denominator varies with S, so no per-image closed form; the exact expectation
-  is the mean of numerator/denominator over all k-subsets, enumerated with the same subset-sum table when
-  G <= ``_TABLE_MAX_GROUPS`` (otherwise ``None``).
+  that beat it, P(still correct after j random distractor groups out of G-1) = C(G-1-b, j) / C(G-1, j);
+  0 if wrong alone.
+- Acc-E, partition, ``average="groups"`` (or images with equal image counts, where the two coincide): the
+  step-k vocabulary is a uniform random k-subset S; E[acc_k] = sum_i own_ok_i / (G n_{g_i}) *
+  C(G-1-b_i, k-1) / C(G-1, k-1).
+- Acc-E otherwise: the mean of numerator / denominator over all k-subsets, enumerated with the subset-sum
+  tables when G <= ``_TABLE_MAX_GROUPS`` (otherwise ``None``).
 
 Inputs: ``scores`` (n, C) float (no NaN; +-inf allowed), ``labels`` (n,) ints in [0, C), ``groups`` a
-sequence of G non-empty sequences of class indices that partition range(C); every group must have at
-least one image (for Acc-S only the target needs images). Orders are (R, G) integer arrays, each row a permutation of range(G).
+sequence of G non-empty sequences of class indices that partition range(C) (``overlap=True``: that cover
+it); every group must have at least one image (for Acc-S only the target needs images). Orders are (R, G)
+integer arrays, each row a permutation of range(G).
 """
 
 from __future__ import annotations
@@ -78,16 +73,22 @@ import numpy as np
 from vlbench.errors import VlbenchError
 
 __all__ = [
+    "AuthorsProtocol",
+    "Expansion",
     "Extensibility",
     "ExtensibilityError",
     "GroupAccuracy",
     "Stability",
     "StabilityAll",
+    "authors_orders",
+    "authors_protocol",
     "beats_by_group",
+    "expansion",
     "extensibility",
     "extensibility_expected",
     "group_accuracy",
     "paper_orders",
+    "run",
     "sample_orders",
     "stability",
     "stability_all",
@@ -98,6 +99,9 @@ __all__ = [
 _TABLE_MAX_GROUPS = 20
 # Elements per chunk of the (images x prefixes) products.
 _CHUNK = 1 << 23
+AVERAGES_E = ("images", "groups")
+AVERAGES_S = ("images", "classes")
+AUTHORS_SEED = 42  # main.py: np.random.seed(42), the only seed its orders depend on
 
 
 class ExtensibilityError(VlbenchError):
@@ -118,11 +122,11 @@ class GroupAccuracy:
 
 @dataclass(frozen=True)
 class Extensibility:
-    """Acc-E. ``per_order[r, k]``: micro accuracy on the union of the first k+1 groups of order r.
+    """Acc-E. ``per_order[r, k]``: accuracy on the union of the first k+1 groups of order r.
 
     ``steps`` is the mean over orders (G values, first step included), ``mean`` the mean over steps and
     orders (Acc-E). ``expected_steps`` / ``expected_mean``: the exact expectation over all G! orders, or
-    ``None`` where it is not computed (unequal group sizes and G > _TABLE_MAX_GROUPS).
+    ``None`` where it is not computed (no closed form and G > _TABLE_MAX_GROUPS).
     """
 
     per_order: np.ndarray
@@ -160,6 +164,40 @@ class StabilityAll:
     targets: tuple[Stability, ...]
 
 
+@dataclass(frozen=True)
+class Expansion:
+    """Acc-C, Acc-E and Acc-S of one score matrix under one set of orders (:func:`expansion`)."""
+
+    acc_c: GroupAccuracy
+    acc_e: Extensibility
+    acc_s: StabilityAll
+    group_sizes: np.ndarray  # images per group (an image of a class in several groups counts in each)
+
+
+@dataclass(frozen=True)
+class AuthorsProtocol:
+    """The authors' ``incremental_evaluation`` (:func:`authors_protocol`).
+
+    ``orders``: (G * trials, G), target-major, each row starting with its target. ``acc_e_trials[t, i]`` /
+    ``acc_s_trials[t, i]``: trial i of target t (the mean of its step list), ``acc_*_per_target`` their means
+    over trials, ``acc_c`` / ``acc_e`` / ``acc_s`` the means over targets. ``steps_e[t, i]`` is the trial's
+    list as the code builds it (its first entry is the start step), ``steps_s[t, i]`` its G-1 conditional
+    accuracies.
+    """
+
+    orders: np.ndarray
+    acc_c_per_target: np.ndarray
+    acc_e_trials: np.ndarray
+    acc_s_trials: np.ndarray
+    steps_e: np.ndarray
+    steps_s: np.ndarray
+    acc_e_per_target: np.ndarray
+    acc_s_per_target: np.ndarray
+    acc_c: float
+    acc_e: float
+    acc_s: float
+
+
 # --------------------------------------------------------------------------------------------------
 # validation and the one precomputation
 
@@ -167,48 +205,60 @@ class StabilityAll:
 @dataclass(frozen=True)
 class _Problem:
     beats: np.ndarray  # (n, G) bool: some class of group h beats image i's true class
-    image_group: np.ndarray  # (n,) int: the group of image i's true class
-    sizes: np.ndarray  # (G,) int: images per group
+    own: np.ndarray  # (n, G) bool: image i's class is in group h
     labels: np.ndarray  # (n,) int
+    sizes: np.ndarray  # (G,) int: images per group (own.sum(0))
     n_groups: int
+    image_group: np.ndarray | None  # (n,) int where every image has exactly one group, else None
+
+    @property
+    def partition(self) -> bool:
+        return self.image_group is not None
 
 
-def _check_groups(groups, n_classes: int) -> np.ndarray:
-    """The group of every class, (C,) int; refuses empty groups, unknown, repeated or missing classes."""
-    if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence) and not isinstance(groups, np.ndarray):
+def _check_members(g: int, members, n_classes: int) -> np.ndarray:
+    idx = np.asarray(members)
+    if idx.ndim != 1:
+        raise ExtensibilityError(f"group {g} must be a flat sequence of class indices, got shape {idx.shape}")
+    if idx.size == 0:
+        raise ExtensibilityError(f"group {g} is empty: every group needs at least one class")
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise ExtensibilityError(f"group {g} must hold integer class indices, got dtype {idx.dtype}")
+    bad = idx[(idx < 0) | (idx >= n_classes)]
+    if bad.size:
+        raise ExtensibilityError(
+            f"group {g} names class {int(bad[0])}, outside [0, {n_classes}) (the score matrix has {n_classes} columns)")
+    uniq, counts = np.unique(idx, return_counts=True)
+    if (counts > 1).any():
+        raise ExtensibilityError(f"group {g} lists class {int(uniq[counts > 1][0])} more than once")
+    return idx
+
+
+def _check_groups(groups, n_classes: int, overlap: bool = False) -> np.ndarray:
+    """(C, G) bool class-in-group matrix; refuses empty groups, unknown or repeated classes, classes in no group
+    and (unless ``overlap``) classes in two groups."""
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, (Sequence, np.ndarray)):
         raise ExtensibilityError(f"groups must be a sequence of sequences of class indices, got {type(groups).__name__}")
     if len(groups) == 0:
         raise ExtensibilityError("groups is empty: give at least one group of class indices")
-    group_of = np.full(n_classes, -1, dtype=np.int64)
+    member = np.zeros((n_classes, len(groups)), dtype=bool)
     for g, members in enumerate(groups):
-        idx = np.asarray(members)
-        if idx.ndim != 1:
-            raise ExtensibilityError(f"group {g} must be a flat sequence of class indices, got shape {idx.shape}")
-        if idx.size == 0:
-            raise ExtensibilityError(f"group {g} is empty: every group needs at least one class")
-        if not np.issubdtype(idx.dtype, np.integer):
-            raise ExtensibilityError(f"group {g} must hold integer class indices, got dtype {idx.dtype}")
-        bad = idx[(idx < 0) | (idx >= n_classes)]
-        if bad.size:
-            raise ExtensibilityError(
-                f"group {g} names class {int(bad[0])}, outside [0, {n_classes}) (the score matrix has {n_classes} columns)")
-        uniq, counts = np.unique(idx, return_counts=True)
-        if (counts > 1).any():
-            raise ExtensibilityError(f"group {g} lists class {int(uniq[counts > 1][0])} more than once")
-        taken = group_of[idx] >= 0
-        if taken.any():
+        idx = _check_members(g, members, n_classes)
+        taken = member[idx].any(axis=1)
+        if taken.any() and not overlap:
             c = int(idx[taken][0])
-            raise ExtensibilityError(f"class {c} is in group {int(group_of[c])} and in group {g}: groups must not overlap")
-        group_of[idx] = g
-    missing = np.flatnonzero(group_of < 0)
+            raise ExtensibilityError(f"class {c} is in group {int(np.argmax(member[c]))} and in group {g}: "
+                                     f"groups must not overlap")
+        member[idx, g] = True
+    missing = np.flatnonzero(~member.any(axis=1))
     if missing.size:
         raise ExtensibilityError(
             f"class {int(missing[0])} is in no group ({missing.size} classes in all are missing): "
             f"groups must cover all {n_classes} classes of the score matrix")
-    return group_of
+    return member
 
 
-def _prepare(scores, labels, groups, require_images: bool = True) -> _Problem:
+def _check_scores_labels(scores, labels) -> tuple[np.ndarray, np.ndarray]:
     s = np.asarray(scores)
     if s.ndim != 2:
         raise ExtensibilityError(f"scores must be a 2-D (images, classes) array, got shape {s.shape}")
@@ -230,27 +280,36 @@ def _prepare(scores, labels, groups, require_images: bool = True) -> _Problem:
         raise ExtensibilityError(
             f"label {int(y[out[0]])} of image {int(out[0])} is outside [0, {n_classes}) "
             f"({out.size} labels out of range)")
-    y = y.astype(np.int64)
-    group_of = _check_groups(groups, n_classes)
-    n_groups = int(group_of.max()) + 1
-    image_group = group_of[y]
-    sizes = np.bincount(image_group, minlength=n_groups)
+    return s, y.astype(np.int64)
+
+
+def beats_matrix(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """(n, C) bool: class c beats image i's true class (a higher score, or a tie with a lower index)."""
+    n, n_classes = scores.shape
+    true = scores[np.arange(n), labels][:, None]
+    cls = np.arange(n_classes)
+    return (scores > true) | ((scores == true) & (cls[None, :] < labels[:, None]))
+
+
+def _prepare(scores, labels, groups, require_images: bool = True, overlap: bool = False) -> _Problem:
+    s, y = _check_scores_labels(scores, labels)
+    member = _check_groups(groups, s.shape[1], overlap)
+    n_groups = member.shape[1]
+    own = member[y]
+    sizes = own.sum(axis=0)
     if require_images and (sizes == 0).any():
         raise ExtensibilityError(f"group {int(np.flatnonzero(sizes == 0)[0])} has no images: every group needs test images")
-    true = s[np.arange(n), y][:, None]
-    cls = np.arange(n_classes)
-    beats_cls = (s > true) | ((s == true) & (cls[None, :] < y[:, None]))  # (n, C)
     # group-wise "any": a 0/1 matrix product with the class -> group indicator (exact in float32 up to 2^24).
-    member = np.zeros((n_classes, n_groups), dtype=np.float32)
-    member[cls, group_of] = 1.0
-    beats = (beats_cls.astype(np.float32) @ member) > 0
-    return _Problem(beats=beats, image_group=image_group, sizes=sizes, labels=y, n_groups=n_groups)
+    beats = (beats_matrix(s, y).astype(np.float32) @ member.astype(np.float32)) > 0
+    single = (own.sum(axis=1) == 1).all()
+    return _Problem(beats=beats, own=own, labels=y, sizes=sizes, n_groups=n_groups,
+                    image_group=np.argmax(own, axis=1) if single else None)
 
 
-def beats_by_group(scores, labels, groups) -> np.ndarray:
+def beats_by_group(scores, labels, groups, overlap: bool = False) -> np.ndarray:
     """(n, G) bool: ``[i, h]`` is true when some class of group h beats image i's true class (would be
     predicted instead of it by argmax over any vocabulary containing both; ties to the lower index)."""
-    return _prepare(scores, labels, groups, require_images=False).beats
+    return _prepare(scores, labels, groups, require_images=False, overlap=overlap).beats
 
 
 def _check_orders(orders, n_groups: int, name: str = "orders") -> np.ndarray:
@@ -266,6 +325,12 @@ def _check_orders(orders, n_groups: int, name: str = "orders") -> np.ndarray:
         r = int(np.flatnonzero(~ok)[0])
         raise ExtensibilityError(f"{name} row {r} is not a permutation of the {n_groups} groups: {o[r].tolist()}")
     return o.astype(np.int64)
+
+
+def _check_average(average: str, allowed: tuple[str, ...], what: str) -> str:
+    if average not in allowed:
+        raise ExtensibilityError(f"{what} average must be one of {list(allowed)}, got {average!r}")
+    return average
 
 
 # --------------------------------------------------------------------------------------------------
@@ -307,16 +372,36 @@ def paper_orders(n_groups: int, n_per_target: int, seed: int) -> np.ndarray:
     return np.concatenate(blocks, axis=0)
 
 
+def authors_orders(n_groups: int, trials: int, seed: int = AUTHORS_SEED) -> np.ndarray:
+    """The orders of the authors' ``incremental_evaluation``: numpy's legacy global generator seeded once
+    (``np.random.seed(42)`` in main.py), then for every target in group order and every trial
+    ``np.random.permutation(non_target_vocabs)``, the other groups in group order. (G * trials, G), target-major.
+    Reproduces their orders provided nothing else draws from numpy's global generator in between (main.py
+    does not; their data loaders shuffle with torch)."""
+    if int(trials) != trials or trials < 1:
+        raise ExtensibilityError(f"trials must be a positive integer, got {trials!r}")
+    rs = np.random.RandomState(seed)
+    rows = []
+    for t in range(int(n_groups)):
+        others = np.array([g for g in range(n_groups) if g != t], dtype=np.int64)
+        for _ in range(int(trials)):
+            rows.append(np.concatenate([[t], rs.permutation(others)]))
+    return np.array(rows, dtype=np.int64).reshape(-1, int(n_groups))
+
+
 # --------------------------------------------------------------------------------------------------
 # Acc-C
 
 
-def group_accuracy(scores, labels, groups) -> GroupAccuracy:
-    """Acc-C: each group alone (its images, its classes), then the mean over groups."""
-    p = _prepare(scores, labels, groups)
-    own_correct = ~p.beats[np.arange(p.labels.size), p.image_group]
-    per_group = np.bincount(p.image_group, weights=own_correct, minlength=p.n_groups) / p.sizes
+def _group_accuracy(p: _Problem) -> GroupAccuracy:
+    correct = (p.own & ~p.beats).sum(axis=0)
+    per_group = correct / p.sizes
     return GroupAccuracy(per_group=per_group, mean=float(per_group.mean()))
+
+
+def group_accuracy(scores, labels, groups, overlap: bool = False) -> GroupAccuracy:
+    """Acc-C: each group alone (its images, its classes), then the mean over groups."""
+    return _group_accuracy(_prepare(scores, labels, groups, overlap=overlap))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -337,16 +422,20 @@ def _codes(bits: np.ndarray) -> np.ndarray:
     return bits.astype(np.int64) @ (np.int64(1) << np.arange(bits.shape[1], dtype=np.int64))
 
 
-def _correct_table(p: _Problem) -> np.ndarray:
-    """numer[S] = #{i: g_i in S and beats[i] ∩ S = ∅} for every subset S of groups (bitmask)."""
-    G = p.n_groups
-    full = (1 << G) - 1
-    m = _codes(p.beats)
-    m_own = m | (np.int64(1) << p.image_group)
-    F = _subset_sum(np.bincount(m, minlength=1 << G), G)
-    F2 = _subset_sum(np.bincount(m_own, minlength=1 << G), G)
-    comp = full ^ np.arange(1 << G, dtype=np.int64)
-    return F[comp] - F2[comp]
+def _complement_counts(codes: np.ndarray, n_groups: int) -> np.ndarray:
+    """out[S] = #{i: codes_i ∩ S = ∅} for every subset S (bitmask)."""
+    full = (1 << n_groups) - 1
+    table = _subset_sum(np.bincount(codes, minlength=1 << n_groups), n_groups)
+    return table[full ^ np.arange(1 << n_groups, dtype=np.int64)]
+
+
+def _tables(p: _Problem) -> tuple[np.ndarray, np.ndarray]:
+    """(numer, denom) over every subset S of groups: numer[S] = #{i: own_i ∩ S ≠ ∅ and beats_i ∩ S = ∅},
+    denom[S] = #{i: own_i ∩ S ≠ ∅}."""
+    beaten, owned = _codes(p.beats), _codes(p.own)
+    n = p.labels.size
+    numer = _complement_counts(beaten, p.n_groups) - _complement_counts(beaten | owned, p.n_groups)
+    return numer, n - _complement_counts(owned, p.n_groups)
 
 
 def _prefix_indicator(orders: np.ndarray, n_groups: int) -> np.ndarray:
@@ -356,27 +445,53 @@ def _prefix_indicator(orders: np.ndarray, n_groups: int) -> np.ndarray:
     return pos[:, None, :] <= np.arange(n_groups)[None, :, None]
 
 
-def _correct_counts_direct(p: _Problem, orders: np.ndarray) -> np.ndarray:
-    """(R, G) correct counts per order and step, by products over (image, prefix) pairs, in chunks."""
+def _direct_counts(p: _Problem, orders: np.ndarray, by_group: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """By products over (image, prefix) pairs, in chunks: (correct, tested) per order and step, (R, G) each, or
+    with ``by_group`` (R, G, G) correct counts per group [r, k, g] (partitions) and the prefixes."""
     R, G = orders.shape
     prefix = _prefix_indicator(orders, G).reshape(R * G, G)  # (Q, G)
-    beats = p.beats.astype(np.float32)
-    out = np.empty(R * G, dtype=np.int64)
+    beats, own = p.beats.astype(np.float32), p.own.astype(np.float32)
+    correct = np.empty((R * G, G) if by_group else R * G, dtype=np.int64)
+    tested = np.empty(R * G, dtype=np.int64)
     step = max(1, _CHUNK // max(1, p.labels.size))
     for a in range(0, R * G, step):
-        pq = prefix[a:a + step]
-        hit = beats @ pq.T.astype(np.float32)  # (n, q): how many groups in the prefix beat image i
-        present = pq.T[p.image_group]  # (n, q): image i's group is in the prefix
-        out[a:a + step] = ((hit == 0) & present).sum(axis=0)
-    return out.reshape(R, G)
+        pq = prefix[a:a + step].T.astype(np.float32)  # (G, q)
+        alive = (beats @ pq) == 0  # (n, q): no group of the prefix beats image i
+        present = (own @ pq) > 0  # (n, q): one of image i's groups is in the prefix
+        if by_group:
+            correct[a:a + step] = (own.T @ (alive & present).astype(np.float32)).T.astype(np.int64)
+        else:
+            correct[a:a + step] = (alive & present).sum(axis=0)
+        tested[a:a + step] = present.sum(axis=0)
+    shape = (R, G, G) if by_group else (R, G)
+    return correct.reshape(shape), tested.reshape(R, G)
 
 
-def _correct_counts(p: _Problem, orders: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
-    if p.n_groups <= _TABLE_MAX_GROUPS:
-        table = _correct_table(p) if table is None else table
-        codes = np.cumsum(np.int64(1) << orders, axis=1)  # distinct bits: cumulative sum = cumulative OR
-        return table[codes]
-    return _correct_counts_direct(p, orders)
+def _step_accuracies(p: _Problem, o: np.ndarray, average: str, tables) -> np.ndarray:
+    """(R, G) accuracy per order and step."""
+    if average == "groups" and not (p.sizes == p.sizes[0]).all():
+        per_group, _ = _direct_counts(p, o, by_group=True)  # (R, G, G)
+        prefix = _prefix_indicator(o, p.n_groups)  # (R, G, G)
+        acc = per_group / p.sizes[None, None, :]
+        return (acc * prefix).sum(axis=2) / prefix.sum(axis=2)
+    if tables is not None:
+        numer, denom = tables
+        codes = np.cumsum(np.int64(1) << o, axis=1)  # distinct bits: cumulative sum = cumulative OR
+        return numer[codes] / denom[codes]
+    correct, tested = _direct_counts(p, o)
+    return correct / tested
+
+
+def _ratio(n_groups: int, steps: np.ndarray, shift: int) -> np.ndarray:
+    """[b, s] = C(G-1-b, s-shift) / C(G-1, s-shift) for b in 0..G-1 and every s of `steps`."""
+    return np.array([[math.comb(n_groups - 1 - b, s - shift) / math.comb(n_groups - 1, s - shift) for s in steps]
+                     for b in range(n_groups)])
+
+
+def _others_beating(p: _Problem) -> tuple[np.ndarray, np.ndarray]:
+    """(correct alone, number of other groups that beat the image), per image of a partition."""
+    own_ok = ~p.beats[np.arange(p.labels.size), p.image_group]
+    return own_ok, p.beats.sum(axis=1) - (~own_ok)
 
 
 def _additive(values: np.ndarray) -> np.ndarray:
@@ -388,47 +503,54 @@ def _additive(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _extensibility_expected(p: _Problem, table: np.ndarray | None = None) -> np.ndarray | None:
+def _extensibility_expected(p: _Problem, average: str, tables) -> np.ndarray | None:
     G = p.n_groups
-    n = p.labels.size
-    own = ~p.beats[np.arange(n), p.image_group]
-    b = p.beats.sum(axis=1) - (~own)  # other groups that beat image i
-    if (p.sizes == p.sizes[0]).all():
-        k = np.arange(1, G + 1)
-        ratio = np.array([[math.comb(G - 1 - bb, kk - 1) / math.comb(G - 1, kk - 1) for kk in k] for bb in range(G)])
-        hist = np.bincount(b[own], minlength=G).astype(np.float64)
-        return hist @ ratio / (G * p.sizes[0])
-    if G > _TABLE_MAX_GROUPS:
+    equal = bool((p.sizes == p.sizes[0]).all())
+    if p.partition and (average == "groups" or equal):
+        own_ok, b = _others_beating(p)
+        weights = own_ok / (G * p.sizes[p.image_group])
+        hist = np.bincount(b, weights=weights, minlength=G)
+        return hist @ _ratio(G, np.arange(1, G + 1), 1)
+    if tables is None:
         return None
-    numer = (_correct_table(p) if table is None else table)[1:]
-    denom = _additive(p.sizes.astype(np.int64))[1:]
+    numer, denom = tables
     k = _additive(np.ones(G, dtype=np.int64))[1:]
-    sums = np.bincount(k - 1, weights=numer / denom, minlength=G)
+    sums = np.bincount(k - 1, weights=numer[1:] / denom[1:], minlength=G)
     return sums / np.array([math.comb(G, kk) for kk in range(1, G + 1)], dtype=np.float64)
 
 
-def extensibility_expected(scores, labels, groups) -> np.ndarray | None:
-    """Exact expected Acc-E step accuracies (G values) over all G! orders; ``None`` when the groups have
-    unequal image counts and G > _TABLE_MAX_GROUPS (no closed form, too many subsets)."""
-    return _extensibility_expected(_prepare(scores, labels, groups))
+def _tables_if_small(p: _Problem) -> tuple[np.ndarray, np.ndarray] | None:
+    return _tables(p) if p.n_groups <= _TABLE_MAX_GROUPS else None
 
 
-def extensibility(scores, labels, groups, orders) -> Extensibility:
+def _extensibility(p: _Problem, o: np.ndarray, average: str) -> Extensibility:
+    _check_average(average, AVERAGES_E, "Acc-E")
+    if average == "groups" and not p.partition:
+        raise ExtensibilityError("Acc-E average 'groups' needs groups that partition the classes (overlap=False)")
+    tables = _tables_if_small(p)
+    per_order = _step_accuracies(p, o, average, tables)
+    exp = _extensibility_expected(p, average, tables)
+    return Extensibility(per_order=per_order, steps=per_order.mean(axis=0), mean=float(per_order.mean()),
+                         expected_steps=exp, expected_mean=None if exp is None else float(exp.mean()))
+
+
+def extensibility_expected(scores, labels, groups, average: str = "images", overlap: bool = False) -> np.ndarray | None:
+    """Exact expected Acc-E step accuracies (G values) over all G! orders; ``None`` when there is no closed form
+    and G > _TABLE_MAX_GROUPS."""
+    p = _prepare(scores, labels, groups, overlap=overlap)
+    _check_average(average, AVERAGES_E, "Acc-E")
+    return _extensibility_expected(p, average, _tables_if_small(p))
+
+
+def extensibility(scores, labels, groups, orders, average: str = "images", overlap: bool = False) -> Extensibility:
     """Acc-E over the given orders ((R, G) permutations; use :func:`paper_orders` for the paper's design).
 
-    Step k of order r: the first k+1 groups with all their images; the value is the micro accuracy over
-    those images, argmax over those groups' classes. All G steps count (the first group alone included).
+    Step k of order r: the first k+1 groups with all their images, argmax over those groups' classes; the value
+    is the accuracy over those images (``average="images"``) or the mean of the groups' accuracies
+    (``"groups"``). All G steps count (the first group alone included).
     """
-    p = _prepare(scores, labels, groups)
-    o = _check_orders(orders, p.n_groups)
-    table = _correct_table(p) if p.n_groups <= _TABLE_MAX_GROUPS else None
-    correct = _correct_counts(p, o, table)
-    denom = np.cumsum(p.sizes[o], axis=1)
-    per_order = correct / denom
-    steps = per_order.mean(axis=0)
-    exp = _extensibility_expected(p, table)
-    return Extensibility(per_order=per_order, steps=steps, mean=float(per_order.mean()),
-                         expected_steps=exp, expected_mean=None if exp is None else float(exp.mean()))
+    p = _prepare(scores, labels, groups, overlap=overlap)
+    return _extensibility(p, _check_orders(orders, p.n_groups), average)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -436,27 +558,24 @@ def extensibility(scores, labels, groups, orders) -> Extensibility:
 
 
 def _image_weights(p: _Problem, members: np.ndarray, average: str) -> np.ndarray:
+    _check_average(average, AVERAGES_S, "Acc-S")
     if average == "images":
         return np.full(members.size, 1.0 / members.size)
-    if average == "classes":
-        cls, inv, counts = np.unique(p.labels[members], return_inverse=True, return_counts=True)
-        return 1.0 / (counts[inv] * cls.size)
-    raise ExtensibilityError(f"average must be 'images' or 'classes', got {average!r}")
+    cls, inv, counts = np.unique(p.labels[members], return_inverse=True, return_counts=True)
+    return 1.0 / (counts[inv] * cls.size)
 
 
 def _stability_expected(p: _Problem, target: int, members: np.ndarray, w: np.ndarray) -> np.ndarray:
     G = p.n_groups
     beats = p.beats[members]
-    own = ~beats[:, target]
-    b = beats.sum(axis=1) - (~own)
-    j = np.arange(1, G)
-    ratio = np.array([[math.comb(G - 1 - bb, jj) / math.comb(G - 1, jj) for jj in j] for bb in range(G)])
-    hist = np.bincount(b[own], weights=w[own], minlength=G)
-    return hist @ ratio
+    own_ok = ~beats[:, target]
+    b = beats.sum(axis=1) - (~own_ok)
+    hist = np.bincount(b[own_ok], weights=w[own_ok], minlength=G)
+    return hist @ _ratio(G, np.arange(1, G), 0)
 
 
 def _target_members(p: _Problem, target: int) -> np.ndarray:
-    members = np.flatnonzero(p.image_group == target)
+    members = np.flatnonzero(p.own[:, target])
     if members.size == 0:
         raise ExtensibilityError(f"target group {target} has no images: its conditional accuracy is undefined")
     return members
@@ -481,8 +600,7 @@ def _stability(p: _Problem, target: int, o: np.ndarray, average: str) -> Stabili
     w = _image_weights(p, members, average)
     R = o.shape[0]
     prefix = _prefix_indicator(o, G)[:, 1:, :].reshape(R * (G - 1), G)  # steps with 1..G-1 distractors
-    hit = p.beats[members].astype(np.float32) @ prefix.T.astype(np.float32)  # (n_t, R*(G-1))
-    alive = hit == 0
+    alive = (p.beats[members].astype(np.float32) @ prefix.T.astype(np.float32)) == 0  # (n_t, R*(G-1))
     if average == "images":  # count / n_t: bit-identical to the mean of a boolean vector
         per_order = (alive.sum(axis=0) / members.size).reshape(R, G - 1)
     else:
@@ -492,19 +610,21 @@ def _stability(p: _Problem, target: int, o: np.ndarray, average: str) -> Stabili
                      expected_steps=exp, expected_mean=float(exp.mean()))
 
 
-def stability(scores, labels, groups, target: int, orders, average: str = "images") -> Stability:
+def stability(scores, labels, groups, target: int, orders, average: str = "images",
+              overlap: bool = False) -> Stability:
     """Conditional accuracy of one target group: its images only; every row of ``orders`` ((R, G), each
     starting with ``target``) adds the other groups one at a time as distractor classes. The G-1 steps
     after each addition count; the target-alone step does not. ``average``: "images" (accuracy over the
     target's images) or "classes" (mean of per-class accuracies, as the authors' code)."""
-    p = _prepare(scores, labels, groups, require_images=False)
+    p = _prepare(scores, labels, groups, require_images=False, overlap=overlap)
     t = _check_target(target, p.n_groups)
     return _stability(p, t, _check_orders(orders, p.n_groups), average)
 
 
-def stability_expected(scores, labels, groups, target: int, average: str = "images") -> np.ndarray:
+def stability_expected(scores, labels, groups, target: int, average: str = "images",
+                       overlap: bool = False) -> np.ndarray:
     """Exact expected conditional accuracy after j = 1..G-1 random distractor groups (closed form)."""
-    p = _prepare(scores, labels, groups, require_images=False)
+    p = _prepare(scores, labels, groups, require_images=False, overlap=overlap)
     t = _check_target(target, p.n_groups)
     if p.n_groups < 2:
         raise ExtensibilityError("stability needs at least two groups (a target and a distractor)")
@@ -512,11 +632,7 @@ def stability_expected(scores, labels, groups, target: int, average: str = "imag
     return _stability_expected(p, t, members, _image_weights(p, members, average))
 
 
-def stability_all(scores, labels, groups, orders, average: str = "images") -> StabilityAll:
-    """Acc-S: :func:`stability` for every target, each on the rows of ``orders`` that start with it
-    (e.g. :func:`paper_orders`), then the mean over targets. Every group must start at least one row."""
-    p = _prepare(scores, labels, groups)
-    o = _check_orders(orders, p.n_groups)
+def _stability_all(p: _Problem, o: np.ndarray, average: str) -> StabilityAll:
     results = []
     for t in range(p.n_groups):
         rows = o[o[:, 0] == t]
@@ -527,3 +643,70 @@ def stability_all(scores, labels, groups, orders, average: str = "images") -> St
     expected = np.array([r.expected_mean for r in results])
     return StabilityAll(per_target=per_target, mean=float(per_target.mean()), expected_per_target=expected,
                         expected_mean=float(expected.mean()), targets=tuple(results))
+
+
+def stability_all(scores, labels, groups, orders, average: str = "images", overlap: bool = False) -> StabilityAll:
+    """Acc-S: :func:`stability` for every target, each on the rows of ``orders`` that start with it
+    (e.g. :func:`paper_orders`), then the mean over targets. Every group must start at least one row."""
+    p = _prepare(scores, labels, groups, overlap=overlap)
+    return _stability_all(p, _check_orders(orders, p.n_groups), average)
+
+
+# --------------------------------------------------------------------------------------------------
+# all three at once; the authors' procedure
+
+
+def expansion(scores, labels, groups, orders, average_e: str = "images", average_s: str = "images",
+              overlap: bool = False) -> Expansion:
+    """Acc-C, Acc-E (over all ``orders``) and Acc-S (each target on the rows that start with it), from one
+    preparation of the score matrix: the paper's design is ``orders = paper_orders(G, 100, seed)``."""
+    p = _prepare(scores, labels, groups, overlap=overlap)
+    o = _check_orders(orders, p.n_groups)
+    acc_s = _stability_all(p, o, average_s) if p.n_groups > 1 else None
+    return Expansion(acc_c=_group_accuracy(p), acc_e=_extensibility(p, o, average_e), acc_s=acc_s,
+                     group_sizes=p.sizes)
+
+
+def authors_protocol(scores, labels, groups, trials: int = 3, seed: int = AUTHORS_SEED,
+                     overlap: bool = False) -> AuthorsProtocol:
+    """``incremental_evaluation`` of lancopku/clip-openness (main.py), computed from the score matrix.
+
+    For every target t (in group order): Acc-C_t = micro accuracy of t alone; then ``trials`` orders
+    (:func:`authors_orders`), each adding the other groups one at a time. A trial's Acc-E is the mean of the list
+    ``[start, acc_1, ..., acc_{G-1}]`` of micro accuracies over the images of the vocabulary so far, where
+    ``start`` is Acc-C_t in the first trial but, in later trials, the accuracy left in the code's variable by the
+    previous trial's last step (the whole vocabulary): their ``acc_e_trial_i = [acc, ]`` is not reset between
+    trials. A trial's Acc-S is the mean over its G-1 steps of the per-class accuracy averaged over t's classes.
+    Means over trials, then over targets. ``overlap=True`` with classes shared by several groups reproduces their
+    merged dataset-level vocabularies (such a class's images are tested once any of its groups is added).
+    """
+    p = _prepare(scores, labels, groups, overlap=overlap)
+    G = p.n_groups
+    if G < 2:
+        raise ExtensibilityError("the authors' protocol needs at least two groups")
+    o = authors_orders(G, trials, seed)
+    tables = _tables_if_small(p)
+    steps = _step_accuracies(p, o, "images", tables).reshape(G, trials, G)
+    acc_c = _group_accuracy(p).per_group
+    whole = steps[0, 0, -1]  # the last step of any order is the whole vocabulary
+    start = np.where(np.arange(trials)[None, :] == 0, acc_c[:, None], whole)
+    steps_e = np.concatenate([start[:, :, None], steps[:, :, 1:]], axis=2)
+    steps_s = np.stack([_stability(p, t, o[t * trials:(t + 1) * trials], "classes").per_order for t in range(G)])
+    acc_e_trials, acc_s_trials = steps_e.mean(axis=2), steps_s.mean(axis=2)
+    acc_e_t, acc_s_t = acc_e_trials.mean(axis=1), acc_s_trials.mean(axis=1)
+    return AuthorsProtocol(orders=o, acc_c_per_target=acc_c, acc_e_trials=acc_e_trials, acc_s_trials=acc_s_trials,
+                           steps_e=steps_e, steps_s=steps_s, acc_e_per_target=acc_e_t, acc_s_per_target=acc_s_t,
+                           acc_c=float(acc_c.mean()), acc_e=float(acc_e_t.mean()), acc_s=float(acc_s_t.mean()))
+
+
+# --------------------------------------------------------------------------------------------------
+# the pipeline's analysis
+
+
+def run(inputs, cfg, seed: int):
+    """The `extensibility` analysis of one dataset (stage extensibility@<dataset>): Acc-C/E/S per prompt variant,
+    per-step curves, per-group drops, margins, cosine statistics, alignment and uniformity, and, where the dataset
+    has a `vocabulary` text set, the adversarial vocabulary scan (`vlbench.analyses.openness`)."""
+    from vlbench.analyses.openness import run_dataset
+
+    return run_dataset(inputs, cfg, seed)

@@ -6,6 +6,13 @@ ensembling); logits are 100 * cosine similarity, 100 being CLIP's learned, clipp
 `zeroshot.scoring` picks the scores the metric is computed on: `logits` (the default) or `elevater`, ELEVATER's
 toolkit (`vision_benchmark/evaluation/clip_zeroshot_evaluator.py`): softmax over classes of 100 * cosine, in
 float32, with its metric conventions (`vlbench.metrics.CONVENTIONS`). See docs/protocols.md, "ELEVATER scoring".
+
+Knowledge variants (docs/protocols.md, "Knowledge variants in the pipeline"): besides the templates (`prompts`, the
+headline metrics), every variant present is scored the same way and reported in `details.variants` with its coverage
+counts: each knowledge text set of features/<model>/<dataset>/knowledge/ (embed_knowledge), whose stamp says how its
+texts make a class weight (`normalized_mean`, or Menon & Vondrick's `mean_similarity`), and each file of
+`PRECOMPUTED_WEIGHTS` (class weights another stage computed, e.g. REPE). The metrics add the best of them on the
+dataset's metric (`knowledge_best_<metric>`) and its name (`knowledge_best_variant`).
 """
 
 from __future__ import annotations
@@ -13,8 +20,18 @@ from __future__ import annotations
 import numpy as np
 
 from vlbench.config import ParamsError
+from vlbench.errors import VlbenchError
 
 LOGIT_SCALE = 100.0
+TEMPLATES_VARIANT = "templates"  # the variant name of the `prompts` text set (templates filled with class names)
+KNOWLEDGE_FEATURES = "knowledge"  # features/<model>/<dataset>/knowledge/<variant>.parquet (stage embed_knowledge)
+# Variants whose class weights another stage computes: name -> file under features/<model>/<dataset>/, a features file
+# with one row per class (`class_index`, its weight as `embedding`) and the model's fingerprint; scored where present.
+PRECOMPUTED_WEIGHTS = {"repe": "retrieval/class_weights.parquet"}
+
+
+class VariantError(VlbenchError, ValueError):
+    """A knowledge set or a precomputed class-weight file that cannot be scored; the message names the file."""
 ELEVATER_LOGIT_SCALE = 100.0  # the toolkit's fixed `100. * image @ text` before its softmax (not a model's own scale)
 SCORINGS = ("logits", "elevater")
 
@@ -35,6 +52,21 @@ def class_weights(text_embeddings: np.ndarray, class_index: np.ndarray, num_clas
     np.add.at(sums, class_index, normed)
     means = sums / np.bincount(class_index, minlength=num_classes)[:, None]
     return l2_normalize(means).astype(np.float32)
+
+
+def mean_similarity_weights(text_embeddings: np.ndarray, class_index: np.ndarray, num_classes: int) -> np.ndarray:
+    """(num_classes, d): per class the mean of its normalised text embeddings, *not* renormalised, so that a normalised
+    image times it is the mean of its cosine similarities to the class's texts (Menon & Vondrick's class score)."""
+    class_index = np.asarray(class_index)
+    missing = sorted(set(range(num_classes)) - set(class_index.tolist()))
+    if missing:
+        raise ValueError(f"no text embeddings for class indices {missing[:10]}")
+    sums = np.zeros((num_classes, text_embeddings.shape[1]))
+    np.add.at(sums, class_index, l2_normalize(text_embeddings.astype(np.float64)))
+    return (sums / np.bincount(class_index, minlength=num_classes)[:, None]).astype(np.float32)
+
+
+WEIGHTINGS = {"normalized_mean": class_weights, "mean_similarity": mean_similarity_weights}
 
 
 def zeroshot_logits(image_embeddings: np.ndarray, weights: np.ndarray, scale: float = LOGIT_SCALE) -> np.ndarray:
@@ -76,6 +108,20 @@ def label_matrix(table, meta) -> np.ndarray:
     return table.column(meta.label_column).to_numpy()
 
 
+def weights_metrics(image_emb: np.ndarray, weights: np.ndarray, labels: np.ndarray, meta,
+                    scoring: str = "logits") -> tuple[dict[str, float], np.ndarray]:
+    """(metrics, logits) of one set of class weights: the dataset's metric on the scores `scoring` names, plus top-1
+    accuracy for a single-label dataset whose metric is another."""
+    from vlbench import metrics
+
+    scores, convention = metric_scores(image_emb, weights, scoring)
+    logits = scores if scoring == "logits" else zeroshot_logits(image_emb, weights)
+    results = {meta.metric: metrics.compute(meta.metric, scores, labels, convention)}
+    if not meta.multi_label and meta.metric != "accuracy":
+        results["accuracy"] = metrics.compute("accuracy", scores, labels, convention)
+    return {k: float(v) for k, v in results.items()}, logits
+
+
 def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: np.ndarray, meta,
                       scoring: str = "logits"):
     """Return (metrics dict, predictions table) for one split of one dataset; the metrics on the scores that
@@ -83,17 +129,11 @@ def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: 
     their row-wise softmax)."""
     import pyarrow as pa
 
-    from vlbench import metrics
     from vlbench.features import embedding_array
 
     templates = np.array([s == "template" for s in text_table.column("source").to_pylist()])
     weights = class_weights(text_emb[templates], text_table.column("class_index").to_numpy()[templates], len(meta.classes))
-    scores, convention = metric_scores(image_emb, weights, scoring)
-    logits = scores if scoring == "logits" else zeroshot_logits(image_emb, weights)
-    labels = label_matrix(image_table, meta)
-    results = {meta.metric: metrics.compute(meta.metric, scores, labels, convention)}
-    if not meta.multi_label and meta.metric != "accuracy":
-        results["accuracy"] = metrics.compute("accuracy", scores, labels, convention)
+    results, logits = weights_metrics(image_emb, weights, label_matrix(image_table, meta), meta, scoring)
     predicted = logits.argmax(axis=1)
     names = np.array(meta.class_names)
     predictions = pa.table({
@@ -104,21 +144,91 @@ def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: 
         "predicted_logit": pa.array(logits[np.arange(len(logits)), predicted], pa.float32()),
         "logits": embedding_array(logits),
     })
-    return {k: float(v) for k, v in results.items()}, predictions
+    return results, predictions
+
+
+# ---------------------------------------------------------------------------------------------------- variants
+
+
+def knowledge_variant(features, num_classes: int) -> tuple[np.ndarray, dict]:
+    """(class weights, report entry) of one knowledge text set's features: every text of a class (templates x
+    knowledge, or a fallback class's templates) weighted as its stamp's `knowledge.weights` says."""
+    stamp = features.fingerprint.get("knowledge") or {}
+    weighting = stamp.get("weights", "normalized_mean")
+    if weighting not in WEIGHTINGS:
+        raise VariantError(f"knowledge set {features.fingerprint.get('text_set')!r}: unknown weights {weighting!r} in "
+                           f"its stamp; known: {', '.join(WEIGHTINGS)}")
+    class_index = features.table.column("class_index").to_numpy()
+    weights = WEIGHTINGS[weighting](features.embeddings, class_index, num_classes)
+    entry = {"title": stamp.get("title"), "source": "knowledge", "text_set": features.fingerprint.get("text_set"),
+             "text_version": features.fingerprint.get("text_version"), "weights": weighting,
+             "texts": len(class_index), "coverage": stamp.get("coverage", {}),
+             "template_only": stamp.get("template_only"), "files": stamp.get("files", []),
+             "options": stamp.get("options", {})}
+    return weights, entry
+
+
+def precomputed_variant(features, num_classes: int, path: str, where: str | None = None) -> tuple[np.ndarray, dict]:
+    """(class weights, report entry) of a precomputed class-weight file (`path` under the dataset's features folder,
+    `where` the full path for messages): one row per class (`class_index`), its weight as the embedding (scored as it
+    is); a boolean `fallback` column is counted."""
+    index = features.table.column("class_index").to_numpy()
+    if sorted(index.tolist()) != list(range(num_classes)):
+        raise VariantError(f"{where or path}: class weights must have one row per class 0..{num_classes - 1}, got {len(index)} "
+                           f"rows")
+    weights = np.empty((num_classes, features.embeddings.shape[1]), np.float32)
+    weights[index] = features.embeddings
+    entry = {"source": "precomputed", "file": path, "text_version": features.fingerprint.get("text_version")}
+    if "fallback" in features.table.column_names:
+        entry["fallback"] = int(sum(bool(x) for x in features.table.column("fallback").to_pylist()))
+    return weights, entry
+
+
+def variant_weights(inputs) -> list[tuple[str, np.ndarray, dict]]:
+    """Every variant besides the templates that is present for the dataset: knowledge sets (in the knowledge stage's
+    order), then `PRECOMPUTED_WEIGHTS` files. Inputs without knowledge support (a hand-made stand-in) give none."""
+    if not hasattr(inputs, "knowledge_sets"):
+        return []
+    n = len(inputs.meta.classes)
+    sets = [(name, inputs.knowledge(name)) for name in inputs.knowledge_sets()]
+    sets.sort(key=lambda s: ((s[1].fingerprint.get("knowledge") or {}).get("order", len(sets)), s[0]))
+    found = [(name, *knowledge_variant(features, n)) for name, features in sets]
+    for name, path in PRECOMPUTED_WEIGHTS.items():
+        if inputs.has_features(path):
+            where = str(inputs.features_dir / path)
+            found.append((name, *precomputed_variant(inputs.precomputed(path), n, path, where)))
+    return found
+
+
+def score_variants(image_emb: np.ndarray, labels: np.ndarray, meta, scoring: str, baseline: dict,
+                   variants: list) -> tuple[dict[str, dict], dict[str, float | str]]:
+    """({variant: report entry with its metrics}, the headline additions: the best non-template variant on the
+    dataset's metric, `knowledge_best_<metric>`, and its name, `knowledge_best_variant`; ties go to the first)."""
+    report = {TEMPLATES_VARIANT: {"source": "templates", "text_set": "prompts", "metrics": baseline}}
+    for name, weights, entry in variants:
+        report[name] = {**entry, "metrics": weights_metrics(image_emb, weights, labels, meta, scoring)[0]}
+    scored = [name for name in report if name != TEMPLATES_VARIANT]
+    if not scored:
+        return report, {}
+    best = max(scored, key=lambda name: (report[name]["metrics"][meta.metric], -scored.index(name)))
+    return report, {f"knowledge_best_{meta.metric}": report[best]["metrics"][meta.metric], "knowledge_best_variant": best}
 
 
 def run(inputs, cfg, seed: int):
     """The zeroshot analysis: the `cfg['split']` images against the class prompts (text set `prompts`), scored as
-    `cfg['scoring']` says (default `logits`)."""
+    `cfg['scoring']` says (default `logits`); then every knowledge or precomputed variant present (`variant_weights`)."""
     from vlbench.analyses.base import Result
 
     scoring = check_scoring(cfg.get("scoring", "logits"))
     images, texts = inputs.images(cfg["split"]), inputs.texts("prompts")
     metrics, predictions = evaluate_zeroshot(images.table, images.embeddings, texts.table, texts.embeddings,
                                              inputs.meta, scoring)
+    labels = label_matrix(images.table, inputs.meta)
+    variants, best = score_variants(images.embeddings, labels, inputs.meta, scoring, dict(metrics), variant_weights(inputs))
     prompts_per_class = texts.table.num_rows / max(len(inputs.meta.classes), 1)
-    return Result(metrics, counts={"samples": images.table.num_rows, "classes": len(inputs.meta.classes),
-                                   "prompts": texts.table.num_rows},
+    return Result({**metrics, **best}, counts={"samples": images.table.num_rows, "classes": len(inputs.meta.classes),
+                                               "prompts": texts.table.num_rows},
                   params={"split": cfg["split"], "scoring": scoring, "text_set": "prompts",
                           "prompts_per_class": prompts_per_class},
-                  tables={"predictions": predictions})
+                  tables={"predictions": predictions},
+                  details={"variants": variants} if len(variants) > 1 else {})

@@ -248,8 +248,9 @@ def _add_class(result: ComposedTexts, index: int, name: str, templates: list[str
         for template in templates:
             result.add(index, "template", _fill(template, name))
         return
-    for source, knowledge in items:
-        suffix = knowledge_suffix(name, knowledge, style, tokenizer)
+    suffixes = [knowledge_suffix(name, knowledge, style, tokenizer) for _, knowledge in items]
+    result.template_only += not any(suffixes)  # only null knowledge (or, plain style, empty): the templates alone
+    for (source, knowledge), suffix in zip(items, suffixes):
         result.items[source] += knowledge is not None
         for template in templates:
             result.add(index, source if suffix else "template", _fill(template, name) + suffix)

@@ -46,6 +46,7 @@ from vlbench.io import sha256_file
 
 DATA_DIR = Path(__file__).parent / "data"
 RAW_URL = "https://raw.githubusercontent.com/{repo}/{commit}/{folder}/{file}"
+LOCAL_UPSTREAM = "vlbench:"  # KnowledgeFile.upstream of a file shipped in DATA_DIR ("vlbench:demo/<file>")
 
 SOURCES = ("wiktionary", "wordnet_definition", "wordnet_path", "gpt3", "cupl", "menon")
 FAMILY_SOURCES = {
@@ -84,6 +85,13 @@ class KnowledgeFile:
     def sources(self) -> tuple[str, ...]:
         return FAMILY_SOURCES[self.family]
 
+    @property
+    def local(self) -> Path | None:
+        """The copy this package ships (the demo world's own files), or None for an upstream file."""
+        if not self.upstream.startswith(LOCAL_UPSTREAM):
+            return None
+        return DATA_DIR / self.upstream[len(LOCAL_UPSTREAM):]
+
     def parse(self, path: str | Path) -> dict[str, KnowledgeTable]:
         """{source: table} of this file read from `path`."""
         if self.family == "elevater_external":
@@ -114,9 +122,14 @@ def knowledge_files() -> dict[str, KnowledgeFile]:
         if family.startswith("_"):
             continue
         for name, sha256 in spec["files"].items():
-            url = RAW_URL.format(repo=spec["repo"], commit=spec["commit"], folder=spec["folder"], file=name)
-            upstream = f"{spec['repo']}@{spec['commit']}:{spec['folder']}/{name}"
-            files[name] = KnowledgeFile(family, Resource(name, (url,), sha256=sha256), upstream, spec.get("key"))
+            if "local" in spec:  # shipped in this package (the demo world's files), fetched from a file:// URL
+                url = (DATA_DIR / spec["local"] / name).resolve().as_uri()
+                upstream = f"{LOCAL_UPSTREAM}{spec['local']}/{name}"
+            else:
+                url = RAW_URL.format(repo=spec["repo"], commit=spec["commit"], folder=spec["folder"], file=name)
+                upstream = f"{spec['repo']}@{spec['commit']}:{spec['folder']}/{name}"
+            resource = Resource(name, (url,), sha256=sha256)
+            files[name] = KnowledgeFile(spec.get("family", family), resource, upstream, spec.get("key"))
     return files
 
 
@@ -159,10 +172,12 @@ def vocabulary_for(dataset: str, entry: Mapping[str, Any] | None = None) -> str 
 
 def find_local(kfile: KnowledgeFile, cache: str | Path | None = None, mirror: str | Path | None = None
                ) -> tuple[Path | None, list[str]]:
-    """(path of a verified copy in the download cache or the local mirror folder, or None; the copies found with a
-    wrong sha256, each named with both checksums). Never downloads and never writes."""
+    """(path of a verified copy in the download cache, the local mirror folder or, for a file this package ships, the
+    package; or None; the copies found with a wrong sha256, each named with both checksums). Never downloads and never
+    writes."""
     folder, mirror_path = cache_dir(cache), mirror_dir(mirror)
     candidates = [folder / kfile.name] + (mirror_candidates(mirror_path, kfile.name) if mirror_path else [])
+    candidates += [kfile.local] if kfile.local is not None else []  # a file this package ships is local too
     mismatches = []
     for path in candidates:
         if not path.is_file():

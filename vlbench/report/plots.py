@@ -167,3 +167,176 @@ def write_plots(metrics: Mapping[str, Any], out_dir: Path) -> list[Path]:
             tmp.write_text(svg if svg.endswith("\n") else svg + "\n", encoding="utf-8")
         written.append(svg_path)
     return written
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Granularity: mAP per WordNet level (reports/granularity/<dataset>.json, details.levels)
+
+LEVEL_SERIES = (("direct", "coarse: direct"), ("child", "coarse: child-propagated"),
+                ("leaf", "coarse: leaf-propagated"), ("leaf_map", "leaves (own prompts)"))
+LEVELS_FILE = "granularity_levels.svg"
+
+
+def level_rows(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """[{dataset, level, series, value}] from each result's `details.levels` (datasets without levels: none)."""
+    rows = []
+    for dataset, result in results.items():
+        for level in (result.get("details") or {}).get("levels", []):
+            rows += [{"dataset": dataset, "level": int(level["level"]), "series": name, "value": float(level[key])}
+                     for key, name in LEVEL_SERIES if _is_number(level.get(key))]
+    return rows
+
+
+def levels_spec(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Lines with points: mAP per level (entity = 0) for each scoring, one panel per dataset."""
+    series = [name for _, name in LEVEL_SERIES]
+    return {
+        "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
+        "title": {"text": "granularity: mAP per WordNet level", "fontSize": 16, "anchor": "start", "offset": 10},
+        "background": "white",
+        "padding": 12,
+        "data": {"values": rows},
+        "facet": {"column": {"field": "dataset", "type": "nominal", "title": None, "sort": list(dict.fromkeys(
+            r["dataset"] for r in rows)), "header": {"labelFontSize": 13}}},
+        "spec": {
+            "width": 260, "height": 200,
+            "mark": {"type": "line", "point": True},
+            "encoding": {
+                "x": {"field": "level", "type": "quantitative", "title": "level (entity = 0)",
+                      "axis": {"tickMinStep": 1, "format": "d"}, "scale": {"zero": False, "nice": False}},
+                "y": {"field": "value", "type": "quantitative", "title": "mAP",
+                      "scale": {"domain": [0, 1], "nice": False}},
+                "color": {"field": "series", "type": "nominal", "title": None,
+                          "scale": {"domain": series, "range": list(PALETTE[:len(series)])},
+                          "legend": {"orient": "bottom", "columns": 2, "labelLimit": 300}},
+                "tooltip": [{"field": "dataset"}, {"field": "level"}, {"field": "series"},
+                            {"field": "value", "format": ".4f"}],
+            },
+        },
+        "config": {"view": {"stroke": "#dddddd"}, "font": "DejaVu Sans, Liberation Sans, Arial, sans-serif"},
+    }
+
+
+def write_granularity_levels(results: Mapping[str, Mapping[str, Any]], out_dir: Path) -> Path | None:
+    """`<out_dir>/granularity_levels.svg` from the granularity results ({dataset: result JSON}); None (and no
+    file) when no dataset has levels (e.g. only two-level datasets)."""
+    rows = level_rows(results)
+    if not rows:
+        return None
+    path = Path(out_dir) / LEVELS_FILE
+    svg = render_svg(levels_spec(rows))
+    with atomic_path(path) as tmp:
+        tmp.write_text(svg if svg.endswith("\n") else svg + "\n", encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Specificity: the paper's Table 3 as a heat map (reports/specificity/<dataset>.json, details.table)
+
+HEATMAP_FILE = "specificity_heatmap.svg"
+HEATMAP_CELL = 118  # px per cell side
+DARK_FROM = 0.55    # cells at least this dark carry white text
+
+
+def heatmap_rows(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """[{dataset, positive, negative, map, chance, ...}] from each result's `details.table`, cells with images only."""
+    rows = []
+    for dataset, result in results.items():
+        details = result.get("details") or {}
+        for positive, row in (details.get("table") or {}).items():
+            for negative, cell in row.items():
+                if _is_number(cell.get("map")) and _is_number(cell.get("chance")):
+                    rows.append({"dataset": dataset, "positive": positive, "negative": negative,
+                                 "map": float(cell["map"]), "chance": float(cell["chance"]),
+                                 "value": VALUE_FORMAT.format(cell["map"]),
+                                 "note": f"chance {VALUE_FORMAT.format(cell['chance'])}",
+                                 "dark": bool(cell["map"] >= DARK_FROM), "images": int(cell.get("images") or 0)})
+    return rows
+
+
+def _axis_order(results: Mapping[str, Mapping[str, Any]], key: str) -> list[str]:
+    """Positive (`rows`) or negative (`columns`) types in the order the results list them."""
+    return list(dict.fromkeys(t for r in results.values() for t in ((r.get("details") or {}).get(key) or [])))
+
+
+def heatmap_spec(rows: list[dict[str, Any]], positives: list[str], negatives: list[str]) -> dict[str, Any]:
+    """mAP per (positive type, negative type) cell, coloured on a 0..1 scale, each with its chance level; one panel per
+    dataset."""
+    text = {"type": "text", "baseline": "middle", "fontSize": 13}
+    color = {"condition": {"test": "datum.dark", "value": "white"}, "value": "#222222"}
+    return {
+        "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
+        "title": {"text": "specificity: mAP of positives (rows) among negatives (columns), chance below", "fontSize": 16,
+                  "anchor": "start", "offset": 10},
+        "background": "white",
+        "padding": 12,
+        "data": {"values": rows},
+        "facet": {"column": {"field": "dataset", "type": "nominal", "title": None,
+                             "sort": list(dict.fromkeys(r["dataset"] for r in rows)), "header": {"labelFontSize": 13}}},
+        "spec": {
+            "width": HEATMAP_CELL * max(len(negatives), 1), "height": HEATMAP_CELL * max(len(positives), 1) * 0.6,
+            "encoding": {
+                "x": {"field": "negative", "type": "nominal", "sort": negatives, "title": None,
+                      "axis": {"orient": "top", "labelAngle": 0, "labelFontSize": 12}},
+                "y": {"field": "positive", "type": "nominal", "sort": positives, "title": None,
+                      "axis": {"labelFontSize": 12}},
+            },
+            "layer": [
+                {"mark": {"type": "rect", "stroke": "white", "strokeWidth": 2},
+                 "encoding": {"color": {"field": "map", "type": "quantitative", "title": "mAP",
+                                        "scale": {"scheme": "blues", "domain": [0, 1]}},
+                              "tooltip": [{"field": "dataset"}, {"field": "positive"}, {"field": "negative"},
+                                          {"field": "map", "format": ".4f"}, {"field": "chance", "format": ".4f"},
+                                          {"field": "images"}]}},
+                {"mark": {**text, "fontWeight": "bold", "dy": -8},
+                 "encoding": {"text": {"field": "value"}, "color": color}},
+                {"mark": {**text, "fontSize": 10, "dy": 9},
+                 "encoding": {"text": {"field": "note"}, "color": color}},
+            ],
+        },
+        "config": {"view": {"stroke": None}, "font": "DejaVu Sans, Liberation Sans, Arial, sans-serif"},
+    }
+
+
+def write_specificity_heatmap(results: Mapping[str, Mapping[str, Any]], out_dir: Path) -> Path | None:
+    """`<out_dir>/specificity_heatmap.svg` from the specificity results ({dataset: result JSON}); None (and no file)
+    when no cell has a value."""
+    rows = heatmap_rows(results)
+    if not rows:
+        return None
+    path = Path(out_dir) / HEATMAP_FILE
+    svg = render_svg(heatmap_spec(rows, _axis_order(results, "rows"), _axis_order(results, "columns")))
+    with atomic_path(path) as tmp:
+        tmp.write_text(svg if svg.endswith("\n") else svg + "\n", encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Zero-shot knowledge variants: the dataset metric per variant (reports/zeroshot/<dataset>.json, details.variants)
+
+KNOWLEDGE_FILE = "zeroshot_knowledge.svg"
+
+
+def variant_rows(results: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, float]]:
+    """[(dataset, variant, value of the dataset's headline metric)] from each zeroshot result's `details.variants`,
+    templates first; datasets without variants give none. The headline metric is the result's first metric key."""
+    rows = []
+    for dataset, result in results.items():
+        variants = (result.get("details") or {}).get("variants") or {}
+        metric = next(iter(result.get("metrics") or {}), None)
+        rows += [(dataset, name, float(entry["metrics"][metric])) for name, entry in variants.items()
+                 if metric is not None and _is_number(entry.get("metrics", {}).get(metric))]
+    return rows
+
+
+def write_knowledge_variants(results: Mapping[str, Mapping[str, Any]], out_dir: Path) -> Path | None:
+    """`<out_dir>/zeroshot_knowledge.svg`: one bar per dataset and variant (the bars of `vegalite_spec`, coloured by
+    variant); None (nothing written) when no result has variants."""
+    rows = variant_rows(results)
+    if not rows:
+        return None
+    path = Path(out_dir) / KNOWLEDGE_FILE
+    svg = render_svg(vegalite_spec("zeroshot: knowledge variants (each dataset's metric)", rows))
+    with atomic_path(path) as tmp:
+        tmp.write_text(svg if svg.endswith("\n") else svg + "\n", encoding="utf-8")
+    return path

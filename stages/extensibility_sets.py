@@ -1,0 +1,31 @@
+"""extensibility_sets@<name>: dataset-level vocabulary expansion (the openness paper's CIFAR100-Caltech101-SUN397, ...):
+the datasets of suite.extensibility_sets.<name>, each one group over the union of their classes, on cached features
+-> reports/extensibility/<name>.json (vlbench.analyses.openness.run_union). No model."""
+
+from stages.common import parser, run
+from vlbench.analyses.base import Inputs
+from vlbench.analyses.openness import run_union, set_members
+from vlbench.config import features_dir, get, load_params, prepared_dir, texts_dir
+from vlbench.datasets.canonical import load_meta
+from vlbench.models.identity import model_identity
+from vlbench.results import write_result
+
+
+def main() -> None:
+    p = parser(__doc__, dataset=False)
+    p.add_argument("--name", required=True, help="a key of suite.extensibility_sets")
+    args = p.parse_args()
+    params = load_params(args.params)
+    identity = model_identity(get(params, "model", dict))
+    members = [(d, Inputs(meta=load_meta(prepared_dir(d)), identity=identity,
+                          features_dir=features_dir(identity["model"], d), texts_dir=texts_dir(d)))
+               for d in set_members(params, args.name)]
+    result = run_union(members, get(params, "extensibility", dict), int(get(params, "seed", int)))
+    result.counts["skipped_corrupt"] = sum(len(i.meta.provenance.get("skipped_corrupt", []))
+                                           + sum(len(s) for s in i.skipped.values()) for _, i in members)
+    write_result("extensibility", args.name, result, members[0][1].fingerprint or identity)
+    print(f"extensibility_sets {args.name}: {result.metrics}")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,32 @@
+"""knowledge@<dataset>: one text set per knowledge variant (ELEVATER's Wiktionary / WordNet / GPT-3 prompts, CuPL,
+Menon & Vondrick, WordNet 3.0 by wnid) -> data/knowledge/<dataset>/ (no model; knowledge files via the download layer)."""
+
+from stages.common import parser, run, use_download_settings
+from vlbench.config import dataset_entry, get, knowledge_dir, load_params, prepared_dir
+from vlbench.datasets.canonical import load_meta
+from vlbench.io import write_json
+from vlbench.knowledge.variants import build_knowledge, knowledge_options
+from vlbench.texts import DEFAULT_TEMPLATES, check_templates, write_text_sets
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    params = load_params(args.params)
+    use_download_settings(params)
+    entry = dataset_entry(params, args.dataset)
+    options = knowledge_options(get(params, "knowledge", dict))
+    templates = check_templates(args.dataset, (entry["texts"] or {}).get("templates", DEFAULT_TEMPLATES))
+    built = build_knowledge(args.dataset, entry, load_meta(prepared_dir(args.dataset)), templates, options)
+    out = knowledge_dir(args.dataset)
+    versions = write_text_sets(out, args.dataset, built.sets, built.stamps)
+    write_json(out / "knowledge.json", built.summary())
+    if built.wordnet is not None:
+        write_json(out / "wordnet.json", {"dataset": args.dataset, "wordnet": "3.0", "classes": built.wordnet})
+    made = ", ".join(f"{v} ({built.sets[v].num_rows} texts, {built.stamps[v]['knowledge']['template_only']} "
+                     f"template-only, version {versions[v]})" for v in built.sets)
+    skipped = "".join(f"; skipped {v}: {why}" for v, why in built.skipped.items())
+    print(f"knowledge {args.dataset} (vocabulary {built.vocabulary}): {made or 'no variant'}{skipped}")
+
+
+if __name__ == "__main__":
+    run(main)

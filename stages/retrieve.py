@@ -1,0 +1,68 @@
+"""retrieve@<dataset>: retrieval-enhanced prompts (REPE) from a caption corpus's cached features (no model) ->
+features/<model>/<dataset>/retrieval/ (class_weights.parquet, retrieved.parquet, index.json) and
+reports/retrieve/<dataset>.json (index build and query times, recall vs exact search, counts)."""
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from stages.common import parser, run
+from vlbench.analyses.base import Inputs
+from vlbench.config import (
+    ParamsError,
+    dataset_entry,
+    features_dir,
+    get,
+    load_params,
+    prepared_dir,
+    texts_dir,
+)
+from vlbench.datasets.canonical import load_meta
+from vlbench.knowledge import retrieval
+from vlbench.models.identity import model_identity
+from vlbench.results import Result, write_result
+from vlbench.texts import text_set_names
+
+
+def dataset_inputs(dataset: str, identity: dict) -> Inputs:
+    return Inputs(load_meta(prepared_dir(dataset)), identity, features_dir(identity["model"], dataset), texts_dir(dataset))
+
+
+def class_owned_sets(dataset: str) -> list[str]:
+    """The dataset's text sets owned by class_index (prompts, knowledge, ...): where a query text may be found."""
+    return [n for n in text_set_names(texts_dir(dataset))
+            if "class_index" in pq.read_schema(Path(texts_dir(dataset)) / f"{n}.parquet").names]
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda: where FAISS builds and searches the index")
+    args = p.parse_args()
+    params = load_params(args.params)
+    cfg = retrieval.parse_config(get(params, "retrieve", dict))
+    try:
+        dataset_entry(params, cfg.corpus)
+    except ParamsError as err:
+        raise ParamsError(f"retrieve.corpus {cfg.corpus!r}: {err}") from err
+    identity = model_identity(get(params, "model", dict))
+    target, corpus_inputs = dataset_inputs(args.dataset, identity), dataset_inputs(cfg.corpus, identity)
+    corpus = retrieval.load_corpus(corpus_inputs, cfg)
+    prompts = target.texts("prompts")
+    templates = [s == "template" for s in prompts.table.column("source").to_pylist()]
+    class_index = prompts.table.column("class_index").to_numpy()[templates]
+    names = target.meta.class_names
+    result = retrieval.run_retrieval(corpus, names, prompts.embeddings[templates], class_index,
+                                     retrieval.class_text_sets(target, class_owned_sets(args.dataset)), cfg, args.device)
+    fingerprint = retrieval.weights_fingerprint(prompts.fingerprint, corpus, cfg, result.query_sources)
+    retrieval.write_outputs(retrieval.retrieval_dir(target.features_dir), names, corpus, result, fingerprint)
+    metrics, counts, used = retrieval.summary(result, cfg, corpus)
+    write_result("retrieve", args.dataset, Result(metrics, counts, used), fingerprint)
+    timings = used["timings"]
+    print(f"retrieve {args.dataset}: {result.info.kind} index over {result.info.vectors} {cfg.modality} vectors of "
+          f"{cfg.corpus!r} built in {timings['index_build_seconds']:.3f} s, {len(names)} queries in "
+          f"{timings['query_seconds']:.3f} s; kept {counts['kept']} captions, {counts['fallback']} class(es) fell back; "
+          f"{metrics}")
+
+
+if __name__ == "__main__":
+    run(main)

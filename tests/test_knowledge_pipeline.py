@@ -1,0 +1,103 @@
+"""The knowledge stages under DVC: knowledge@shapes (the demo world's own files, fetched from their file:// URLs) ->
+embed_knowledge@shapes -> zeroshot@shapes scoring every variant -> report, on a copy of this repository with one tiny
+dataset and a randomly initialised toy model (no pretraining: these tests check the wiring, not the numbers)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.pipeline_repo import make_repo, run, synthetic_entry
+from vlbench.knowledge.variants import VARIANTS
+
+DVC = (sys.executable, "-m", "dvc")
+SUITE = {
+    "slug": "knowledge-smoke",
+    "datasets": {"shapes": synthetic_entry("shapes", {"test": 24}, ["a {c}.", "a drawing of a {c}."])},
+    "embed": ["shapes"], "zeroshot": ["shapes"], "linear_probe": [], "knowledge": ["shapes"],
+}
+SUITE["datasets"]["shapes"]["texts"]["knowledge"] = "demo-shapes"
+
+
+def random_model(repo: Path) -> None:
+    """conf/model/toy-random.yaml: the toy architecture with seeded random weights saved in the repository."""
+    import open_clip
+    import torch
+
+    from vlbench.models import register_local_configs
+
+    register_local_configs()
+    torch.manual_seed(0)
+    weights = repo / "weights" / "toy-random.pt"
+    weights.parent.mkdir()
+    torch.save(open_clip.create_model("vlbench-toy").state_dict(), weights)
+    model = {"slug": "toy-random", "arch": "vlbench-toy", "pretrained": "weights/toy-random.pt",
+             "weights_file": "weights/toy-random.pt", "precision": "fp32", "pretrain": []}
+    (repo / "conf/model/toy-random.yaml").write_text(yaml.safe_dump(model))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    repo = make_repo(tmp_path_factory.mktemp("knowledge") / "repo")
+    (repo / "conf/suite/knowledge-smoke.yaml").write_text(yaml.safe_dump(SUITE))
+    random_model(repo)
+    run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=knowledge-smoke", "model=toy-random")
+    run(repo, *DVC, "repro")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "knowledge results")
+    return repo
+
+
+def status(repo: Path) -> set[str]:
+    return set(json.loads(run(repo, *DVC, "status", "--json").stdout))
+
+
+def test_every_variant_is_scored_with_its_coverage(repo):
+    result = json.loads((repo / "reports/zeroshot/shapes.json").read_text())
+    variants = result["details"]["variants"]
+    assert list(variants) == ["templates", *VARIANTS]
+    for name in VARIANTS:
+        entry = variants[name]
+        assert 0 <= entry["metrics"]["accuracy"] <= 1 and entry["text_set"] == name
+        assert all(c["classes"] == 12 and c["covered"] == 12 for c in entry["coverage"].values()), name
+        assert entry["template_only"] == 0
+    assert variants["menon"]["weights"] == "mean_similarity" and variants["gpt3"]["options"]["gpt3_items"] == 1
+    assert variants["wiktionary"]["files"][0]["upstream"] == "vlbench:demo/demo-shapes_knowledge.tsv"
+    best = max(VARIANTS, key=lambda v: (variants[v]["metrics"]["accuracy"], -list(VARIANTS).index(v)))
+    assert result["metrics"] == {"accuracy": variants["templates"]["metrics"]["accuracy"],
+                                 "knowledge_best_accuracy": variants[best]["metrics"]["accuracy"],
+                                 "knowledge_best_variant": best}
+    metrics = json.loads((repo / "reports/metrics.json").read_text())
+    assert metrics["zeroshot"]["shapes"] == result["metrics"]
+    assert (repo / "reports/plots/zeroshot_knowledge.svg").is_file()
+
+
+def test_the_stage_outputs(repo):
+    sets = sorted(p.stem for p in (repo / "data/knowledge/shapes").glob("*.parquet"))
+    assert sets == sorted(VARIANTS)
+    assert sorted(p.stem for p in (repo / "features/toy-random/shapes/knowledge").glob("*.parquet")) == sets
+    summary = json.loads((repo / "data/knowledge/shapes/knowledge.json").read_text())
+    assert summary["vocabulary"] == "demo-shapes" and summary["skipped"] == {} and len(summary["files"]) == 4
+    wordnet = json.loads((repo / "data/knowledge/shapes/wordnet.json").read_text())["classes"]
+    assert [c["chosen_by"] for c in wordnet] == ["wnid"] * 12 and wordnet[5]["synset"] == "rhombus.n.01"
+    assert (repo / "data/downloads/GPT3_demo-shapes.tsv").is_file()  # fetched through the download layer
+
+
+def test_knowledge_params_rerun_the_knowledge_stage_only(repo):
+    assert status(repo) == set()
+    params = repo / "params.yaml"
+    before = params.read_text()
+    try:
+        params.write_text(before.replace("gpt3_items: 1", "gpt3_items: 2"))
+        assert status(repo) == {"knowledge@shapes"}
+        changed = yaml.safe_load(before)
+        changed["suite"]["datasets"]["shapes"]["texts"]["templates"][1] = "a sketch of a {c}."
+        params.write_text(yaml.safe_dump(changed))
+        assert status(repo) == {"texts@shapes", "knowledge@shapes"}
+    finally:
+        params.write_text(before)
+    assert status(repo) == set()

@@ -1,0 +1,337 @@
+"""REPE (retrieval-enhanced prompts): FAISS search against brute force, the caption filter, fallbacks, the lambda
+mixing per template, and the retrieve stage in a temporary pipeline repository."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from vlbench.analyses.zeroshot import class_weights
+from vlbench.config import ParamsError
+from vlbench.features import StaleFeaturesError
+from vlbench.knowledge import retrieval as rt
+
+DVC = (sys.executable, "-m", "dvc")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def unit(rng, n, d=16):
+    return rt.l2_normalize(rng.standard_normal((n, d)).astype(np.float32))
+
+
+def clustered(rng, n, d=32, centers=50, noise=0.3):
+    """Vectors around a few centres: structure an approximate index can exploit (like real embeddings)."""
+    c = rng.standard_normal((centers, d)).astype(np.float32)
+    return rt.l2_normalize(c[rng.integers(centers, size=n)] + noise * rng.standard_normal((n, d)).astype(np.float32))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Search
+
+
+def test_exact_index_equals_numpy_brute_force():
+    rng = np.random.default_rng(0)
+    corpus, queries = unit(rng, 3000), unit(rng, 40)
+    index, info = rt.build_index(corpus, rt.IndexConfig(), device="cpu")
+    assert (info.kind, info.vectors, info.dim, info.exact) == ("flat", 3000, 16, True)
+    scores, ids, _ = rt.search(index, queries, 25)
+    full = queries @ corpus.T
+    expect = np.argsort(-full, axis=1, kind="stable")[:, :25]
+    np.testing.assert_array_equal(ids, expect)
+    np.testing.assert_allclose(scores, np.take_along_axis(full, expect, 1), atol=1e-5)
+
+
+def test_numpy_exact_search_streams_chunks_and_breaks_ties_by_lower_id():
+    rng = np.random.default_rng(1)
+    corpus, queries = unit(rng, 1000), unit(rng, 7)
+    s, i = rt.exact_search(corpus, queries, 30, chunk=64)
+    full = queries @ corpus.T
+    np.testing.assert_array_equal(i, np.argsort(-full, axis=1, kind="stable")[:, :30])
+    np.testing.assert_allclose(s, np.take_along_axis(full, i, 1), rtol=1e-6)
+    tied = np.ones((5, 4), np.float32)
+    assert rt.exact_search(tied, tied[:1], 3, chunk=2)[1].tolist() == [[0, 1, 2]]
+
+
+def test_k_is_capped_by_the_corpus_size():
+    rng = np.random.default_rng(2)
+    index, _ = rt.build_index(unit(rng, 12), rt.IndexConfig(), device="cpu")
+    _, ids, _ = rt.search(index, unit(rng, 3), 1000)
+    assert ids.shape == (3, 12) and sorted(ids[0].tolist()) == list(range(12))
+
+
+def test_the_index_is_chosen_by_size_with_thresholds_as_params():
+    cfg = rt.IndexConfig(exact_max=100, hnsw_max=1000)
+    assert [rt.choose_kind(n, cfg) for n in (100, 101, 1000, 1001)] == ["flat", "hnsw", "hnsw", "ivf"]
+    assert rt.choose_kind(10, rt.IndexConfig(kind="ivf")) == "ivf"
+    assert rt.ivf_nlist(1_000_000, rt.IndexConfig(train_size=200_000)) == 4000
+    assert rt.ivf_nlist(1_000_000, rt.IndexConfig()) == 2564  # faiss wants 39 training vectors per cell
+    assert rt.ivf_nlist(390, rt.IndexConfig(nlist=64)) == 10
+
+
+@pytest.mark.parametrize("kind", ["ivf", "hnsw"])
+def test_approximate_indexes_reach_high_recall_against_exact_search(kind):
+    rng = np.random.default_rng(3)
+    corpus, queries = clustered(rng, 6000), clustered(rng, 50)
+    cfg = rt.IndexConfig(kind=kind, nlist=32, nprobe=8, train_size=3000)
+    index, info = rt.build_index(corpus, cfg, device="cpu")
+    assert info.kind == kind and not info.exact and info.build_seconds > 0
+    _, ids, _ = rt.search(index, queries, 100)
+    recall = rt.recall_at_k(ids, rt.exact_search(corpus, queries, 100)[1])
+    assert 0.9 <= recall <= 1.0
+
+
+def test_recall_counts_missing_hits_as_misses():
+    exact = np.array([[1, 2, 3, 4]])
+    assert rt.recall_at_k(np.array([[4, 3, -1, 9]]), exact) == 0.5
+
+
+def test_cuda_is_refused_without_a_gpu_faiss():
+    faiss = rt.faiss_module()
+    if rt.gpu_available(faiss):
+        pytest.skip("this machine has a FAISS GPU")
+    with pytest.raises(rt.RetrievalError, match="faiss-gpu"):
+        rt.build_index(unit(np.random.default_rng(0), 10), rt.IndexConfig(), device="cuda")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Filter
+
+
+CAPTIONS = ["a gray circle", "a ray in the sea", "three rays", "an X-ray photo", "RAY!", "array of shapes", "a raygun"]
+
+
+def test_word_filter_matches_words_and_plurals_not_substrings():
+    assert rt.caption_passes("ray", CAPTIONS, "word").tolist() == [False, True, True, True, True, False, False]
+    assert rt.caption_passes("ray", CAPTIONS, "exact_word").tolist() == [False, True, False, True, True, False, False]
+
+
+def test_substring_filter_is_the_authors_rule_ray_matches_gray():
+    assert rt.caption_passes("ray", CAPTIONS, "substring").tolist() == [True] * 7
+
+
+def test_any_word_of_the_class_name_passes_split_at_spaces_and_underscores():
+    caps = ["a goldfish in a tank", "a FISH bowl", "an aquarium", "a fishing rod"]
+    assert rt.class_words("aquarium_fish") == ["aquarium", "fish"]
+    assert rt.caption_passes("aquarium_fish", caps, "word").tolist() == [False, True, True, False]
+    assert rt.caption_passes("aquarium_fish", caps, "substring").tolist() == [True, True, True, True]
+    assert rt.caption_passes("box", ["two boxes", "a boxer"], "word").tolist() == [True, False]
+
+
+def test_pieces_without_letters_are_no_words_but_substrings_keep_them():
+    caps = ["see http://x.org/a", "a handrail"]
+    assert rt.class_words("baluster / handrail") == ["baluster", "/", "handrail"]
+    assert rt.caption_passes("baluster / handrail", caps, "word").tolist() == [False, True]
+    assert rt.caption_passes("baluster / handrail", caps, "substring").tolist() == [True, True]
+    assert rt.caption_passes("/", caps, "word").tolist() == [False, False]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Mixing
+
+
+def test_lambda_mixing_math_for_one_template():
+    p, m = np.array([[3.0, 4.0, 0.0]]), np.array([[0.0, 0.0, 0.5]])
+    w = rt.repe_class_weights(p, np.array([0]), m, 0.25)
+    expect = 0.75 * np.array([0.6, 0.8, 0.0]) + 0.25 * np.array([0.0, 0.0, 0.5])
+    np.testing.assert_allclose(w[0], expect / np.linalg.norm(expect), rtol=1e-6)
+    np.testing.assert_allclose(rt.repe_class_weights(p, np.array([0]), m, 1.0)[0], [0, 0, 1], atol=1e-7)
+    np.testing.assert_allclose(rt.repe_class_weights(p, np.array([0]), m, 0.0)[0], [0.6, 0.8, 0], atol=1e-7)
+
+
+def test_lambda_is_applied_per_template_then_averaged():
+    rng = np.random.default_rng(4)
+    prompts = rng.standard_normal((6, 8)).astype(np.float32)  # 2 classes x 3 templates, unnormalised
+    cls = np.array([0, 0, 0, 1, 1, 1])
+    means = rng.standard_normal((2, 8)).astype(np.float32) * 0.3
+    w = rt.repe_class_weights(prompts, cls, means, 0.25)
+    for c in range(2):
+        per_template = [0.75 * p / np.linalg.norm(p) + 0.25 * means[c] for p in prompts[cls == c]]
+        avg = np.mean([t / np.linalg.norm(t) for t in per_template], axis=0)
+        np.testing.assert_allclose(w[c], avg / np.linalg.norm(avg), rtol=1e-5)
+    once = rt.mix(class_weights(prompts, cls, 2), means, 0.25)  # mixing the ensemble once is not the same
+    assert not np.allclose(w, once, atol=1e-4)
+    np.testing.assert_allclose(rt.ensemble_weights(prompts, cls, 2), class_weights(prompts, cls, 2), rtol=1e-6)
+
+
+def test_first_keep_passing_captions_are_averaged_normalised_not_renormalised():
+    emb = np.array([[2, 0, 0], [0, 3, 0], [0, 0, 1], [0, 5, 5]], np.float32)
+    corpus = rt.Corpus("c", np.array(["a", "b", "c", "d"]), ["x circle", "y square", "two circles", "circle z"], emb)
+    cfg = rt.RetrievalConfig(modality="text", keep=2)
+    hits = (np.ones((1, 4), np.float32), np.array([[1, 0, 2, 3]]))
+    found = rt.retrieve_classes(corpus, ["circle"], hits, cfg)
+    assert found[0].passed.tolist() == [False, True, True, True]
+    assert found[0].kept.tolist() == [False, True, True, False]
+    means = rt.caption_means(found, emb, np.zeros((1, 3), np.float32))
+    np.testing.assert_allclose(means[0], [0.5, 0, 0.5])  # norm 0.707: the authors' mean, not renormalised
+
+
+def test_a_class_with_no_passing_caption_falls_back_to_its_query():
+    emb = np.eye(3, dtype=np.float32)
+    corpus = rt.Corpus("c", np.array(["a", "b", "c"]), ["a square", "a star", "a square"], emb)
+    hits = (np.ones((2, 3), np.float32), np.array([[0, 1, 2], [2, 1, 0]]))
+    found = rt.retrieve_classes(corpus, ["circle", "star"], hits, rt.RetrievalConfig(modality="text"))
+    assert [f.fallback for f in found] == [True, False]
+    query = np.array([[0, 3, 4], [1, 0, 0]], np.float32)
+    means = rt.caption_means(found, emb, query)
+    np.testing.assert_allclose(means, [[0, 0.6, 0.8], [0, 1, 0]])
+    w = rt.repe_class_weights(np.array([[1, 0, 0], [0, 0, 1]], np.float32), np.array([0, 1]), means, 0.25)
+    expect = 0.75 * np.array([1, 0, 0]) + 0.25 * np.array([0, 0.6, 0.8])
+    np.testing.assert_allclose(w[0], expect / np.linalg.norm(expect), rtol=1e-6)
+
+
+def test_image_hits_expand_to_all_captions_of_each_image_in_rank_order():
+    image_ids = np.array(["i0", "i1", "i2"])
+    caption_ids = np.array(["i2", "i0", "i2", "zz", "i1"])
+    cmap = rt.caption_map(image_ids, caption_ids)
+    assert cmap.unmatched == 1 and cmap.count.tolist() == [1, 1, 2]
+    rows, ranks, sims = rt.rank_captions(np.array([2, 0, -1]), np.array([0.9, 0.5, 0.0]), "image", cmap)
+    assert rows.tolist() == [0, 2, 1] and ranks.tolist() == [0, 0, 1] and sims.tolist() == [0.9, 0.9, 0.5]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Queries and params
+
+
+def prompt_table(rows):
+    return pa.table({"class_index": pa.array([r[0] for r in rows], pa.int64()), "text": [r[1] for r in rows]})
+
+
+def test_query_is_the_embedded_text_or_the_prompt_ensemble():
+    emb = np.array([[0, 2, 0], [1, 0, 0]], np.float32)
+    table = prompt_table([(0, "a photo of a circle."), (1, "a star.")])
+    ensemble = np.array([[1, 0, 0], [0, 0, 1]], np.float32)
+    cfg = rt.RetrievalConfig()
+    q, sources = rt.query_embeddings(["circle", "star"], [(table, emb)], cfg, ensemble)
+    assert sources == ["text", "ensemble"]
+    np.testing.assert_allclose(q, [[0, 1, 0], [0, 0, 1]])
+    with pytest.raises(rt.RetrievalError, match=r"'a photo of a star\.'.*query_missing"):
+        rt.query_embeddings(["circle", "star"], [(table, emb)], rt.RetrievalConfig(query_missing="error"), ensemble)
+
+
+def test_run_retrieval_end_to_end_on_arrays():
+    rng = np.random.default_rng(5)
+    names = ["circle", "square"]
+    caps = [f"a {'circle' if i % 2 else 'square'} {i}" for i in range(40)]
+    cap_emb = unit(rng, 40, 8)
+    corpus = rt.Corpus("c", np.array([f"s{i}" for i in range(40)]), caps, cap_emb,
+                       image_ids=np.array([f"s{i}" for i in range(40)]), image_emb=unit(rng, 40, 8))
+    prompts, cls = unit(rng, 4, 8), np.array([0, 0, 1, 1])
+    cfg = rt.RetrievalConfig(top_k=10, keep=3)
+    run = rt.run_retrieval(corpus, names, prompts, cls, [], cfg, device="cpu")
+    assert run.k == 10 and run.recall == 1.0 and run.query_sources == ["ensemble", "ensemble"]
+    for c, f in enumerate(run.found):
+        assert len(f.caption_rows) == 10 and f.kept.sum() == min(3, f.passed.sum())
+        assert all(names[c] in caps[r] for r in f.caption_rows[f.passed])
+    means = rt.caption_means(run.found, cap_emb, rt.ensemble_weights(prompts, cls, 2))
+    np.testing.assert_allclose(run.weights, rt.repe_class_weights(prompts, cls, means, 0.25), rtol=1e-6)
+
+
+def test_params_errors_name_the_key():
+    with pytest.raises(ParamsError, match=r"retrieve\.filter 'fuzzy'"):
+        rt.parse_config({"filter": "fuzzy"})
+    with pytest.raises(ParamsError, match=r"retrieve\.shift_lambda"):
+        rt.parse_config({"shift_lambda": 1.5})
+    with pytest.raises(ParamsError, match=r"retrieve\.index\.nprobe"):
+        rt.parse_config({"index": {"nprobe": 0}})
+    with pytest.raises(ParamsError, match=r"unknown key\(s\) retrieve\.\['topk'\]"):
+        rt.parse_config({"topk": 5})
+    with pytest.raises(ParamsError, match=r"retrieve\.query must"):
+        rt.parse_config({"query": "a photo"})
+    config = yaml.safe_load((ROOT / "conf/config.yaml").read_text())
+    assert rt.parse_config(config["retrieve"]) == rt.RetrievalConfig()  # the defaults are the documented ones
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The stage in a pipeline
+
+
+@pytest.fixture(scope="module")
+def retrieved(tmp_path_factory):
+    from tests.pipeline_repo import make_repo, run, synthetic_entry
+
+    repo = make_repo(tmp_path_factory.mktemp("retrieve") / "repo")
+    suite = yaml.safe_load((repo / "conf/suite/smoke.yaml").read_text())
+    suite["datasets"]["corpus"] = synthetic_entry("corpus", {"train": 200}, ["a {c}."])
+    suite.update(embed=suite["embed"] + ["corpus"], retrieve=["shapes"])
+    (repo / "conf/suite/smoke.yaml").write_text(yaml.safe_dump(suite))
+    run(repo, sys.executable, "-m", "vlbench.cli", "compose")
+    run(repo, *DVC, "repro", "retrieve@shapes")
+    return repo
+
+
+def test_the_stage_writes_weights_captions_index_info_and_a_report(retrieved):
+    out = retrieved / "features/toy-smoke/shapes/retrieval"
+    assert sorted(p.name for p in out.iterdir()) == ["class_weights.parquet", "index.json", "retrieved.parquet"]
+    weights = pq.read_table(out / "class_weights.parquet")
+    assert weights.num_rows == 12 and weights.column("query_source").to_pylist() == ["ensemble"] * 12
+    emb = np.stack(weights.column("embedding").to_numpy(zero_copy_only=False))
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
+    found = {k: np.array(v) for k, v in pq.read_table(out / "retrieved.parquet").to_pydict().items()}
+    assert len(found["class_index"]) == 12 * 200  # top_k 1000 capped by the 200 corpus images, one caption each
+    names = weights.column("name").to_pylist()
+    for c in range(12):
+        mine = found["class_index"] == c
+        passed, kept = found["passed"][mine], found["kept"][mine]
+        assert found["hit_rank"][mine].tolist() == list(range(200))
+        assert kept.sum() == min(100, passed.sum()) and not (kept & ~passed).any()
+        words = rt.class_words(names[c])
+        assert all(any(w in cap.lower() for w in words) for cap in found["caption"][mine][passed])
+    assert json.loads((out / "index.json").read_text())["kind"] == "flat"
+    report = json.loads((retrieved / "reports/retrieve/shapes.json").read_text())
+    assert report["metrics"]["recall_at_200"] == 1.0 and report["counts"]["classes"] == 12
+    assert report["params"]["timings"]["index_build_seconds"] >= 0
+    assert report["counts"]["kept"] == int(weights.column("kept").to_numpy().sum())
+
+
+def test_the_weights_are_fingerprinted_for_the_model_and_prompts_version(retrieved, monkeypatch):
+    from vlbench.models.identity import model_identity
+    from vlbench.texts import read_text_set
+
+    monkeypatch.chdir(retrieved)
+    params = yaml.safe_load((retrieved / "params.yaml").read_text())
+    identity = model_identity(params["model"])
+    version = read_text_set(retrieved / "data/texts/shapes/prompts.parquet")[1]["text_version"]
+    features = retrieved / "features/toy-smoke/shapes"
+    got = rt.read_repe_class_weights(features, identity, "shapes", version)
+    assert got.embeddings.shape[0] == 12 and got.fingerprint["text_set"] == "repe"
+    assert got.fingerprint["corpus"] == "corpus" and got.fingerprint["retrieval"]["shift_lambda"] == 0.25
+    with pytest.raises(StaleFeaturesError, match="prompts_version"):
+        rt.read_repe_class_weights(features, identity, "shapes", "0000")
+    with pytest.raises(StaleFeaturesError, match="weights_sha256"):
+        rt.read_repe_class_weights(features, {**identity, "weights_sha256": "x"}, "shapes", version)
+
+
+def test_nothing_is_stale_after_a_run_and_a_lambda_change_reruns_retrieve_only(retrieved):
+    from tests.pipeline_repo import run
+
+    assert json.loads(run(retrieved, *DVC, "status", "--json", "retrieve@shapes").stdout) == {}
+    config = retrieved / "conf/config.yaml"
+    text = config.read_text()
+    config.write_text(text.replace("shift_lambda: 0.25", "shift_lambda: 0.5"))
+    try:
+        run(retrieved, sys.executable, "-m", "vlbench.cli", "compose")
+        status = json.loads(run(retrieved, *DVC, "status", "--json", "retrieve@shapes").stdout)
+        assert list(status) == ["retrieve@shapes"]
+    finally:
+        config.write_text(text)
+        run(retrieved, sys.executable, "-m", "vlbench.cli", "compose")
+
+
+def test_a_corpus_without_captions_is_one_clear_line(retrieved, tmp_path):
+    from tests.pipeline_repo import run
+
+    params = yaml.safe_load((retrieved / "params.yaml").read_text())
+    params["retrieve"]["captions"] = "prompts"
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
+    proc = run(retrieved, sys.executable, "-m", "stages.retrieve", "--dataset", "shapes", "--params",
+               str(tmp_path / "p.yaml"), check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: corpus 'corpus': text set 'prompts' is not owned by sample_id (columns "
+                                   "['class_index', 'source', 'text']); retrieve.captions must name its captions")

@@ -1,0 +1,605 @@
+"""ELEVATER linear probing on cached image features (Li et al., NeurIPS 2022 D&B; docs/protocols.md "Adapt: ELEVATER
+linear probing"), following the toolkit's code (Elevater_Toolkit_IC @ 00d0af7: `evaluation/full_model_finetune.py`,
+`evaluation/feature.py`, `commands/linear_probe.py`, `config/default.py`, `resources/model/*.yaml`) and the few-shot
+sampler of vision-datasets 0.2.17 (`DatasetManifest.sample_few_shot_subset`), the version the toolkit pins.
+
+Per dataset, head (Random-2P, Language-2P), shot count (5, 20, 50, full) and sampling seed (0, 1, 2):
+1. sample the few-shot training set (per class, the dataset's manifest order shuffled by `random.Random(seed)`);
+   a 1-shot request samples 2 and then trains the final head on the train part only, as the toolkit does;
+2. carve validation: per class the first ceil(20%) of the few-shot set (greedy cover for multi-label);
+3. search: 6 learning rates 1e-6 .. 1e-1; for each, weight decay over `logspace(-6, 6, 97)`: the 7 decades
+   10^-6, 10^-4, ..., 10^6, then the neighbours of the running best at 8, 4, 2, 1 grid steps; every run is
+   10 epochs of SGD (momentum 0.9, no Nesterov, batch 64, constant rate) scored by its best validation metric
+   over the epochs; best weight decay per learning rate, then the best learning rate (strict improvements);
+4. final: 50 epochs with the chosen pair on train + validation; the test metric of the last epoch (default)
+   or, as the toolkit reports, its best epoch on test (`report: best_on_test`, which selects on test).
+The head is `logit_scale * Linear(BatchNorm1d(x, affine=False))` on the projected image embedding, FP32.
+Every (head, learning rate, weight decay) of a search round trains as one batched computation (`LinearHeads`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from vlbench.analyses.adapt.common import (
+    AdaptError,
+    LinearHeads,
+    ProtocolResult,
+    cpu_threads,
+    mean_std,
+    pytorch_linear_init,
+    score_heads,
+    softmax_np,
+)
+from vlbench.analyses.adapt.common import device as pick_device
+
+HEADS = ("random_2p", "language_2p")  # language_1p needs pre-projection features, which the feature store lacks
+REPORTS = ("last", "best_on_test")
+LOGIT_SCALES = {"none": 1.0, "clip": 1.0 / 0.07}  # exp of the toolkit's LOGIT_SCALE_INIT: 'none' -> exp(0), 'clip'
+SHUFFLE_SEED = 0  # the toolkit's create_dataloader seeds every training loader's generator with 0
+BN_EPS, BN_MOMENTUM = 1e-5, 0.1  # torch.nn.BatchNorm1d defaults
+CACHE_BYTES = 256 << 20  # a search keeps its normalised batches when they take at most this much
+PE_SIGN_NOTE = ("as printed, the score grows with the trainable-parameter ratio M/M0 (exp(+log10)); "
+                "pe_sign_flipped uses exp(-log10), which rewards fewer trainable parameters")
+
+
+# --------------------------------------------------------------------------------------------------
+# settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The `adapt.elevater` params, checked."""
+
+    train_split: str = "train"
+    test_split: str = "test"
+    shots: tuple = (5, 20, 50, "full")
+    seeds: tuple = (0, 1, 2)
+    heads: tuple = HEADS
+    val_fraction: float = 0.2
+    batch_size: int = 64
+    search_epochs: int = 10
+    final_epochs: int = 50
+    lr_log_range: tuple = (-6, -1)
+    lr_num: int = 6
+    wd_log_range: tuple = (-6, 6)
+    momentum: float = 0.9
+    nesterov: bool = False
+    logit_scale: str = "none"
+    report: str = "last"
+    search_subset: Mapping[str, int] = field(default_factory=lambda: {"patch-camelyon": 10000})
+    model_params: int | None = None
+    pe_epsilon: float = 1.0
+
+    @classmethod
+    def from_cfg(cls, cfg: Mapping[str, Any]) -> Settings:
+        cfg = dict(cfg or {})
+        pe = dict(cfg.pop("parameter_efficiency", None) or {})
+        lr, wd = dict(cfg.pop("lr_grid", None) or {}), dict(cfg.pop("wd_grid", None) or {})
+        nested = {"lr_grid": (lr, {"log_lower", "log_upper", "num"}), "wd_grid": (wd, {"log_lower", "log_upper"}),
+                  "parameter_efficiency": (pe, {"model_params", "epsilon"})}
+        unknown = sorted(set(cfg) - set(cls.__dataclass_fields__))
+        unknown += [f"{name}.{k}" for name, (given, known) in nested.items() for k in sorted(set(given) - known)]
+        if unknown:
+            raise AdaptError(f"params.yaml: unknown key(s) adapt.elevater.{', adapt.elevater.'.join(unknown)}")
+        extra = {"lr_log_range": (lr.get("log_lower", -6), lr.get("log_upper", -1)), "lr_num": lr.get("num", 6),
+                 "wd_log_range": (wd.get("log_lower", -6), wd.get("log_upper", 6)),
+                 "model_params": pe.get("model_params"), "pe_epsilon": pe.get("epsilon", 1.0)}
+        tuples = {k: tuple(cfg[k]) for k in ("shots", "seeds", "heads") if k in cfg}
+        settings = cls(**{**cfg, **tuples, **extra})
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        bad = [h for h in self.heads if h not in HEADS]
+        if bad:
+            why = " (Language-1P needs pre-projection image features, which the embed stage does not cache)" \
+                if "language_1p" in bad else ""
+            raise AdaptError(f"params.yaml: adapt.elevater.heads {bad} not in {list(HEADS)}{why}")
+        for s in self.shots:
+            if not (s == "full" or (isinstance(s, int) and s >= 1)):
+                raise AdaptError(f"params.yaml: adapt.elevater.shots entry {s!r} is neither a positive int nor 'full'")
+        checks = {"report": (self.report in REPORTS, f"one of {list(REPORTS)}"),
+                  "logit_scale": (self.logit_scale in LOGIT_SCALES, f"one of {list(LOGIT_SCALES)}"),
+                  "val_fraction": (0 < self.val_fraction < 1, "in (0, 1)"),
+                  "batch_size": (self.batch_size >= 2, ">= 2"),
+                  "search_epochs": (self.search_epochs >= 1, ">= 1"),
+                  "final_epochs": (self.final_epochs >= 1, ">= 1"),
+                  "seeds": (len(self.seeds) >= 1, "non-empty"), "heads": (len(self.heads) >= 1, "non-empty")}
+        for key, (ok, want) in checks.items():
+            if not ok:
+                raise AdaptError(f"params.yaml: adapt.elevater.{key} {getattr(self, key)!r} must be {want}")
+
+    def learning_rates(self) -> list[float]:
+        return np.logspace(*self.lr_log_range, num=self.lr_num).tolist()
+
+    def weight_decays(self) -> list[float]:
+        return np.logspace(*self.wd_log_range, num=97).tolist()
+
+
+# --------------------------------------------------------------------------------------------------
+# sampling and validation
+
+
+def toolkit_shots(shots) -> tuple[int | None, bool]:
+    """(images per class to sample or None for the whole pool, merge validation into the final run).
+    A 1-shot request samples 2 per class and trains the final head without the validation image
+    (`commands/linear_probe.py` sets NUM_SAMPLES_PER_CLASS 2 and MERGE_TRAIN_VAL_FINAL_RUN False)."""
+    if shots == "full":
+        return None, True
+    return (2, False) if int(shots) == 1 else (int(shots), True)
+
+
+def few_shot_subset(label_lists: Sequence[Sequence[int]], num_classes: int, n: int, seed: int) -> np.ndarray:
+    """Pool positions of vision-datasets 0.2.17's `sample_few_shot_subset(n, seed)`, in the order it keeps them.
+
+    The manifest's images are shuffled with `random.Random(seed)`; walking them, an image without labels is
+    kept while fewer than n such were kept; an image whose labels all have n images already is skipped; else it
+    is kept when its least-counted label has at most n/2 images or its most-counted at most 1.5 n; the walk
+    stops once every class has n. Single-label: the first n of each class in the shuffled order."""
+    order = list(range(len(label_lists)))
+    random.Random(seed).shuffle(order)
+    counts, kept, negatives = [0] * num_classes, [], 0
+    for i in order:
+        labels = label_lists[i]
+        if len(labels) == 0:
+            if negatives < n:
+                negatives += 1
+                kept.append(i)
+            continue
+        have = [counts[c] for c in labels]
+        if min(have) >= n:
+            continue
+        if min(have) <= n / 2 or max(have) <= 1.5 * n:
+            kept.append(i)
+            for c in labels:
+                counts[c] += 1
+        if min(counts) >= n:
+            break
+    return np.asarray(kept, dtype=np.int64)
+
+
+def validation_split(labels: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(train positions, validation positions), both sorted, of a (few-shot) training set.
+
+    Single-label (labels [n]): per class, its first ceil(fraction * n_c) images in the set's order (the toolkit's
+    `get_dataloader`, not random), capped at n_c - 1 so that the class keeps one training image (a class with a
+    single image stays in train). Multi-label (labels [n, C] 0/1): the toolkit's greedy cover; see
+    `multilabel_validation`."""
+    labels = np.asarray(labels)
+    if labels.ndim == 2:
+        val = multilabel_validation(labels, fraction)
+    else:
+        parts = []
+        for c in np.unique(labels):
+            where = np.flatnonzero(labels == c)
+            parts.append(where[:min(math.ceil(where.size * fraction), where.size - 1)])
+        val = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    return np.setdiff1d(np.arange(labels.shape[0]), val), val
+
+
+def multilabel_validation(targets: np.ndarray, fraction: float) -> np.ndarray:
+    """The toolkit's greedy validation cover: each class wants ceil(fraction * positives) validation images
+    (here capped at positives - 1, so a class keeps a training positive where its own picks decide); while a
+    class still wants some, take the first remaining image that has the lowest such class and count its labels
+    against every class's want."""
+    targets = np.asarray(targets, dtype=np.int64).copy()
+    positives = targets.sum(axis=0)
+    want = np.minimum(np.ceil(positives * fraction), np.maximum(positives - 1, 0))
+    picked = []
+    while (want > 0).any():
+        cls = int(np.flatnonzero(want > 0)[0])
+        sample = int(np.flatnonzero(targets[:, cls] > 0)[0])
+        picked.append(sample)
+        want -= targets[sample]
+        targets[sample] = 0
+    return np.sort(np.asarray(picked, dtype=np.int64))
+
+
+def epoch_orders(n: int, epochs: int, seed: int = SHUFFLE_SEED) -> list[np.ndarray]:
+    """The sample order of each epoch of the toolkit's training loader: a `DataLoader(shuffle=True)` whose generator
+    is seeded with `seed` when the loader is made (once per run), as the installed torch draws it."""
+    import torch
+
+    loader = torch.utils.data.DataLoader(range(n), batch_size=n, shuffle=True, collate_fn=np.asarray,
+                                         generator=torch.Generator().manual_seed(seed))
+    orders = []
+    for _ in range(epochs):
+        (order,) = list(loader)  # one batch of n; exhausting the loader draws what a whole epoch draws
+        orders.append(order)
+    return orders
+
+
+# --------------------------------------------------------------------------------------------------
+# training K heads with the toolkit's batch norm
+
+
+@dataclass
+class Problem:
+    """Features and labels of one training run: fit on (x_fit, y_fit), score every epoch on (x_eval, y_eval)."""
+
+    x_fit: np.ndarray
+    y_fit: np.ndarray  # [n] class indices, or [n, C] 0/1 for multi-label
+    x_eval: np.ndarray
+    y_eval: np.ndarray
+    metric: str
+    multi_label: bool
+
+
+class ChannelBatchNorm:
+    """`torch.nn.BatchNorm1d(d, affine=False)`: batch statistics (biased variance) while training, which also update
+    running statistics (momentum 0.1, unbiased variance); running statistics when evaluating. The features are
+    frozen and every head sees the same batches, so one instance serves all heads."""
+
+    def __init__(self, dim: int, on):
+        import torch
+
+        self.mean = torch.zeros(dim, device=on)
+        self.var = torch.ones(dim, device=on)
+
+    def train(self, x):
+        import torch
+
+        mean = x.mean(dim=0)
+        centred = x - mean
+        var = (centred * centred).mean(dim=0)  # biased; torch's x.var(dim=0) took 0.9 ms on 64 x 512 here, this 0.05
+        unbiased = var * (x.shape[0] / (x.shape[0] - 1))
+        self.mean.mul_(1 - BN_MOMENTUM).add_(BN_MOMENTUM * mean)
+        self.var.mul_(1 - BN_MOMENTUM).add_(BN_MOMENTUM * unbiased)
+        return centred / torch.sqrt(var + BN_EPS)
+
+    def eval(self, x):
+        import torch
+
+        return (x - self.mean) / torch.sqrt(self.var + BN_EPS)
+
+
+class BatchPlan:
+    """The normalised training batches of every epoch and the normalised evaluation features after each epoch, for one
+    `Problem`: the same for every run on it (each run's loader generator is seeded alike and the batch statistics
+    depend on the data only), so a search computes them once when they fit in `CACHE_BYTES`, else per run."""
+
+    def __init__(self, problem: Problem, epochs: int, batch_size: int, on):
+        import torch
+
+        self.epochs, self.batch_size, self.on = epochs, batch_size, on
+        self.x_fit = torch.as_tensor(problem.x_fit, dtype=torch.float32, device=on)
+        self.y_fit = torch.as_tensor(problem.y_fit, dtype=torch.float32 if problem.multi_label else torch.long,
+                                     device=on)
+        self.x_eval = torch.as_tensor(problem.x_eval, dtype=torch.float32, device=on)
+        size = 4 * epochs * (self.x_fit.numel() + self.x_eval.numel())
+        self._cached = list(self._generate()) if size <= CACHE_BYTES else None
+
+    def _generate(self):
+        bn = ChannelBatchNorm(self.x_fit.shape[1], self.on)
+        for order in epoch_orders(self.x_fit.shape[0], self.epochs):
+            order = self._as_index(order)
+            batches = [order[i:i + self.batch_size] for i in range(0, order.numel(), self.batch_size)]
+            steps = [(bn.train(self.x_fit[b]), self.y_fit[b]) for b in batches if b.numel() > 1]
+            yield steps, bn.eval(self.x_eval)
+
+    def _as_index(self, order):
+        import torch
+
+        return torch.as_tensor(order, device=self.on)
+
+    def __iter__(self):
+        return iter(self._cached) if self._cached is not None else self._generate()
+
+
+def train_epochs(problem: Problem, heads: LinearHeads, epochs: int, batch_size: int,
+                 plan: BatchPlan | None = None) -> np.ndarray:
+    """Train `heads` for `epochs` epochs as the toolkit's `train_task` does and return the metric of every head after
+    every epoch, [K, epochs], on softmax probabilities (a diverged head scores 0). A last batch of one image is
+    skipped, as the toolkit skips it."""
+    import torch
+
+    plan = plan or BatchPlan(problem, epochs, batch_size, heads.device)
+    scores = np.zeros((heads.num_heads, epochs))
+    for epoch, (steps, x_eval) in enumerate(plan):
+        for xb, yb in steps:
+            heads.sgd_step(xb, yb)
+        with torch.no_grad():
+            probs = softmax_np(heads.logits(x_eval).cpu().numpy(), axis=2)
+        scores[:, epoch] = score_heads(probs, problem.y_eval, problem.metric, "elevater")
+    return scores
+
+
+# --------------------------------------------------------------------------------------------------
+# the toolkit's search
+
+
+@dataclass
+class SearchOutcome:
+    """Per line (head, learning-rate index): the chosen weight-decay index and its score; every evaluation made."""
+
+    peaks: dict[Hashable, tuple[int, float]]
+    trace: list[dict[str, Any]]
+    toolkit_runs: int  # runs the toolkit would train (it retrains a neighbour clamped onto an evaluated index)
+
+
+def weight_decay_search(evaluate: Callable[[list[tuple[Hashable, int]]], Sequence[float]], lines: Sequence[Hashable],
+                        n_grid: int = 97, coarse: int = 7) -> SearchOutcome:
+    """`hyperparameter_sweep` of the toolkit for several lines at once, one `evaluate` call per round.
+
+    Round 0 evaluates the coarse indices (0, 16, ..., 96) of every line; rounds at spans 8, 4, 2, 1 evaluate
+    max(peak - span, 0) and min(peak + span, n - 1) of each line unless equal to its peak. A line's peak starts at
+    (-1, 0.0) and moves only on a strictly higher score, in evaluation order (so an all-zero line ends at index
+    -1, the largest weight decay, as in the toolkit). Scores are deterministic here, so an index evaluated
+    before is looked up, not retrained."""
+    step = (n_grid - 1) // (coarse - 1)
+    peaks = {line: (-1, 0.0) for line in lines}
+    cache: dict[tuple[Hashable, int], float] = {}
+    trace: list[dict[str, Any]] = []
+    rounds = [{line: list(range(0, n_grid, step)) for line in lines}]
+    span, toolkit_runs = step // 2, 0
+    while True:
+        wanted = rounds[-1]
+        todo = [(line, i) for line in lines for i in wanted[line] if (line, i) not in cache]
+        for (line, i), s in zip(todo, evaluate(todo) if todo else []):
+            cache[line, i] = float(s)
+            trace.append({"line": line, "index": i, "score": float(s), "round": len(rounds) - 1})
+        for line in lines:
+            toolkit_runs += len(wanted[line])
+            for i in wanted[line]:
+                if cache[line, i] > peaks[line][1]:
+                    peaks[line] = (i, cache[line, i])
+        if span == 0:
+            return SearchOutcome(peaks, trace, toolkit_runs)
+        rounds.append({line: _neighbours(peaks[line][0], span, n_grid) for line in lines})
+        span //= 2
+
+
+def _neighbours(peak: int, span: int, n: int) -> list[int]:
+    left, right = max(peak - span, 0), min(peak + span, n - 1)
+    return [i for i in (left, right) if i != peak]
+
+
+def select_learning_rate(scores: Sequence[float]) -> int | None:
+    """`hyperparameter_sweep_lr`: the first learning rate whose best score strictly beats every earlier one, starting
+    from 0; None when every score is 0 (the toolkit then trains with learning rate 0 and weight decay 0)."""
+    best, chosen = 0.0, None
+    for i, s in enumerate(scores):
+        if best < s:
+            best, chosen = s, i
+    return chosen
+
+
+# --------------------------------------------------------------------------------------------------
+# one (shots, seed) setting
+
+
+@dataclass
+class HeadInit:
+    """Initial weight [d, C] and bias [C] of each head."""
+
+    weights: dict[str, tuple[np.ndarray, np.ndarray]]
+
+    def stack(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        return np.stack([self.weights[n][0] for n in names]), np.stack([self.weights[n][1] for n in names])
+
+
+def make_heads(init: HeadInit, names: Sequence[str], lrs, wds, s: Settings, multi_label: bool, on) -> LinearHeads:
+    w, b = init.stack(names)
+    return LinearHeads(w, b, lrs, wds, momentum=s.momentum, nesterov=s.nesterov,
+                       loss="sigmoid" if multi_label else "softmax", logit_scale=LOGIT_SCALES[s.logit_scale], on=on)
+
+
+def search(problem: Problem, init: HeadInit, s: Settings, on) -> tuple[dict[str, dict[str, Any]], SearchOutcome]:
+    """Every head's (learning rate, weight decay) as the toolkit chooses them; one batched run per round."""
+    lrs, wds = s.learning_rates(), s.weight_decays()
+    plan = BatchPlan(problem, s.search_epochs, s.batch_size, on)
+
+    def evaluate(requests):
+        names = [head for (head, _), _ in requests]
+        heads = make_heads(init, names, [lrs[li] for (_, li), _ in requests], [wds[i] for _, i in requests], s,
+                           problem.multi_label, on)
+        return train_epochs(problem, heads, s.search_epochs, s.batch_size, plan).max(axis=1)
+
+    outcome = weight_decay_search(evaluate, [(h, li) for h in s.heads for li in range(len(lrs))])
+    chosen = {}
+    for head in s.heads:
+        per_lr = [outcome.peaks[head, li] for li in range(len(lrs))]
+        li = select_learning_rate([score for _, score in per_lr])
+        chosen[head] = {"lr": lrs[li] if li is not None else 0.0,
+                        "wd": wds[per_lr[li][0]] if li is not None else 0.0,
+                        "val_score": per_lr[li][1] if li is not None else 0.0,
+                        "best_wd_per_lr": {f"{lrs[i]:.0e}": wds[p] for i, (p, _) in enumerate(per_lr)}}
+    return chosen, outcome
+
+
+@dataclass
+class Pool:
+    """The dataset's training pool and test split as arrays."""
+
+    x: np.ndarray
+    labels: list[list[int]]  # per sample, its label indices (one for single-label data)
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    metric: str
+    multi_label: bool
+
+    def targets(self, rows: np.ndarray) -> np.ndarray:
+        if self.multi_label:
+            out = np.zeros((rows.size, self.num_classes), dtype=np.float32)
+            for r, i in enumerate(rows):
+                out[r, self.labels[i]] = 1.0
+            return out
+        return np.asarray([self.labels[i][0] for i in rows], dtype=np.int64)
+
+
+def run_setting(pool: Pool, init: HeadInit, s: Settings, shots, seed: int, dataset: str, on) -> dict[str, Any]:
+    """Sample, search and train the final heads for one (shots, seed); every number of the run."""
+    per_class, merge = toolkit_shots(shots)
+    n_search = s.search_subset.get(dataset) if shots == "full" else None
+    rows = _sample(pool, per_class or n_search, seed)
+    train_pos, val_pos = validation_split(pool.targets(rows), s.val_fraction)
+    if val_pos.size == 0:
+        raise AdaptError(f"dataset {dataset!r}: no validation images can be carved from {rows.size} training "
+                         f"images ({shots} shots, seed {seed}); every class has a single image")
+    fit, val = rows[train_pos], rows[val_pos]
+    problem = Problem(pool.x[fit], pool.targets(fit), pool.x[val], pool.targets(val), pool.metric, pool.multi_label)
+    started = time.perf_counter()
+    chosen, outcome = search(problem, init, s, on)
+    searched = time.perf_counter() - started
+    final_rows = _final_rows(pool, rows, fit, merge, n_search)
+    final = final_run(pool, final_rows, init, chosen, s, on)
+    return {"shots": shots, "seed": seed, "sampled": int(rows.size), "train": int(fit.size), "val": int(val.size),
+            "final_train": int(final_rows.size), "search_subset": n_search, "chosen": chosen, "final": final,
+            "search_runs": len(outcome.trace), "toolkit_search_runs": outcome.toolkit_runs,
+            "search_seconds": searched, "trace": outcome.trace}
+
+
+def _sample(pool: Pool, per_class: int | None, seed: int) -> np.ndarray:
+    if per_class is None:
+        return np.arange(len(pool.labels))
+    return few_shot_subset(pool.labels, pool.num_classes, per_class, seed)
+
+
+def _final_rows(pool: Pool, rows, fit, merge: bool, n_search: int | None) -> np.ndarray:
+    """Train + validation (or train alone for 1-shot); the whole pool after a subset search (PatchCamelyon)."""
+    if n_search:
+        return np.arange(len(pool.labels))
+    return rows if merge else fit
+
+
+def final_run(pool: Pool, rows: np.ndarray, init: HeadInit, chosen: dict, s: Settings, on) -> dict[str, dict]:
+    """Train each head with its chosen pair for `final_epochs` on `rows`, scoring the test split every epoch."""
+    problem = Problem(pool.x[rows], pool.targets(rows), pool.x_test, pool.y_test, pool.metric, pool.multi_label)
+    names = list(s.heads)
+    heads = make_heads(init, names, [chosen[h]["lr"] for h in names], [chosen[h]["wd"] for h in names], s,
+                       pool.multi_label, on)
+    scores = train_epochs(problem, heads, s.final_epochs, s.batch_size)
+    return {h: {"last": float(scores[k, -1]), "best_on_test": float(scores[k].max()),
+                "best_epoch": int(scores[k].argmax()) + 1} for k, h in enumerate(names)}
+
+
+# --------------------------------------------------------------------------------------------------
+# the protocol
+
+
+def load_pool(inputs, s: Settings) -> Pool:
+    """The training pool (`train_split`, in its row order: the manifest order the sampler shuffles) and the test split."""
+    meta = inputs.meta
+    for split in (s.train_split, s.test_split):
+        if not inputs.has_split(split):
+            raise AdaptError(f"dataset {meta.name!r} has no split {split!r} (adapt.elevater.train_split/test_split); "
+                             f"its splits: {sorted(meta.splits)}")
+    train, test = inputs.images(s.train_split), inputs.images(s.test_split)
+    column = train.table.column(meta.label_column).to_pylist()
+    labels = [list(v) for v in column] if meta.multi_label else [[int(v)] for v in column]
+    from vlbench.analyses.zeroshot import label_matrix
+
+    return Pool(train.embeddings.astype(np.float32), labels, test.embeddings.astype(np.float32),
+                label_matrix(test.table, meta), len(meta.classes), meta.metric, meta.multi_label)
+
+
+def head_init(inputs, pool: Pool, s: Settings, seed: int) -> HeadInit:
+    """Random-2P: PyTorch's default Linear init (seeded with the run seed, the toolkit's fix_seed); Language-2P:
+    the class embeddings of the `prompts` text set (template prompts, each normalised, averaged, renormalised:
+    the zero-shot classifier) as weights, zero bias."""
+    dim, out = pool.x.shape[1], {}
+    if "random_2p" in s.heads:
+        out["random_2p"] = pytorch_linear_init(dim, pool.num_classes, seed)
+    if "language_2p" in s.heads:
+        from vlbench.analyses.zeroshot import class_weights
+
+        texts = inputs.texts("prompts")
+        templates = np.array([src == "template" for src in texts.table.column("source").to_pylist()])
+        w = class_weights(texts.embeddings[templates], texts.table.column("class_index").to_numpy()[templates],
+                          pool.num_classes)
+        if w.shape[1] != dim:
+            raise AdaptError(f"dataset {inputs.meta.name!r}: text embeddings have dim {w.shape[1]}, images {dim}")
+        out["language_2p"] = (w.T.astype(np.float32), np.zeros(pool.num_classes, np.float32))
+    return HeadInit(out)
+
+
+def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
+    s = Settings.from_cfg(cfg)
+    pool = load_pool(inputs, s)
+    init, on = head_init(inputs, pool, s, seed), pick_device()
+    started = time.perf_counter()
+    work = s.batch_size * pool.x.shape[1] * pool.num_classes * len(s.heads) * s.lr_num * 7
+    with cpu_threads(on, work):
+        runs = [run_setting(pool, init, s, shots, sd, inputs.meta.name, on)
+                for shots in s.shots for sd in (s.seeds if shots != "full" else s.seeds[:1])]
+    summary = summarize(runs, s, pool)
+    details = {"settings": settings_details(s, seed), "summary": summary, "seconds": time.perf_counter() - started,
+               "device": str(on), "runs": [{k: v for k, v in r.items() if k != "trace"} for r in runs]}
+    metrics = {f"elevater/{h}/{shots}/{s.report}": v["mean"] for h, per in summary.items() if h in s.heads
+               for shots, v in per.items()}
+    metrics.update(pe_metrics(summary, s))
+    return ProtocolResult(metrics, details, {"elevater_search": search_table(runs, s)},
+                          {"pool": len(pool.labels), "test": int(pool.x_test.shape[0])})
+
+
+def summarize(runs: list[dict], s: Settings, pool: Pool) -> dict[str, Any]:
+    """Per head and shots: mean and std over seeds of the reported test score, the seeds' values, and the
+    parameter-efficiency numbers."""
+    out: dict[str, Any] = {}
+    trainable = pool.x.shape[1] * pool.num_classes + pool.num_classes
+    for head in s.heads:
+        for shots in s.shots:
+            values = [r["final"][head][s.report] for r in runs if r["shots"] == shots]
+            mean, std = mean_std(values)
+            out.setdefault(head, {})[str(shots)] = {"mean": mean, "std": std, "per_seed": values,
+                                                    "seeds": [r["seed"] for r in runs if r["shots"] == shots],
+                                                    **parameter_efficiency(mean, trainable, s)}
+    out["trainable_params"] = trainable
+    return out
+
+
+def parameter_efficiency(score: float, trainable: int, s: Settings) -> dict[str, Any]:
+    """ELEVATER's parameter-efficiency number, score * exp(log10(M / M0 + epsilon)) as the paper prints it, and the
+    same with the exponent's sign flipped (see PE_SIGN_NOTE); M = the head's trainable parameters, M0 = the
+    model's parameters (`parameter_efficiency.model_params`; none given, none computed)."""
+    if not s.model_params:
+        return {}
+    r = math.log10(trainable / s.model_params + s.pe_epsilon)
+    return {"pe_as_printed": score * math.exp(r), "pe_sign_flipped": score * math.exp(-r)}
+
+
+def pe_metrics(summary: dict[str, Any], s: Settings) -> dict[str, float]:
+    out = {}
+    for head in s.heads:
+        for shots, v in summary[head].items():
+            for key in ("pe_as_printed", "pe_sign_flipped"):
+                if key in v:
+                    out[f"elevater/{head}/{shots}/{key}"] = v[key]
+    return out
+
+
+def settings_details(s: Settings, seed: int) -> dict[str, Any]:
+    return {"shots": list(s.shots), "seeds": list(s.seeds), "heads": list(s.heads), "report": s.report,
+            "report_note": "best_on_test selects the epoch on the test split, as the toolkit reports"
+            if s.report == "best_on_test" else "test metric after the last epoch of the final run",
+            "learning_rates": s.learning_rates(), "weight_decay_grid": {"log_range": list(s.wd_log_range), "num": 97,
+                                                                        "coarse": 7, "spans": [8, 4, 2, 1]},
+            "val_fraction": s.val_fraction, "batch_size": s.batch_size, "search_epochs": s.search_epochs,
+            "final_epochs": s.final_epochs, "momentum": s.momentum, "nesterov": s.nesterov,
+            "logit_scale": LOGIT_SCALES[s.logit_scale], "init_seed": seed, "shuffle_seed": SHUFFLE_SEED,
+            "search_subset": dict(s.search_subset), "precision": "fp32",
+            "parameter_efficiency": {"model_params": s.model_params, "epsilon": s.pe_epsilon, "note": PE_SIGN_NOTE},
+            "language_1p": "not available: the feature store holds projected image embeddings only"}
+
+
+def search_table(runs: list[dict], s: Settings) -> pa.Table:
+    """One row per search evaluation: head, shots, seed, learning rate, weight decay (and its grid index), round,
+    validation score (best over the run's epochs)."""
+    lrs, wds = s.learning_rates(), s.weight_decays()
+    rows = [{"head": t["line"][0], "shots": str(r["shots"]), "seed": r["seed"], "lr": lrs[t["line"][1]],
+             "wd_index": t["index"], "wd": wds[t["index"]], "round": t["round"], "val_score": t["score"]}
+            for r in runs for t in r["trace"]]
+    schema = pa.schema([("head", pa.string()), ("shots", pa.string()), ("seed", pa.int64()), ("lr", pa.float64()),
+                        ("wd_index", pa.int64()), ("wd", pa.float64()), ("round", pa.int64()),
+                        ("val_score", pa.float64())])
+    return pa.Table.from_pylist(rows, schema=schema)
