@@ -228,3 +228,18 @@ def test_groups_from_data_and_params_and_their_means():
     table = json.loads(vtab.GROUPS_FILE.read_text())["groups"]
     assert len(table) == 19 and sorted(set(table.values())) == list(vtab.GROUPS)
     assert [sum(v == g for v in table.values()) for g in vtab.GROUPS] == [7, 4, 8]
+
+
+def test_report_adds_group_means_from_each_results_group():
+    """reports/metrics.json's adapt.mean gets vtab/<group> (mean of the group's task medians) and vtab/mean (over tasks)."""
+    from vlbench.report.adapt import with_vtab_groups
+
+    metrics = {"adapt": {"a": {"vtab/median": 0.2}, "b": {"vtab/median": 0.4}, "c": {"vtab/median": 0.9},
+                         "mean": {"elevater/x": 0.5}}}
+    results = {"a": {"details": {"vtab": {"group": "natural"}}}, "b": {"details": {"vtab": {"group": "natural"}}},
+               "c": {"details": {"vtab": {"group": "structured"}}}}
+    means = with_vtab_groups(metrics, results)["adapt"]["mean"]
+    assert means["vtab/natural"] == pytest.approx(0.3)
+    assert means["vtab/structured"] == pytest.approx(0.9)
+    assert means["vtab/mean"] == pytest.approx(0.5)
+    assert means["elevater/x"] == 0.5 and "vtab/specialized" not in means

@@ -618,7 +618,8 @@ def write_outputs(out_dir: Path, class_names: Sequence[str], corpus: Corpus, run
     with atomic_dir(out_dir) as tmp:
         pq.write_table(table.cast(schema), tmp / WEIGHTS_FILE)
         pq.write_table(retrieved_table(corpus, run), tmp / RETRIEVED_FILE)
-        info = {**asdict(run.info), "saved": not run.info.exact}
+        # no timings here: the folder is zeroshot's dependency and must be byte-identical on a rerun
+        info = {**{k: v for k, v in asdict(run.info).items() if k != "build_seconds"}, "saved": not run.info.exact}
         (tmp / INDEX_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         if not run.info.exact:
             save_index(run.index, tmp / INDEX_FILE)

@@ -34,6 +34,20 @@ def with_means(metrics: dict[str, Any]) -> dict[str, Any]:
     return {**metrics, "adapt": {**per_dataset, MEAN: means}}
 
 
+def with_vtab_groups(metrics: dict[str, Any], results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """`metrics` with VTAB's summary in metrics["adapt"]["mean"]: `vtab/<group>` (natural, specialized, structured:
+    the mean of the group's task medians) and `vtab/mean` (over all tasks), from each result's VTAB group."""
+    from vlbench.analyses.adapt.vtab import group_means
+
+    per_dataset = {d: v for d, v in (metrics.get("adapt") or {}).items() if d != MEAN}
+    medians = {d: v["vtab/median"] for d, v in per_dataset.items() if "vtab/median" in v}
+    if not medians:
+        return metrics
+    groups = {d: results[d]["details"]["vtab"]["group"] for d in medians}
+    means = {**(metrics["adapt"].get(MEAN) or {}), **group_means(medians, groups)}
+    return {**metrics, "adapt": {**per_dataset, MEAN: means}}
+
+
 def shot_rows(metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
     """[{dataset, head, shots, x, value}] from the elevater keys of metrics["adapt"], plus zero-shot (shots 0) from
     metrics["zeroshot"] (its first number: the dataset's metric) for the datasets that have adapt rows."""

@@ -10,9 +10,10 @@ from vlbench.results import PLOTS_DIR, collect, read_result, write_metrics
 def write_report(datasets_by_analysis: Mapping[str, list[str]]) -> dict[str, Any]:
     metrics, model = collect(datasets_by_analysis)
     if datasets_by_analysis.get("adapt"):  # adapt.mean: the mean over datasets of each key (the ELEVATER score)
-        from vlbench.report.adapt import with_means
+        from vlbench.report.adapt import with_means, with_vtab_groups
 
         metrics = with_means(metrics)
+        metrics = with_vtab_groups(metrics, {d: read_result("adapt", d) for d in datasets_by_analysis["adapt"]})
     write_metrics(metrics, model)
     from vlbench.report.plots import write_plots
 
