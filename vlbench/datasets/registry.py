@@ -25,6 +25,7 @@ SOURCES = {
     "elevater": "vlbench.datasets.elevater:build",
     "imagenet": "vlbench.datasets.imagenet:build",
     "breeds": "vlbench.datasets.breeds:build",
+    "tiered": "vlbench.datasets.tiered:build",
     "cifar": "vlbench.datasets.cifar:build",
     "coop": "vlbench.datasets.coop:build",
     "coco": "vlbench.datasets.coco:build",
