@@ -196,7 +196,7 @@ def test_bad_metric_and_templates_are_not_data(folder, tmp_path):
 
 
 def test_image_check_is_the_canonical_one():
-    assert local.image_problem is canonical.image_problem  # one check, reusable by every source
+    assert local.checked_rows is canonical.checked_rows  # one check, used by every source
 
 
 def test_imagefolder_corrupt_image(folder, tmp_path):

@@ -40,6 +40,7 @@ from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
+    checked_rows,
     write_dataset,
 )
 from vlbench.datasets.download import fetch_files
@@ -313,7 +314,7 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
     }
     meta = DatasetMeta(name=name, task="single-label", metric="accuracy", classes=classes, provenance=provenance)
     samples = _samples(imagenet.iter_val_images(name, paths["val_images"], devkit), classes, superclass_of, devkit)
-    rows = imagenet.checked_rows(name, imagenet.SPLIT, samples, skip, provenance["skipped_corrupt"])
+    rows = checked_rows(name, imagenet.SPLIT, samples, skip, provenance, imagenet.FIX)
     return write_dataset(out_dir, meta, {imagenet.SPLIT: rows},
                          extra_columns={"superclass": pa.int64(), "imagenet_label": pa.int64()})
 

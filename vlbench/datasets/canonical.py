@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -119,7 +120,7 @@ class DatasetMeta:
         }
 
     @classmethod
-    def from_json(cls, obj: dict) -> "DatasetMeta":
+    def from_json(cls, obj: dict) -> DatasetMeta:
         classes = [ClassInfo(**c) for c in obj["classes"]]
         return cls(
             name=obj["name"], task=obj["task"], metric=obj["metric"], classes=classes,
@@ -206,6 +207,38 @@ def _check_rows(rows: Iterable[dict], meta: DatasetMeta, split: str) -> Iterator
         yield row
     if not seen:
         raise DatasetError(f"dataset {meta.name!r} split {split!r}: empty split, no samples to write")
+
+
+MAX_CORRUPT_SHOWN = 20  # corrupt images named in one error; the rest are counted
+
+
+def checked_rows(name: str, split: str, rows: Iterable[dict], skip: bool, provenance: dict,
+                 fix: str = "replace them", where: Mapping[str, str] | None = None) -> Iterator[dict]:
+    """Rows whose `image` decodes (`image_problem`), as every source streams them into `write_dataset`.
+
+    With `skip` a corrupt image is left out and its sample_id listed in provenance["skipped_corrupt"]; without it
+    every corrupt image of the split is named (by `where[sample_id]`, its file, where given) in one error at the
+    end, which says how to `fix` it (nothing is written: the dataset folder is atomic). provenance["counts"][split] gets the number of rows kept.
+    """
+    skipped = provenance.setdefault("skipped_corrupt", [])
+    corrupt: list[str] = []
+    count = 0
+    for row in rows:
+        problem = image_problem(row["image"])
+        if problem:
+            corrupt.append(f"{(where or {}).get(row['sample_id'], row['sample_id'])!r} ({problem})")
+            skipped.append(row["sample_id"])
+            continue
+        count += 1
+        yield row
+    if corrupt and not skip:
+        shown = "; ".join(corrupt[:MAX_CORRUPT_SHOWN])
+        more = f"; and {len(corrupt) - MAX_CORRUPT_SHOWN} more" if len(corrupt) > MAX_CORRUPT_SHOWN else ""
+        raise DatasetError(f"dataset {name!r} split {split!r}: {len(corrupt)} corrupt or truncated image(s): "
+                           f"{shown}{more}; {fix}, or set skip_corrupt: true")
+    if count == 0 and corrupt:
+        raise DatasetError(f"dataset {name!r} split {split!r}: empty split, every image was corrupt and skipped")
+    provenance.setdefault("counts", {})[split] = count
 
 
 def image_problem(data: bytes) -> str | None:

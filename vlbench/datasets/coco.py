@@ -37,7 +37,7 @@ from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
-    image_problem,
+    checked_rows,
     write_dataset,
 )
 from vlbench.datasets.download import Resource, fetch, forget_verification, resource
@@ -332,20 +332,11 @@ def _preview(items: list, n: int = MAX_REPORTED) -> str:
 
 def _rows(name: str, cfg: CocoSpec, ann: Annotations, images: Mapping[int, Path], provenance: dict) -> Iterator[dict]:
     """Rows in image-id order. Without skip_corrupt every bad image is reported in one error at the end."""
-    corrupt: list[str] = []
-    count = 0
-    for image_id in sorted(ann.files):
-        data = images[image_id].read_bytes()
-        problem = image_problem(data)
-        sample_id = PurePosixPath(ann.files[image_id]).stem
-        if problem:
-            corrupt.append(f"{ann.files[image_id]!r} ({problem})")
-            provenance["skipped_corrupt"].append(sample_id)
-            continue
-        count += 1
-        yield {"sample_id": sample_id, "labels": ann.labels.get(image_id, []), "image": data,
-               "captions": ann.captions[image_id], "narratives": ann.narratives.get(image_id, []), "coco_id": image_id}
-    if corrupt and not cfg.skip_corrupt:
-        raise DatasetError(f"dataset {name!r} split {cfg.split!r}: {len(corrupt)} corrupt or truncated image(s): "
-                           f"{_preview(corrupt)}; re-download {cfg.images.filename}, or set skip_corrupt: true")
-    provenance["counts"][cfg.split] = count
+    rows = ({"sample_id": PurePosixPath(ann.files[image_id]).stem, "labels": ann.labels.get(image_id, []),
+             "image": images[image_id].read_bytes(), "captions": ann.captions[image_id],
+             "narratives": ann.narratives.get(image_id, []), "coco_id": image_id} for image_id in sorted(ann.files))
+    files = {PurePosixPath(f).stem: f for f in ann.files.values()}
+    return checked_rows(name, cfg.split, rows, cfg.skip_corrupt, provenance, f"re-download {cfg.images.filename}",
+                        where=files)
+
+

@@ -45,7 +45,7 @@ from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
-    image_problem,
+    checked_rows,
     write_dataset,
 )
 from vlbench.datasets.download import Resource, fetch, resource
@@ -323,20 +323,7 @@ def _rows(name: str, split: str, entries: list[Entry], images: dict[str, Path], 
           provenance: dict) -> Iterator[dict]:
     """Verified rows of one split in the split file's order. Without skip_corrupt, every bad image of the split is
     reported in one error at the end (nothing is written: the dataset folder is atomic)."""
-    corrupt: list[str] = []
-    count = 0
-    for impath, label in entries:
-        data = images[impath].read_bytes()
-        problem = image_problem(data)
-        if problem:
-            corrupt.append(f"{impath!r} ({problem})")
-            provenance["skipped_corrupt"].append(impath)
-            continue
-        count += 1
-        yield {"sample_id": impath, "label": label, "image": data}
-    if corrupt and not skip:
-        shown = "; ".join(corrupt[:MAX_REPORTED])
-        more = f"; and {len(corrupt) - MAX_REPORTED} more" if len(corrupt) > MAX_REPORTED else ""
-        raise DatasetError(f"dataset {name!r} split {split!r}: {len(corrupt)} corrupt or truncated image(s): "
-                           f"{shown}{more}; re-download the archive, or set skip_corrupt: true")
-    provenance["counts"][split] = count
+    rows = ({"sample_id": impath, "label": label, "image": images[impath].read_bytes()} for impath, label in entries)
+    return checked_rows(name, split, rows, skip, provenance, "re-download the archive")
+
+

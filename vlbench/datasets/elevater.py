@@ -67,7 +67,7 @@ from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
-    image_problem,
+    checked_rows,
     write_dataset,
 )
 from vlbench.datasets.spec import check_flag, check_keys
@@ -633,23 +633,11 @@ def _rows(spec: ElevaterSpec, split: str, samples: list[Sample], files: _Files, 
     in one error at the end (nothing is written: the dataset folder is atomic)."""
     zips = _Zips(spec, spec.splits[split], files)
     label_key = "labels" if spec.multi_label else "label"
-    corrupt: list[str] = []
-    count = 0
+    rows = ({"sample_id": s.image, label_key: list(s.labels) if spec.multi_label else s.labels[0], "image": zips.read(s)}
+            for s in samples)
     try:
-        for s in samples:
-            data = zips.read(s)
-            problem = image_problem(data)
-            if problem:
-                corrupt.append(f"{s.image!r} ({problem})")
-                provenance["skipped_corrupt"].append(s.image)
-                continue
-            count += 1
-            yield {"sample_id": s.image, label_key: list(s.labels) if spec.multi_label else s.labels[0], "image": data}
+        yield from checked_rows(spec.name, split, rows, spec.skip_corrupt, provenance, "re-download the zip")
     finally:
         zips.close()
-    if corrupt and not spec.skip_corrupt:
-        raise DatasetError(f"dataset {spec.name!r} split {split!r}: {len(corrupt)} corrupt or truncated image(s): "
-                           f"{_shown(corrupt)}; set skip_corrupt: true to leave them out")
-    if count == 0:
-        raise DatasetError(f"dataset {spec.name!r} split {split!r}: empty split, every image was corrupt and skipped")
-    provenance["counts"][split] = count
+
+

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -39,7 +39,7 @@ from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
-    image_problem,
+    checked_rows,
     write_dataset,
 )
 from vlbench.datasets.download import fetch_files
@@ -51,6 +51,7 @@ VAL_PER_CLASS = 50
 VAL_IMAGES = NUM_CLASSES * VAL_PER_CLASS
 SPLIT = "test"  # the ILSVRC-2012 validation images are the test split (ELEVATER names them so too)
 UPSTREAM = "ILSVRC2012 (ImageNet-1k) validation set, devkit t12"
+FIX = "replace the archive"  # what a corrupt-image error advises
 CLASS_NAMES_SOURCE = "OpenAI CLIP's ImageNet class names, as open_clip ships them (zero_shot_metadata.IMAGENET_CLASSNAMES)"
 DOWNLOAD_PAGE = "https://image-net.org/challenges/LSVRC/2012/2012-downloads.php"
 MAX_REPORTED = 20  # corrupt images named in one error; the rest are counted
@@ -160,24 +161,6 @@ def _val_number(name: str, val_tar: Path, member: str, count: int) -> int:
     return number
 
 
-def checked_rows(name: str, split: str, rows: Iterable[dict], skip: bool, skipped: list[str]) -> Iterator[dict]:
-    """Rows whose `image` decodes. A corrupt image is skipped (its sample_id added to `skipped`) when `skip`;
-    otherwise every corrupt image of the split is named in one error at the end (nothing is written)."""
-    corrupt: list[str] = []
-    for row in rows:
-        problem = image_problem(row["image"])
-        if problem:
-            corrupt.append(f"{row['sample_id']!r} ({problem})")
-            skipped.append(row["sample_id"])
-            continue
-        yield row
-    if corrupt and not skip:
-        shown = "; ".join(corrupt[:MAX_REPORTED])
-        more = f"; and {len(corrupt) - MAX_REPORTED} more" if len(corrupt) > MAX_REPORTED else ""
-        raise DatasetError(f"dataset {name!r} split {split!r}: {len(corrupt)} corrupt or truncated image(s): "
-                           f"{shown}{more}; replace the archive, or set skip_corrupt: true")
-
-
 # ----------------------------------------------------------------------------------------------- source
 
 
@@ -203,4 +186,4 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
     label = {c.wnid: c.index for c in classes}
     rows = ({"sample_id": sid, "label": label[wnid], "image": data}
             for sid, wnid, data in iter_val_images(name, files["val_images"][1], devkit))
-    return write_dataset(out_dir, meta, {SPLIT: checked_rows(name, SPLIT, rows, skip, provenance["skipped_corrupt"])})
+    return write_dataset(out_dir, meta, {SPLIT: checked_rows(name, SPLIT, rows, skip, provenance, FIX)})

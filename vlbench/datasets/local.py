@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import polars as pl
 
@@ -45,7 +45,7 @@ from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
-    image_problem,
+    checked_rows,
     write_dataset,
 )
 from vlbench.datasets.spec import check_flag, check_keys
@@ -490,25 +490,15 @@ def _write(name: str, spec: dict, out_dir: Path, classes: list[ClassInfo], prove
 def _rows(name: str, split: str, items: list[Item], skip: bool, provenance: dict) -> Iterator[dict]:
     """Verified rows of one split. Without skip_corrupt every bad image of the split is collected and
     reported in one error at the end (nothing is written: the dataset folder is atomic)."""
-    count = 0
-    corrupt: list[str] = []
-    for path, sid, label in items:
-        try:
-            data = path.read_bytes()
-        except OSError as err:
-            raise DatasetError(f"dataset {name!r} split {split!r}: cannot read image {str(path)!r}: {err}") from err
-        problem = image_problem(data)
-        if problem:
-            corrupt.append(f"{str(path)!r} ({problem})")
-            provenance["skipped_corrupt"].append(sid)
-            continue
-        count += 1
-        yield {"sample_id": sid, "label": label, "image": data}
-    if corrupt and not skip:
-        shown = "; ".join(corrupt[:MAX_REPORTED])
-        more = f"; and {len(corrupt) - MAX_REPORTED} more" if len(corrupt) > MAX_REPORTED else ""
-        raise DatasetError(f"dataset {name!r} split {split!r}: {len(corrupt)} corrupt or truncated image(s): {shown}{more}; "
-                           f"fix or remove them, or set skip_corrupt: true")
-    if count == 0:
-        raise DatasetError(f"dataset {name!r} split {split!r}: empty split, every image was corrupt and skipped")
-    provenance["counts"][split] = count
+    rows = ({"sample_id": sid, "label": label, "image": _read(name, split, path)} for path, sid, label in items)
+    return checked_rows(name, split, rows, skip, provenance, "fix or remove them",
+                        where={sid: str(path) for path, sid, _ in items})
+
+
+def _read(name: str, split: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise DatasetError(f"dataset {name!r} split {split!r}: cannot read image {str(path)!r}: {err}") from err
+
+

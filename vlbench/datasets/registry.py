@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from vlbench.config import ParamsError, compose, prepared_dir
 from vlbench.datasets.canonical import DatasetError, DatasetMeta

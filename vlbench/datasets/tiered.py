@@ -21,6 +21,7 @@ from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
+    checked_rows,
     write_dataset,
 )
 from vlbench.datasets.download import fetch_files
@@ -107,6 +108,6 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
     samples = ({"sample_id": sid, "label": label[wnid], "image": data, "category": category_label[category_of[wnid][0]],
                 "tiered_split": category_of[wnid][1]}
                for sid, wnid, data in imagenet.iter_val_images(name, paths["val_images"], devkit) if wnid in label)
-    rows = imagenet.checked_rows(name, imagenet.SPLIT, samples, skip, provenance["skipped_corrupt"])
+    rows = checked_rows(name, imagenet.SPLIT, samples, skip, provenance, imagenet.FIX)
     return write_dataset(out_dir, meta, {imagenet.SPLIT: rows},
                          extra_columns={"category": pa.int64(), "tiered_split": pa.string()})
