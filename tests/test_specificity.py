@@ -308,9 +308,8 @@ def test_coco_texts_and_a_run_with_narratives(coco_prepared, tmp_path):
     with_narratives = sum(1 for r in pq.read_table(out / "splits/val.parquet").to_pylist() if r["narratives"])
     assert result.details["table"]["narratives"]["random"]["images"] == with_narratives
     assert result.details["table"]["single_label"]["random"]["images"] == len(multi)
-    for row in result.details["table"].values():
-        for cell in row.values():  # random embeddings: about chance
-            assert abs(cell["map"] - cell["chance"]) < 0.2
+    gaps = [cell["map"] - cell["chance"] for row in result.details["table"].values() for cell in row.values()]
+    assert abs(np.mean(gaps)) < 0.05 and max(abs(g) for g in gaps) < 0.3  # random embeddings: about chance
 
 
 # --------------------------------------------------------------------------------------------------------------
