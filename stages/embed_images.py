@@ -1,4 +1,5 @@
-"""embed_images@<dataset>: image features of every split for the params' model -> features/<model>/<dataset>/images/."""
+"""embed_images@<dataset>: image features of every split for the params' model -> features/<model>/<dataset>/images/
+(with embed.pre_projection, also the features before the image tower's projection, in images/pre_projection/)."""
 
 import json
 
@@ -18,7 +19,8 @@ def main() -> None:
 
     loaded = load_model(get(params, "model", dict), device=args.device)
     summary = embed_image_splits(loaded, prepared_dir(args.dataset), features_dir(loaded.fingerprint["model"], args.dataset) / "images",
-                                 batch_size=args.batch_size, num_workers=args.workers)
+                                 batch_size=args.batch_size, num_workers=args.workers,
+                                 pre_projection=get(params, "embed.pre_projection", bool))
     print(json.dumps(summary))
 
 

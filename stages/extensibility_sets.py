@@ -1,6 +1,8 @@
 """extensibility_sets@<name>: dataset-level vocabulary expansion (the openness paper's CIFAR100-Caltech101-SUN397, ...):
 the datasets of suite.extensibility_sets.<name>, each one group over the union of their classes, on cached features
--> reports/extensibility/<name>.json (vlbench.analyses.openness.run_union). No model."""
+-> reports/extensibility/<name>.json (vlbench.analyses.openness.run_union). No model. Variant `repe` runs when every
+member has REPE class weights (features/<model>/<member>/retrieval/, the retrieve stage's, for suite.retrieve);
+otherwise the result's details.skipped_variants says which member lacks them."""
 
 from stages.common import parser, run
 from vlbench.analyses.base import Inputs
@@ -25,6 +27,8 @@ def main() -> None:
                                            + sum(len(s) for s in i.skipped.values()) for _, i in members)
     write_result("extensibility", args.name, result, members[0][1].fingerprint or identity)
     print(f"extensibility_sets {args.name}: {result.metrics}")
+    for variant, why in result.details["skipped_variants"].items():
+        print(f"extensibility_sets {args.name}: {variant} {why}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""retrieve@<dataset>: retrieval-enhanced prompts (REPE) from a caption corpus's cached features (no model) ->
+"""retrieve@<dataset>: retrieval-enhanced prompts (REPE) from a caption corpus's cached features (no model), mixed
+into the template prompts of the dataset's class text set `retrieve.prompts` (default `prompts`) ->
 features/<model>/<dataset>/retrieval/ (class_weights.parquet, retrieved.parquet, index.json) and
 reports/retrieve/<dataset>.json (index build and query times, recall vs exact search, counts)."""
 
@@ -46,13 +47,14 @@ def main() -> None:
         raise ParamsError(f"retrieve.corpus {cfg.corpus!r}: {err}") from err
     identity = model_identity(get(params, "model", dict))
     target, corpus_inputs = dataset_inputs(args.dataset, identity), dataset_inputs(cfg.corpus, identity)
+    class_sets = class_owned_sets(args.dataset)
+    retrieval.check_prompt_set(args.dataset, cfg.prompts, class_sets)
     corpus = retrieval.load_corpus(corpus_inputs, cfg)
-    prompts = target.texts("prompts")
-    templates = [s == "template" for s in prompts.table.column("source").to_pylist()]
-    class_index = prompts.table.column("class_index").to_numpy()[templates]
     names = target.meta.class_names
-    result = retrieval.run_retrieval(corpus, names, prompts.embeddings[templates], class_index,
-                                     retrieval.class_text_sets(target, class_owned_sets(args.dataset)), cfg, args.device)
+    prompts = target.texts(cfg.prompts)
+    prompt_emb, class_index = retrieval.template_prompts(prompts, args.dataset, cfg.prompts, len(names))
+    result = retrieval.run_retrieval(corpus, names, prompt_emb, class_index,
+                                     retrieval.class_text_sets(target, class_sets), cfg, args.device)
     fingerprint = retrieval.weights_fingerprint(prompts.fingerprint, corpus, cfg, result.query_sources)
     retrieval.write_outputs(retrieval.retrieval_dir(target.features_dir), names, corpus, result, fingerprint)
     metrics, counts, used = retrieval.summary(result, cfg, corpus)

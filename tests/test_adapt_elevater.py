@@ -170,7 +170,8 @@ def toolkit_style_run(x, y, xv, yv, w0, b0, lr, wd, epochs, batch):
             opt.step()
         model.eval()
         with torch.no_grad():
-            scores.append(float((model(torch.tensor(xv)).softmax(-1).argmax(1).numpy() == yv).mean()))
+            probs = model(torch.tensor(xv)).softmax(-1).numpy()
+        scores.append(float((probs.argmax(1) == yv).mean()) if np.isfinite(probs).all() else 0.0)
     return scores
 
 
@@ -188,6 +189,23 @@ def test_train_epochs_reproduces_the_toolkit_loop_config_by_config():
     ours = elevater.train_epochs(problem, heads, epochs=4, batch_size=8)
     for k, (lr, wd) in enumerate(configs):
         np.testing.assert_allclose(ours[k], toolkit_style_run(x, y, xv, yv, w0, b0, lr, wd, 4, 8), atol=1e-9)
+
+
+def test_train_epochs_drops_diverged_heads_and_scores_them_zero_as_the_loop_would():
+    rng = np.random.default_rng(2)
+    centers = rng.normal(size=(3, 10)) * 1.5
+    y, yv = rng.integers(0, 3, 48), rng.integers(0, 3, 30)
+    x = (centers[y] + rng.normal(size=(48, 10))).astype(np.float32)
+    xv = (centers[yv] + rng.normal(size=(30, 10))).astype(np.float32)
+    w0, b0 = common.pytorch_linear_init(10, 3, seed=0)
+    configs = [(0.1, 1e4), (0.01, 1e-2), (1e-2, 1e6), (0.1, 1e-6)]  # lr * wd >> 2: the first and third blow up
+    heads = LinearHeads(np.stack([w0] * 4), np.stack([b0] * 4), [c[0] for c in configs], [c[1] for c in configs],
+                        on=torch.device("cpu"))
+    ours = elevater.train_epochs(elevater.Problem(x, y, xv, yv, "accuracy", False), heads, epochs=6, batch_size=8)
+    assert heads.num_heads == 2 and np.allclose(heads.lr_col.numpy()[::3], [0.01, 0.1])
+    assert (ours[[0, 2], 2:] == 0).all() and (ours[[1, 3]] > 0.5).all()
+    for k, (lr, wd) in enumerate(configs):
+        np.testing.assert_allclose(ours[k], toolkit_style_run(x, y, xv, yv, w0, b0, lr, wd, 6, 8), atol=1e-9)
 
 
 def test_score_heads_gives_a_diverged_head_zero_and_matches_metrics():
@@ -319,7 +337,7 @@ FAST = {"shots": [1, 5, "full"], "seeds": [0, 1], "search_epochs": 3, "final_epo
 def test_protocol_end_to_end_reports_every_setting():
     inputs = FakeInputs(*blobs(seed=1))
     result = elevater.evaluate(inputs, {**FAST, "parameter_efficiency": {"model_params": 10_000}}, seed=0)
-    keys = {f"elevater/{h}/{s}/last" for h in elevater.HEADS for s in ("1", "5", "full")}
+    keys = {f"elevater/{h}/{s}/last" for h in elevater.DEFAULT_HEADS for s in ("1", "5", "full")}
     assert keys <= set(result.metrics)
     assert result.metrics["elevater/language_2p/full/last"] > 0.9  # separable blobs
     runs = result.details["runs"]
@@ -338,7 +356,7 @@ def test_protocol_end_to_end_reports_every_setting():
     assert summary["pe_sign_flipped"] == pytest.approx(summary["mean"] * math.exp(-r))
     table = result.tables["elevater_search"]
     assert table.num_rows == sum(r["search_runs"] for r in runs)
-    assert set(table.column("head").to_pylist()) == set(elevater.HEADS)
+    assert set(table.column("head").to_pylist()) == set(elevater.DEFAULT_HEADS)
 
 
 def test_best_on_test_is_labelled_and_never_below_last():
@@ -351,7 +369,7 @@ def test_best_on_test_is_labelled_and_never_below_last():
 
 
 @pytest.mark.parametrize("cfg, message", [
-    ({"heads": ["language_1p"]}, "pre-projection image features"),
+    ({"heads": ["language_3p"]}, "language_3p']: each must be one of"),
     ({"shots": [0]}, "adapt.elevater.shots"),
     ({"report": "best"}, "adapt.elevater.report"),
     ({"learning_rate": 0.1}, "unknown key(s) adapt.elevater.learning_rate"),

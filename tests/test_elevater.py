@@ -102,9 +102,15 @@ def test_registry_entries_carry_the_data_files_templates_and_settings():
         assert entry["input"] == "vlbench/datasets/data/elevater.json"
         assert entry["texts"]["templates"] == elevater.templates(name), name
         assert entry["prepare"].get("preprocess", "default") == ("squash" if name == "kitti-distance" else "default")
-    suite = yaml.safe_load((ROOT / "conf/suite/elevater.yaml").read_text())
+    from vlbench import config
+
+    composed = config.compose(["suite=elevater"])
+    suite = composed["suite"]
     assert suite["slug"] == "elevater"
-    assert suite["embed"] == suite["zeroshot"] == list(EXPECTED)
+    assert suite["embed"] == suite["zeroshot"] == suite["adapt"] == list(EXPECTED)
+    assert list(suite["datasets"]) == list(EXPECTED)
+    # ELEVATER's protocol for both analyses: softmax scores for zero-shot, linear probing alone for adapt
+    assert composed["zeroshot"]["scoring"] == "elevater" and composed["adapt"]["protocols"] == ["elevater"]
 
 
 def test_conf_files_are_what_the_tool_writes():

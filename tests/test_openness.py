@@ -101,7 +101,7 @@ def world(tmp_path, name="d", n_groups=3, per_group=2, per_class=4, dim=16, seed
 
 def test_settings_defaults_and_errors():
     s = op.parse_settings({})
-    assert (s.protocol, s.orders, s.variants, s.duplicates, s.top) == ("paper", 100, ("single", "ensemble"), "remove", 20)
+    assert (s.protocol, s.orders, s.variants, s.duplicates, s.top) == ("paper", 100, ("single", "ensemble", "repe"), "remove", 20)
     for cfg, message in [({"protocol": "code"}, "extensibility.protocol must be one of"),
                          ({"orders": 0}, "extensibility.orders must be a positive integer"),
                          ({"variants": ["single", "single"]}, "distinct"),
@@ -172,6 +172,82 @@ def test_one_group_is_refused(tmp_path):
     inputs = world(tmp_path, n_groups=1)
     with pytest.raises(VlbenchError, match="at least two groups"):
         op.run_dataset(inputs, {}, 0)
+
+
+# ---------------------------------------------------------------- REPE: run where the retrieve stage wrote weights
+
+IDENTITY = {"model": "m", "arch": "a", "pretrained": "openai"}
+
+
+def write_repe(features_dir: Path, dataset: str, w: np.ndarray) -> None:
+    """The retrieve stage's REPE class weights file (one row per class, fingerprinted for the model and dataset)."""
+    from vlbench.features import embedding_array, features_schema, write_table
+    from vlbench.knowledge.retrieval import weights_path
+
+    table = pa.table({"class_index": np.arange(w.shape[0])})
+    path = weights_path(features_dir)
+    path.parent.mkdir(parents=True)
+    stamp = {**IDENTITY, "dataset": dataset, "text_set": "repe"}
+    write_table(path, [table.append_column("embedding", embedding_array(w))],
+                features_schema(table.schema, w.shape[1], stamp))
+
+
+def with_repe(inputs, tmp_path, seed=7):
+    """Give fake inputs a features folder holding REPE class weights: the single-prompt axes tilted by seeded
+    noise. Returns the (C, d) normalised weights."""
+    w = inputs.texts("prompts_single").embeddings
+    w = w + 0.3 * np.random.default_rng(seed).normal(size=w.shape)
+    inputs.features_dir, inputs.identity = tmp_path / "features" / inputs.meta.name, IDENTITY
+    write_repe(inputs.features_dir, inputs.meta.name, w)
+    return op.l2_normalize(w)
+
+
+def test_repe_is_a_default_variant_where_the_dataset_has_class_weights(tmp_path):
+    inputs = world(tmp_path, n_groups=4, per_group=3)
+    w = with_repe(inputs, tmp_path)
+    result = op.run_dataset(inputs, {"orders": 10}, seed=3)
+    labels = inputs.image_features.table.column("label").to_numpy()
+    r = ex.expansion(op.l2_normalize(inputs.image_features.embeddings) @ w.T, labels,
+                     [[3 * g, 3 * g + 1, 3 * g + 2] for g in range(4)], ex.paper_orders(4, 10, 3))
+    assert result.metrics["acc_c_repe"] == pytest.approx(r.acc_c.mean)
+    assert result.metrics["acc_e_repe"] == pytest.approx(r.acc_e.mean)
+    assert result.metrics["acc_s_repe"] == pytest.approx(r.acc_s.mean)
+    assert result.metrics["acc_e_repe"] != pytest.approx(result.metrics["acc_e_single"])  # its own weights
+    assert list(result.details["variants"]) == ["single", "ensemble", "repe"]
+    assert result.details["skipped_variants"] == {}
+    assert result.details["variants"]["repe"]["geometry"]["alignment_texts"] is None  # one weight per class
+
+
+def test_repe_without_class_weights_is_skipped_with_the_reason(tmp_path):
+    inputs = world(tmp_path, n_groups=3)
+    result = op.run_dataset(inputs, {}, seed=0)
+    assert set(result.metrics) == {f"acc_{m}_{v}" for m in "ces" for v in ("single", "ensemble")}
+    why = result.details["skipped_variants"]["repe"]
+    assert why.startswith("not run: dataset 'd' has no REPE class weights (nowhere/retrieval/class_weights.parquet)")
+    assert "add the dataset(s) to suite.retrieve" in why and "drop 'repe' from extensibility.variants" in why
+    assert result.params["variants"] == ["single", "ensemble", "repe"] and "repe" not in result.details["variants"]
+    with pytest.raises(VlbenchError, match="dataset 'd': no extensibility variant can run \\(not run: dataset 'd' has"):
+        op.run_dataset(inputs, {"variants": ["repe"]}, seed=0)
+    worded = world(tmp_path, "w", n_groups=3, vocabulary={"blob": np.eye(16)[15]})
+    with pytest.raises(VlbenchError, match="adversarial.variant 'repe' cannot run: not run: dataset 'w' has no REPE"):
+        op.run_dataset(worded, {"adversarial": {"variant": "repe"}}, seed=0)
+
+
+def test_repe_in_a_union_needs_every_member(tmp_path):
+    a = world(tmp_path, "a", n_groups=1, per_group=2, names=["x", "y"], seed=1)
+    b = world(tmp_path, "b", n_groups=1, per_group=2, names=["z", "u"], seed=2)
+    wa = with_repe(a, tmp_path)
+    partial = op.run_union([("a", a), ("b", b)], {"variants": ["single", "repe"]}, 0)
+    assert set(partial.metrics) == {"acc_c_single", "acc_e_single", "acc_s_single"}
+    assert partial.details["skipped_variants"]["repe"].startswith("not run: dataset 'b' has no REPE class weights")
+    wb = with_repe(b, tmp_path, seed=8)
+    full = op.run_union([("a", a), ("b", b)], {"variants": ["single", "repe"]}, 0)
+    x = np.concatenate([op.l2_normalize(i.image_features.embeddings) for i in (a, b)])
+    y = np.concatenate([i.image_features.table.column("label").to_numpy() + k for k, i in ((0, a), (2, b))])
+    r = ex.expansion(x @ np.concatenate([wa, wb]).T, y, [[0, 1], [2, 3]], ex.paper_orders(2, 100, 0))
+    assert (full.metrics["acc_c_repe"], full.metrics["acc_e_repe"], full.metrics["acc_s_repe"]) == pytest.approx(
+        (r.acc_c.mean, r.acc_e.mean, r.acc_s.mean))
+    assert full.details["skipped_variants"] == {}
 
 
 # ---------------------------------------------------------------- geometry
@@ -440,6 +516,14 @@ def test_report_rows_and_svgs(tmp_path):
     assert [p.name for p in paths] == ["extensibility_steps.svg", "extensibility_drops.svg"]
     assert all(p.read_text().startswith("<svg") for p in paths)
     assert rep.write_extensibility_plots({"d": {"details": {}}}, tmp_path / "none") == []
+    assert "not run for" not in paths[0].read_text()
+    # a skipped variant is named in both charts, with the datasets that skipped it
+    results = {"d": {"details": details}, "e": {"details": {**details, "skipped_variants": {"repe": "not run: ..."}}}}
+    assert rep.skipped_notes(results) == [
+        "repe not run for e: reports/extensibility/<dataset>.json, details.skipped_variants, says why"]
+    paths = rep.write_extensibility_plots(results, tmp_path / "skipped")
+    assert all("repe not run for e" in p.read_text() for p in paths)
+    assert rep.steps_spec(rep.step_rows(results), rep.skipped_notes(results))["title"]["subtitle"][0].startswith("repe")
 
 
 # ---------------------------------------------------------------- the two stages, on real feature files
@@ -474,13 +558,14 @@ def _write_dataset(root: Path, name: str, class_names, groups, per_class, rng, i
 
 def test_the_stages_on_feature_files(tmp_path):
     rng = np.random.default_rng(0)
-    identity = {"model": "m", "arch": "a", "pretrained": "openai"}
+    identity = IDENTITY
     _write_dataset(tmp_path, "p", ["red x", "blue x", "red y", "blue y"], ["x", "x", "y", "y"], 3, rng, identity)
     _write_dataset(tmp_path, "q", ["red", "blue", "x"], [None, None, None], 3, rng, identity)
+    write_repe(tmp_path / "features/m/p", "p", rng.normal(size=(4, 12)))  # p is in suite.retrieve, q is not
     entry = {"prepare": {"source": "synthetic"}, "input": "x", "texts": {}}
     params = {"seed": 0, "model": {"slug": "m", "arch": "a", "pretrained": "openai"},
               "suite": {"datasets": {"p": entry, "q": entry}, "extensibility_sets": {"pq": ["p", "q"]}},
-              "extensibility": {"variants": ["single"], "orders": 5}}
+              "extensibility": {"variants": ["single", "repe"], "orders": 5}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for cmd in (["stages.analysis", "--analysis", "extensibility", "--dataset", "p"],
@@ -489,13 +574,16 @@ def test_the_stages_on_feature_files(tmp_path):
                               check=False)
         assert proc.returncode == 0, proc.stderr
     p = json.loads((tmp_path / "reports/extensibility/p.json").read_text())
-    assert set(p["metrics"]) == {"acc_c_single", "acc_e_single", "acc_s_single"}
-    assert p["counts"]["samples"] == 12 and p["details"]["groups"] == ["x", "y"]
+    assert set(p["metrics"]) == {f"acc_{m}_{v}" for m in "ces" for v in ("single", "repe")}
+    assert p["counts"]["samples"] == 12 and p["details"]["groups"] == ["x", "y"] and p["details"]["skipped_variants"] == {}
     assert (tmp_path / "reports/extensibility/p.vocabulary.parquet").is_file()
     pq_ = json.loads((tmp_path / "reports/extensibility/pq.json").read_text())
     assert pq_["counts"] == {"samples": 21, "classes": 7, "groups": 2, "shared_names": 0, "removed_classes": 0,
                              "skipped_corrupt": 0}
     assert pq_["params"]["members"] == ["p", "q"] and pq_["fingerprint"]["model"] == "m"
+    assert set(pq_["metrics"]) == {"acc_c_single", "acc_e_single", "acc_s_single"}  # q has no REPE weights
+    assert pq_["details"]["skipped_variants"]["repe"].startswith("not run: dataset 'q' has no REPE class weights "
+                                                                 "(features/m/q/retrieval/class_weights.parquet)")
     # a set that names an unknown dataset is one clear line
     params["suite"]["extensibility_sets"]["bad"] = ["p", "nope"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))

@@ -244,12 +244,78 @@ def test_params_errors_name_the_key():
         rt.parse_config({"topk": 5})
     with pytest.raises(ParamsError, match=r"retrieve\.query must"):
         rt.parse_config({"query": "a photo"})
+    with pytest.raises(ParamsError, match=r"retrieve\.prompts must name a text set"):
+        rt.parse_config({"prompts": "prompts ensemble"})
     config = yaml.safe_load((ROOT / "conf/config.yaml").read_text())
     assert rt.parse_config(config["retrieve"]) == rt.RetrievalConfig()  # the defaults are the documented ones
+    assert rt.RetrievalConfig().prompts == "prompts"
+
+
+def test_a_missing_prompt_set_names_the_dataset_the_set_and_the_param():
+    assert rt.check_prompt_set("cifar10", "prompts_ensemble", ["prompts", "prompts_ensemble"]) == "prompts_ensemble"
+    with pytest.raises(rt.RetrievalError) as err:
+        rt.check_prompt_set("coop-x", "prompts_ensemble", ["prompts_single", "prompts"])
+    assert str(err.value) == (
+        "dataset 'coop-x' has no class text set 'prompts_ensemble' (retrieve.prompts; its class text sets: "
+        "['prompts', 'prompts_single']): add `prompt_sets: {ensemble: [...]}` under `texts` in its entry "
+        "(conf/dataset/coop-x.yaml) or set retrieve.prompts to one of them")
+    with pytest.raises(rt.RetrievalError, match=r"no class text set 'captions' \(retrieve\.prompts.*\): set retrieve"):
+        rt.check_prompt_set("coco", "captions", ["prompts"])
+
+
+def test_template_prompts_are_the_template_rows_and_every_class_needs_one():
+    from vlbench.features import Features
+
+    table = pa.table({"class_index": pa.array([0, 0, 1, 1], pa.int64()),
+                      "source": ["template", "other", "template", "template"], "text": list("abcd")})
+    feats = Features(table, np.eye(4, dtype=np.float32), {}, [])
+    emb, cls = rt.template_prompts(feats, "d", "prompts_ensemble", 2)
+    assert cls.tolist() == [0, 1, 1] and emb.tolist() == np.eye(4)[[0, 2, 3]].tolist()
+    with pytest.raises(rt.RetrievalError, match=r"dataset 'd', text set 'prompts_ensemble' \(retrieve\.prompts\): no "
+                                                r"template prompt for 1 of 3 classes \(class indices \[2\]\)"):
+        rt.template_prompts(feats, "d", "prompts_ensemble", 3)
+
+
+def made_from_hash(fp: dict, keys) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps({k: fp[k] for k in keys}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def test_the_default_prompt_set_leaves_the_fingerprint_as_it_was_before_the_param():
+    corpus = rt.Corpus("c", np.array(["s"]), ["x"], np.ones((1, 2), np.float32), fingerprint={"corpus": "c"})
+    base = {"model": "m", "dataset": "d", "text_set": "prompts", "text_version": "v1"}
+    fp = rt.weights_fingerprint(base, corpus, rt.RetrievalConfig(), ["ensemble"])
+    old_settings = {k: v for k, v in rt.RetrievalConfig().as_dict().items() if k != "prompts"}
+    assert "prompts_set" not in fp and fp["retrieval"] == old_settings  # the settings as they were, no new key
+    assert fp["text_version"] == made_from_hash(fp, ["prompts_version", "corpus", "retrieval", "query_sources"])
+    other = rt.weights_fingerprint({**base, "text_set": "prompts_ensemble"}, corpus,
+                                   rt.RetrievalConfig(prompts="prompts_ensemble"), ["ensemble"])
+    assert other["prompts_set"] == "prompts_ensemble" and other["text_set"] == "repe"
+    assert other["retrieval"] == old_settings and other["text_version"] != fp["text_version"]
+
+
+def test_the_openness_suite_runs_repe_on_the_ensemble_over_coco_captions():
+    from vlbench import config
+
+    params = config.compose(["suite=openness"])
+    suite, cfg = params["suite"], rt.parse_config(params["retrieve"])
+    assert (cfg.corpus, cfg.split, cfg.captions, cfg.prompts) == ("coco-2017-val", "val", "captions", "prompts_ensemble")
+    assert cfg.corpus in suite["embed"] and cfg.corpus not in suite["zeroshot"] and cfg.corpus in suite["datasets"]
+    assert cfg.split in suite["datasets"][cfg.corpus]["prepare"]["splits"]
+    members = {d for ds in suite["extensibility_sets"].values() for d in ds}
+    assert set(suite["retrieve"]) == set(suite["extensibility"]) | members and len(suite["retrieve"]) == 10
+    for name in suite["retrieve"]:
+        assert suite["datasets"][name]["texts"]["prompt_sets"]["ensemble"], name  # the set prompts_ensemble exists
+        assert name in suite["embed"]
+    assert params["retrieve"]["shift_lambda"] == 0.25 and params["retrieve"]["keep"] == 100  # the authors' 0.25, 100
 
 
 # --------------------------------------------------------------------------------------------------------------
 # The stage in a pipeline
+
+
+ENSEMBLE = ["a {c}.", "a picture of a {c}.", "a {c} shape."]  # no "a photo of a {c}.": queries stay ensemble weights
 
 
 @pytest.fixture(scope="module")
@@ -259,6 +325,7 @@ def retrieved(tmp_path_factory):
     repo = make_repo(tmp_path_factory.mktemp("retrieve") / "repo")
     suite = yaml.safe_load((repo / "conf/suite/smoke.yaml").read_text())
     suite["datasets"]["corpus"] = synthetic_entry("corpus", {"train": 200}, ["a {c}."])
+    suite["datasets"]["shapes"]["texts"]["prompt_sets"] = {"ensemble": ENSEMBLE}  # for retrieve.prompts
     suite.update(embed=suite["embed"] + ["corpus"], retrieve=["shapes"])
     (repo / "conf/suite/smoke.yaml").write_text(yaml.safe_dump(suite))
     run(repo, sys.executable, "-m", "vlbench.cli", "compose")
@@ -335,3 +402,82 @@ def test_a_corpus_without_captions_is_one_clear_line(retrieved, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("error: corpus 'corpus': text set 'prompts' is not owned by sample_id (columns "
                                    "['class_index', 'source', 'text']); retrieve.captions must name its captions")
+
+
+def run_stage_with(repo: Path, dest: Path, **retrieve) -> tuple[Path, object]:
+    """A copy of the pipeline repository at `dest` (no .dvc, no git), retrieve@shapes run there with `retrieve`
+    params changed: (the copy, the finished process)."""
+    import shutil
+
+    from tests.pipeline_repo import run
+
+    shutil.copytree(repo, dest, ignore=shutil.ignore_patterns(".git", ".dvc"))
+    params = yaml.safe_load((dest / "params.yaml").read_text())
+    params["retrieve"].update(retrieve)
+    (dest / "p.yaml").write_text(yaml.safe_dump(params))
+    return dest, run(dest, sys.executable, "-m", "stages.retrieve", "--dataset", "shapes", "--params",
+                     str(dest / "p.yaml"), check=False)
+
+
+def features_of(path: Path) -> np.ndarray:
+    return np.stack(pq.read_table(path).column("embedding").to_numpy(zero_copy_only=False)).astype(np.float64)
+
+
+def test_repe_on_the_prompt_ensemble_mixes_the_captions_into_every_template(retrieved, tmp_path):
+    from vlbench.models.identity import model_identity
+    from vlbench.texts import read_text_set
+
+    repo, proc = run_stage_with(retrieved, tmp_path / "repo", prompts="prompts_ensemble")
+    assert proc.returncode == 0, proc.stderr
+    out, text = repo / "features/toy-smoke/shapes/retrieval", repo / "features/toy-smoke/shapes/text"
+    weights = pq.read_table(out / "class_weights.parquet")
+    got = features_of(out / "class_weights.parquet")
+    # by hand: per class the mean of its kept captions' normalised embeddings (or, for a class without one, its
+    # query: the normalised mean of its ensemble prompts), mixed into each of its 3 templates, then averaged
+    prompts = pq.read_table(text / "prompts_ensemble.parquet")
+    p = features_of(text / "prompts_ensemble.parquet")
+    p /= np.linalg.norm(p, axis=1, keepdims=True)
+    cls = np.array(prompts.column("class_index").to_pylist())
+    assert np.bincount(cls).tolist() == [len(ENSEMBLE)] * 12
+    caps = features_of(repo / "features/toy-smoke/corpus/text/captions.parquet")
+    caps /= np.linalg.norm(caps, axis=1, keepdims=True)
+    found = pq.read_table(out / "retrieved.parquet").to_pydict()
+    kept_rows = np.array(found["caption_row"])[np.array(found["kept"])]
+    kept_cls = np.array(found["class_index"])[np.array(found["kept"])]
+    assert len(kept_rows) > 0
+    for c in range(12):
+        query = p[cls == c].mean(0)
+        mean = caps[kept_rows[kept_cls == c]].mean(0) if (kept_cls == c).any() else query / np.linalg.norm(query)
+        mixed = 0.75 * p[cls == c] + 0.25 * mean
+        mixed /= np.linalg.norm(mixed, axis=1, keepdims=True)
+        expect = mixed.mean(0) / np.linalg.norm(mixed.mean(0))
+        np.testing.assert_allclose(got[c], expect, atol=2e-6)
+    assert weights.column("fallback").to_pylist() == [not (kept_cls == c).any() for c in range(12)]
+    default = features_of(retrieved / "features/toy-smoke/shapes/retrieval/class_weights.parquet")
+    assert np.abs(got - default).max() > 0.01  # not the weights of the `prompts` set
+    # the fingerprint names the set and its version; a reader asking for another set refuses the weights
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    identity, version = model_identity(params["model"]), read_text_set(repo / "data/texts/shapes/prompts_ensemble.parquet")[1]["text_version"]
+    read = rt.read_repe_class_weights(out.parent, identity, "shapes", version, "prompts_ensemble")
+    assert read.fingerprint["prompts_set"] == "prompts_ensemble" and read.fingerprint["prompts_version"] == version
+    with pytest.raises(StaleFeaturesError, match=r"made from text set 'prompts_ensemble', expected 'prompts'"):
+        rt.read_repe_class_weights(out.parent, identity, "shapes", None, "prompts")
+    old = rt.read_repe_class_weights(retrieved / "features/toy-smoke/shapes", identity, "shapes", None, "prompts")
+    assert "prompts_set" not in old.fingerprint and "prompts" not in old.fingerprint["retrieval"]
+
+
+def test_naming_the_default_set_explicitly_gives_byte_identical_weights(retrieved, tmp_path):
+    repo, proc = run_stage_with(retrieved, tmp_path / "repo", prompts="prompts")
+    assert proc.returncode == 0, proc.stderr
+    for name in ("class_weights.parquet", "retrieved.parquet", "index.json"):
+        mine = (repo / "features/toy-smoke/shapes/retrieval" / name).read_bytes()
+        assert mine == (retrieved / "features/toy-smoke/shapes/retrieval" / name).read_bytes(), name
+
+
+def test_a_missing_prompt_set_stops_the_stage_with_one_line(retrieved, tmp_path):
+    _, proc = run_stage_with(retrieved, tmp_path / "repo", prompts="prompts_single")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "error: dataset 'shapes' has no class text set 'prompts_single' (retrieve.prompts; its class text sets: "
+        "['prompts', 'prompts_ensemble']): add `prompt_sets: {single: [...]}` under `texts` in its entry "
+        "(conf/dataset/shapes.yaml) or set retrieve.prompts to one of them")

@@ -276,17 +276,28 @@ def dataset_yaml(name: str, entry: dict) -> str:
 def suite_yaml(names: tuple[str, ...]) -> str:
     listed = ", ".join(names)
     lines = [
+        "# @package _global_",
         "# ELEVATER's 20 image-classification datasets (Li et al., NeurIPS 2022 Datasets and Benchmarks), with",
         "# ELEVATER's class names, class order, templates, splits and metrics (vlbench/datasets/elevater.py).",
         "# The data is ELEVATER's own distribution, downloaded on first use into the download cache.",
+        "# Zero-shot metrics on ELEVATER's softmax scores, and ELEVATER's linear probing (its hyper-parameter search,",
+        "# shots 5/20/50/full) on every dataset; this file sets those analyses' params too, hence the global package.",
         f"# {GENERATED}.",
         "defaults:",
-        *(f"  - /dataset@datasets.{n}: {n}" for n in names),
+        *(f"  - /dataset@suite.datasets.{n}: {n}" for n in names),
         "  - _self_",
         "",
-        "slug: elevater",
-        f"embed: [{listed}]",
-        f"zeroshot: [{listed}]",
+        "suite:",
+        "  slug: elevater",
+        f"  embed: [{listed}]",
+        f"  zeroshot: [{listed}]",
+        f"  adapt: [{listed}]",
+        "",
+        "zeroshot:",
+        "  scoring: elevater",
+        "",
+        "adapt:",
+        "  protocols: [elevater]",
     ]
     return "\n".join(lines) + "\n"
 

@@ -37,6 +37,7 @@ from vlbench.datasets.canonical import DatasetMeta, load_meta, split_path
 from vlbench.errors import VlbenchError
 from vlbench.io import atomic_dir
 from vlbench.models.loading import LoadedModel
+from vlbench.models.projection import PreProjectionEncoder, VisualProjection
 from vlbench.texts import read_text_set, text_set_names
 
 
@@ -179,14 +180,16 @@ def worker_preprocess(
 def embed_images(
     loaded: LoadedModel, path: Path, dataset: str, split: str, *, batch_size: int = 256,
     num_workers: int | None = None, skip_corrupt: bool = False, progress: bool = True,
-    normalise_in_workers: bool | None = None,
+    normalise_in_workers: bool | None = None, encode: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return (embeddings in row order, row indices that were kept).
 
     Corrupt images: with `skip_corrupt` their rows are left out of the result; without it the whole split is still
     read (the model stops at the first one) and one CorruptImageError names them all. `normalise_in_workers`: see
-    `worker_preprocess` (None: on the CPU only); it changes speed, never the features."""
+    `worker_preprocess` (None: on the CPU only); it changes speed, never the features. `encode`: what runs on each
+    batch of model inputs (default `model.encode_image`; `PreProjectionEncoder` adds the pre-projection features)."""
     path = Path(path)
+    encode = encode or loaded.model.encode_image
     num_rows = pq.ParquetFile(path).metadata.num_rows
     workers = default_workers(loaded.device) if num_workers is None else num_workers
     decode, finish = worker_preprocess(loaded.preprocess, loaded.device, normalise_in_workers)
@@ -205,7 +208,7 @@ def embed_images(
             if images is None or (corrupt and not skip_corrupt):  # the split fails: only look for more corrupt files
                 continue
             with loaded.autocast():
-                emb = loaded.model.encode_image(finish(images.to(loaded.device, non_blocking=True)))
+                emb = encode(finish(images.to(loaded.device, non_blocking=True)))
             emb = emb.float().cpu().numpy()
             if out is None:
                 out = np.zeros((num_rows, emb.shape[1]), dtype=np.float32)
@@ -231,32 +234,83 @@ def embed_texts(loaded: LoadedModel, texts: list[str], batch_size: int = 512) ->
 
 def embed_image_splits(
     loaded: LoadedModel, dataset_dir: Path, out_dir: Path, *, batch_size: int = 256,
-    num_workers: int | None = None, skip_corrupt: bool = False, progress: bool = True,
+    num_workers: int | None = None, skip_corrupt: bool = False, progress: bool = True, pre_projection: bool = False,
 ) -> dict[str, Any]:
     """Write `out_dir/<split>.parquet` for every split of a prepared dataset (the folder replaced whole), with the
-    preprocessing the dataset asks for (`model_for_dataset`)."""
+    preprocessing the dataset asks for (`model_for_dataset`). With `pre_projection`, the same forward pass also gives
+    the image tower's features before its projection: `out_dir/pre_projection/<split>.parquet` and the projection in
+    `out_dir/pre_projection/projection.weights.parquet` (`vlbench.models.projection`; the projected embeddings are the
+    same either way)."""
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
     meta = load_meta(dataset_dir)
     loaded = model_for_dataset(loaded, meta)
-    fingerprint = {**loaded.fingerprint, "dataset": meta.name, "dataset_version": meta.version}
+    fingerprint = {**loaded.fingerprint, "dataset": meta.name, "dataset_version": meta.version,
+                   **model_logit_scale(loaded.model)}
+    encoder = PreProjectionEncoder(loaded.model, loaded.fingerprint.get("model", "?")) if pre_projection else None
     summary: dict[str, Any] = {"dataset": meta.name, "splits": {}}
     with atomic_dir(out_dir) as tmp:
         for split in meta.splits:
             path = split_path(dataset_dir, split)
             start = time.perf_counter()
-            emb, kept = embed_images(loaded, path, meta.name, split, batch_size=batch_size,
-                                     num_workers=num_workers, skip_corrupt=skip_corrupt, progress=progress)
+            emb, kept = embed_images(loaded, path, meta.name, split, batch_size=batch_size, num_workers=num_workers,
+                                     skip_corrupt=skip_corrupt, progress=progress, encode=encoder)
             seconds = time.perf_counter() - start
             ids_labels = pq.read_table(path, columns=["sample_id", meta.label_column])
             skipped = ids_labels.column("sample_id").to_numpy(zero_copy_only=False)[
                 np.setdiff1d(np.arange(ids_labels.num_rows), kept)].tolist()
-            table = ids_labels.take(pa.array(kept)).append_column("embedding", features.embedding_array(emb))
-            schema = features.features_schema(ids_labels.schema, emb.shape[1], fingerprint)
-            schema = schema.with_metadata({**schema.metadata, features.SKIPPED_KEY: json.dumps(skipped).encode()})
-            features.write_table(tmp / f"{split}.parquet", [table], schema)
+            rows = ids_labels.take(pa.array(kept))
+            if encoder is not None:
+                emb = _write_pre_projection(tmp, split, rows, emb, encoder.projection, fingerprint, skipped)
+            _write_image_features(tmp / f"{split}.parquet", rows, emb, fingerprint, skipped)
             summary["splits"][split] = {"images": len(kept), "skipped_corrupt": skipped,
                                         "seconds": round(seconds, 3), "images_per_s": round(len(kept) / max(seconds, 1e-9), 1)}
+        if encoder is not None:
+            summary["pre_projection"] = _write_projection(tmp, encoder.projection, fingerprint)
     return summary
+
+
+def model_logit_scale(model: torch.nn.Module) -> dict[str, float]:
+    """{"logit_scale": exp of the model's learned logit scale} (CLIP's 100 after training), recorded with the image
+    features for heads that start from it (ELEVATER's LOGIT_SCALE_INIT 'pretrained'); {} for a model without one."""
+    scale = getattr(model, "logit_scale", None)
+    if not isinstance(scale, torch.Tensor) or scale.numel() != 1:
+        return {}
+    return {"logit_scale": float(scale.detach().float().exp().item())}
+
+
+def _write_image_features(path: Path, rows: pa.Table, emb: np.ndarray, fingerprint: dict[str, Any],
+                          skipped: list[str]) -> None:
+    """A split's rows (sample_id, label) with their embedding, stamped with `fingerprint` and the skipped ids."""
+    schema = features.features_schema(rows.schema, emb.shape[1], fingerprint)
+    schema = schema.with_metadata({**schema.metadata, features.SKIPPED_KEY: json.dumps(skipped).encode()})
+    features.write_table(path, [rows.append_column("embedding", features.embedding_array(emb))], schema)
+
+
+def pre_projection_fingerprint(fingerprint: dict[str, Any], projection: VisualProjection,
+                               representation: str = features.PRE_PROJECTION) -> dict[str, Any]:
+    """The image features' fingerprint with what sets pre-projection files apart: `representation` (a reader of
+    projected embeddings, which expects none, and a reader of these, which expects it, never mix them up), where
+    the projection sits in the tower, and its (d_pre, d_out)."""
+    return {**fingerprint, "representation": representation, "projection": projection.kind,
+            "projection_dims": list(projection.dims)}
+
+
+def _write_pre_projection(tmp: Path, split: str, rows: pa.Table, both: np.ndarray, projection: VisualProjection,
+                          fingerprint: dict[str, Any], skipped: list[str]) -> np.ndarray:
+    """Write the pre-projection part of `both` ([projected | pre], `PreProjectionEncoder`); return the projected part."""
+    d_out = projection.dims[1]
+    path = features.pre_projection_path(tmp, split)
+    path.parent.mkdir(exist_ok=True)
+    _write_image_features(path, rows, both[:, d_out:], pre_projection_fingerprint(fingerprint, projection), skipped)
+    return both[:, :d_out]
+
+
+def _write_projection(tmp: Path, projection: VisualProjection, fingerprint: dict[str, Any]) -> dict[str, Any]:
+    path = features.projection_path(tmp)
+    path.parent.mkdir(exist_ok=True)
+    features.write_projection(path, projection.weight, projection.bias,
+                              pre_projection_fingerprint(fingerprint, projection, features.PROJECTION))
+    return {"dim": projection.dims[0], "projection": projection.kind}
 
 
 def embed_text_sets(loaded: LoadedModel, texts_dir: Path, out_dir: Path) -> dict[str, int]:

@@ -2,6 +2,9 @@
 
 `features/<model>/<dataset>/images/<split>.parquet`: sample_id, label|labels, embedding (fixed-size list<float32>).
 `features/<model>/<dataset>/text/<set>.parquet`: the text set's rows (owner column, source, text) + embedding.
+`features/<model>/<dataset>/images/pre_projection/<split>.parquet` (the embed step's `embed.pre_projection`): the same
+rows with the image tower's features before its projection, and `.../pre_projection/projection.weights.parquet` the
+projection itself (one row per output dimension: `weight` [d_pre], `bias`), so that projected = pre @ W.T + b.
 The schema metadata key `vlbench.fingerprint` holds a JSON object: the model (slug, arch, pretrained tag,
 weights hash, preprocessing, precision, vlbench version) and what was encoded (dataset and its image-data
 version, or dataset, text set and text-set version). Readers state what they expect and get a
@@ -11,9 +14,10 @@ version, or dataset, text set and text-set version). Readers state what they exp
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +27,9 @@ from vlbench.errors import VlbenchError
 
 FINGERPRINT_KEY = b"vlbench.fingerprint"
 SKIPPED_KEY = b"vlbench.skipped_corrupt"
+PRE_PROJECTION = "pre_projection"  # the folder under images/, and the fingerprint's `representation` of its splits
+PROJECTION = "visual_projection"  # the `representation` of the projection file
+PROJECTION_FILE = "projection.weights.parquet"  # split names have no dot, so no split file can take this name
 
 
 class StaleFeaturesError(VlbenchError):
@@ -96,3 +103,39 @@ def read_features(path: str | Path, expect: Mapping[str, Any]) -> Features:
     x = emb.flatten().to_numpy(zero_copy_only=False).reshape(-1, emb.type.list_size).astype(np.float32, copy=False)
     skipped = json.loads((table.schema.metadata or {}).get(SKIPPED_KEY, b"[]"))
     return Features(table.drop(["embedding"]).replace_schema_metadata(None), x, fingerprint, skipped)
+
+
+def pre_projection_path(images_dir: str | Path, split: str) -> Path:
+    """Where the pre-projection features of `split` sit, for the image features folder `images_dir`."""
+    return Path(images_dir) / PRE_PROJECTION / f"{split}.parquet"
+
+
+def projection_path(images_dir: str | Path) -> Path:
+    return Path(images_dir) / PRE_PROJECTION / PROJECTION_FILE
+
+
+@dataclass
+class Projection:
+    """The image tower's projection: projected = pre @ weight.T + bias; weight [d_out, d_pre], bias [d_out]."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    fingerprint: dict[str, Any]
+
+
+def write_projection(path: Path, weight: np.ndarray, bias: np.ndarray, fingerprint: Mapping[str, Any]) -> None:
+    """One row per output dimension: `weight` (that row of W, d_pre floats) and `bias` (the caller makes it atomic)."""
+    weight = np.ascontiguousarray(weight, dtype=np.float32)
+    table = pa.table({"weight": embedding_array(weight), "bias": pa.array(np.asarray(bias, np.float32))})
+    schema = with_fingerprint(pa.schema([pa.field("weight", embedding_type(weight.shape[1])),
+                                         pa.field("bias", pa.float32())]), fingerprint)
+    write_table(path, [table], schema)
+
+
+def read_projection(path: str | Path, expect: Mapping[str, Any]) -> Projection:
+    fingerprint = check_fingerprint(path, expect)
+    table = pq.read_table(path)
+    column = table.column("weight").combine_chunks()
+    weight = column.flatten().to_numpy(zero_copy_only=False).reshape(-1, column.type.list_size)
+    return Projection(weight.astype(np.float32, copy=False),
+                      table.column("bias").to_numpy().astype(np.float32, copy=False), fingerprint)

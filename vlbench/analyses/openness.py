@@ -11,8 +11,11 @@ cosine statistics, alignment and uniformity, and the adversarial vocabulary scan
 
 Variants: `<v>` scores the images against the class weights of text set `prompts_<v>` (texts.prompt_sets of the
 dataset entry: "a photo of a {c}.", CLIP's 7 ImageNet templates, CIFAR's 18, ...); `repe` reads the retrieve
-stage's REPE class weights (features/<model>/<dataset>/retrieval/class_weights.parquet). Class weights are the
-renormalised mean of the normalised prompt embeddings, scores the cosine similarities (the scale changes no argmax).
+stage's REPE class weights (features/<model>/<dataset>/retrieval/class_weights.parquet). `repe` is a default variant:
+it runs where that file exists (the datasets of suite.retrieve; for a dataset-level vocabulary, every member's) and is
+otherwise skipped, with the reason and the param to change in the result's `details.skipped_variants`; a prompt
+variant without its text set is an error. Class weights are the renormalised mean of the normalised prompt
+embeddings, scores the cosine similarities (the scale changes no argmax).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ GROUPINGS = ("auto", "group", "class")
 REPE = "repe"
 DEFAULTS: dict[str, Any] = {
     "split": "test", "protocol": "paper", "orders": 100, "trials": 3, "average_e": "images", "average_s": "images",
-    "variants": ["single", "ensemble"], "grouping": "auto", "duplicates": "remove",
+    "variants": ["single", "ensemble", REPE], "grouping": "auto", "duplicates": "remove",
     "geometry": {"max_images": 2000},
     "adversarial": {"variant": "single", "top": 20, "exclude_related": True},
 }
@@ -123,6 +126,7 @@ class Vocabulary:
     prompt_pairs: dict[str, tuple[np.ndarray, np.ndarray] | None] = field(default_factory=dict)  # same_class_sums
     counts: dict[str, int] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # variant -> why it was not run (no REPE class weights)
 
 
 def l2_normalize(x: np.ndarray) -> np.ndarray:
@@ -201,6 +205,32 @@ def variant_weights(inputs, variant: str) -> np.ndarray:
     return prompt_weights(inputs.texts(name), len(meta.classes), f"dataset {meta.name!r}, text set {name!r}")
 
 
+def repe_missing(inputs) -> str | None:
+    """None where the dataset has REPE class weights (the retrieve stage's file), else why `repe` cannot run there."""
+    from vlbench.knowledge.retrieval import weights_path
+
+    path = weights_path(inputs.features_dir)
+    return None if path.is_file() else f"dataset {inputs.meta.name!r} has no REPE class weights ({path})"
+
+
+REPE_HINT = ("the retrieve stage writes REPE class weights for the datasets of suite.retrieve: add the dataset(s) to "
+             "suite.retrieve to report repe, or drop 'repe' from extensibility.variants")
+
+
+def runnable_variants(s: Settings, members: Sequence[Any], where: str) -> tuple[list[str], dict[str, str]]:
+    """(the variants to run, {variant: why not}): `repe` is skipped unless every member has REPE class weights;
+    an error when nothing is left to run."""
+    skipped = {}
+    if REPE in s.variants:
+        missing = [why for why in (repe_missing(inp) for inp in members) if why]
+        if missing:
+            skipped[REPE] = "not run: " + "; ".join(missing) + "; " + REPE_HINT
+    variants = [v for v in s.variants if v not in skipped]
+    if not variants:
+        raise ExtensibilityError(f"{where}: no extensibility variant can run ({skipped[REPE]})")
+    return variants, skipped
+
+
 def image_labels(inputs, split: str) -> tuple[np.ndarray, np.ndarray]:
     meta = inputs.meta
     if meta.multi_label:
@@ -215,10 +245,11 @@ def image_labels(inputs, split: str) -> tuple[np.ndarray, np.ndarray]:
 def dataset_vocabulary(inputs, s: Settings) -> Vocabulary:
     group_names, groups, used = dataset_groups(inputs.meta, s.grouping)
     images, labels = image_labels(inputs, s.split)
-    found = {v: _variant(inputs, v) for v in s.variants}
+    variants, skipped = runnable_variants(s, [inputs], f"dataset {inputs.meta.name!r}")
+    found = {v: _variant(inputs, v) for v in variants}
     return Vocabulary(names=inputs.meta.class_names, group_names=group_names, groups=groups, overlap=False,
                       images=images, labels=labels, weights={v: w for v, (w, _) in found.items()},
-                      prompt_pairs={v: p for v, (_, p) in found.items()}, notes={"grouping": used})
+                      prompt_pairs={v: p for v, (_, p) in found.items()}, notes={"grouping": used}, skipped=skipped)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -289,8 +320,10 @@ def union_vocabulary(members: Sequence[tuple[str, Any]], s: Settings) -> Vocabul
         keep = u.label_map[m][y] >= 0
         imgs.append(x[keep])
         labels.append(u.label_map[m][y[keep]])
+    variants, skipped = runnable_variants(s, [inp for _, inp in members],
+                                          f"dataset-level vocabulary {[m for m, _ in members]}")
     weights, pairs = {}, {}
-    for v in s.variants:
+    for v in variants:
         per_member = [_variant(inp, v) for _, inp in members]
         weights[v] = np.stack([per_member[m][0][c] for m, c in u.classes])
         pairs[v] = None if per_member[0][1] is None else tuple(
@@ -300,7 +333,7 @@ def union_vocabulary(members: Sequence[tuple[str, Any]], s: Settings) -> Vocabul
                       overlap=s.duplicates == "merge" and bool(u.shared), images=np.concatenate(imgs),
                       labels=np.concatenate(labels), weights=weights, prompt_pairs=pairs,
                       counts={"shared_names": len(u.shared), "removed_classes": removed if s.duplicates == "remove" else 0},
-                      notes={"grouping": "dataset", "shared_names": u.shared[:50]})
+                      notes={"grouping": "dataset", "shared_names": u.shared[:50]}, skipped=skipped)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -547,6 +580,9 @@ def adversarial(inputs, vocab: Vocabulary, s: Settings, relate=None):
     if VOCABULARY_SET not in text_set_names(inputs.texts_dir):
         return None, empty_vocabulary_table()
     variant = s.adversarial_variant
+    if variant in vocab.skipped:
+        raise ExtensibilityError(f"dataset {inputs.meta.name!r}: extensibility.adversarial.variant {variant!r} "
+                                 f"cannot run: {vocab.skipped[variant]}")
     weights = vocab.weights[variant] if variant in vocab.weights else variant_weights(inputs, variant)
     words, candidates = candidate_weights(inputs.texts(VOCABULARY_SET))
     harmed, correct = scan_vocabulary(vocab.images, vocab.labels, weights, candidates)
@@ -594,8 +630,8 @@ def headline(variants: Mapping[str, Mapping[str, Any]], adv: Mapping[str, Any] |
 def _result(vocab: Vocabulary, s: Settings, seed: int, extra_params: dict, adv=None, tables=None):
     from vlbench.results import Result
 
-    variants = {v: evaluate_variant(vocab, v, s, seed) for v in s.variants}
-    details = {"groups": vocab.group_names, **vocab.notes, "variants": variants}
+    variants = {v: evaluate_variant(vocab, v, s, seed) for v in vocab.weights}
+    details = {"groups": vocab.group_names, **vocab.notes, "variants": variants, "skipped_variants": vocab.skipped}
     if adv is not None:
         details["adversarial"] = adv
     counts = {"samples": int(vocab.labels.size), "classes": len(vocab.names), "groups": len(vocab.groups),

@@ -3,9 +3,10 @@
 Per class, a query embedding searches a caption corpus (a dataset of image-caption pairs whose image and caption
 embeddings are ordinary cached features); the top `top_k` hits give a ranked list of captions; captions that name
 a word of the class pass the filter; the first `keep` that pass are L2-normalised and averaged; every prompt of the
-class is then mixed with that mean, `(1 - shift_lambda) * prompt + shift_lambda * captions`, renormalised, and the
-class weight is the renormalised mean over the class's prompts (the authors' `repe/repe.py` applied per template in
-their `ZeroshotCLIP2` ensemble). docs/protocols.md, "REPE", lists every choice and each difference from their code.
+class (the template rows of the class text set `retrieve.prompts`: `prompts` by default, `prompts_ensemble` for the
+authors' ensembles) is then mixed with that mean, `(1 - shift_lambda) * prompt + shift_lambda * captions`,
+renormalised, and the class weight is the renormalised mean over the class's prompts (the authors' `repe/repe.py`
+applied per template in their `ZeroshotCLIP2` ensemble). docs/protocols.md, "REPE", lists every choice and each difference from their code.
 
 Nothing here loads a model or imports torch; FAISS is imported when an index is built.
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from vlbench.config import ParamsError
+from vlbench.config import NAME, ParamsError
 from vlbench.errors import VlbenchError
 
 FILTERS = ("word", "exact_word", "substring")
@@ -32,6 +33,7 @@ MODALITIES = ("image", "text")
 INDEX_KINDS = ("auto", "flat", "ivf", "hnsw")
 QUERY_MISSING = ("ensemble", "error")
 TEXT_SET = "repe"  # the `text_set` of the class weights' fingerprint
+DEFAULT_PROMPTS = "prompts"  # retrieve.prompts: the class text set whose template prompts are mixed
 WEIGHTS_FILE = "class_weights.parquet"
 RETRIEVED_FILE = "retrieved.parquet"
 INDEX_INFO_FILE = "index.json"
@@ -63,6 +65,7 @@ class IndexConfig:
 @dataclass(frozen=True)
 class RetrievalConfig:
     corpus: str = "corpus"
+    prompts: str = DEFAULT_PROMPTS
     split: str = "train"
     captions: str = "captions"
     modality: str = "image"
@@ -119,6 +122,9 @@ def parse_config(cfg: Mapping[str, Any]) -> RetrievalConfig:
     _choice("modality", out.modality, MODALITIES)
     _choice("filter", out.filter, FILTERS)
     _choice("query_missing", out.query_missing, QUERY_MISSING)
+    if not isinstance(out.prompts, str) or not NAME.match(out.prompts):
+        raise ParamsError(f"params.yaml: retrieve.prompts must name a text set (letters, digits, '-', '_'), "
+                          f"got {out.prompts!r}")
     for key in ("top_k", "keep", "recall_queries"):
         _int(key, getattr(out, key))
     if not isinstance(out.query, str) or "{c}" not in out.query:
@@ -553,12 +559,39 @@ def class_text_sets(inputs, names: Sequence[str]):
     return out
 
 
+def check_prompt_set(dataset: str, name: str, class_sets: Sequence[str]) -> str:
+    """`name` (retrieve.prompts) if it is one of the dataset's class-owned text sets `class_sets`, else an error
+    naming the dataset, the set and the param."""
+    if name in class_sets:
+        return name
+    hint = (f"add `prompt_sets: {{{name[len('prompts_'):]}: [...]}}` under `texts` in its entry (conf/dataset/{dataset}.yaml) "
+            f"or " if name.startswith("prompts_") else "")
+    raise RetrievalError(f"dataset {dataset!r} has no class text set {name!r} (retrieve.prompts; its class text sets: "
+                         f"{sorted(class_sets)}): {hint}set retrieve.prompts to one of them")
+
+
+def template_prompts(feats, dataset: str, name: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(embeddings, class_index) of the template rows (`source == "template"`) of the class text set `name`
+    (retrieve.prompts), whose features are `feats`; an error unless every class has at least one."""
+    rows = np.array([s == "template" for s in feats.table.column("source").to_pylist()], bool)
+    class_index = feats.table.column("class_index").to_numpy()[rows]
+    missing = sorted(set(range(num_classes)) - set(class_index.tolist()))
+    if missing:
+        raise RetrievalError(f"dataset {dataset!r}, text set {name!r} (retrieve.prompts): no template prompt for "
+                             f"{len(missing)} of {num_classes} classes (class indices {missing[:10]})")
+    return feats.embeddings[rows], class_index
+
+
 def weights_fingerprint(prompts_fingerprint: Mapping[str, Any], corpus: Corpus, cfg: RetrievalConfig,
                         sources: Sequence[str]) -> dict[str, Any]:
     """The model keys and dataset of the prompts' features, plus what the weights were made from: the prompts'
-    text version, the corpus's versions and the settings; `text_version` hashes all of it."""
-    made_from = {"prompts_version": prompts_fingerprint.get("text_version"), **corpus.fingerprint,
-                 "retrieval": cfg.as_dict(), "query_sources": sorted(set(sources))}
+    text version (and `prompts_set`, the set's name, unless it is the default `prompts`: weights of the default
+    stay byte-identical to those made before the param existed), the corpus's versions and the settings;
+    `text_version` hashes all of it."""
+    settings = {k: v for k, v in cfg.as_dict().items() if k != "prompts"}
+    chosen = {} if cfg.prompts == DEFAULT_PROMPTS else {"prompts_set": cfg.prompts}
+    made_from = {"prompts_version": prompts_fingerprint.get("text_version"), **chosen, **corpus.fingerprint,
+                 "retrieval": settings, "query_sources": sorted(set(sources))}
     version = hashlib.sha256(json.dumps(made_from, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return {**prompts_fingerprint, "text_set": TEXT_SET, "text_version": version, **made_from}
 
@@ -643,11 +676,17 @@ def summary(run: RetrievalRun, cfg: RetrievalConfig, corpus: Corpus) -> tuple[di
 
 
 def read_repe_class_weights(features_dir: str | Path, identity: Mapping[str, Any], dataset: str,
-                            prompts_version: str | None = None):
+                            prompts_version: str | None = None, prompts_set: str | None = None):
     """The REPE class weights of a dataset as `vlbench.features.Features` (table: class_index, name,
-    query_source, retrieved, passed, kept, fallback; embeddings (C, d), L2-normalised), refused unless made by the
-    model `identity` names for `dataset` and, when given, from the prompts text set of version `prompts_version`."""
-    from vlbench.features import read_features
+    query_source, retrieved, passed, kept, fallback; embeddings (C, d), L2-normalised), refused
+    (`StaleFeaturesError`) unless made by the model `identity` names for `dataset` and, when given, from the text
+    set `prompts_set` (retrieve.prompts) of version `prompts_version`."""
+    from vlbench.features import StaleFeaturesError, read_features
 
     expect = {**identity, "dataset": dataset, "text_set": TEXT_SET, "prompts_version": prompts_version}
-    return read_features(weights_path(features_dir), expect)
+    found = read_features(weights_path(features_dir), expect)
+    made_from = found.fingerprint.get("prompts_set", DEFAULT_PROMPTS)
+    if prompts_set is not None and made_from != prompts_set:
+        raise StaleFeaturesError(f"{weights_path(features_dir)}: REPE class weights made from text set {made_from!r}, "
+                                 f"expected {prompts_set!r} (retrieve.prompts); re-run retrieve@{dataset}")
+    return found

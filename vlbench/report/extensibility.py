@@ -6,6 +6,11 @@
   orders (dashed), per prompt variant.
 - `extensibility_drops.svg`: per group, the drop from its accuracy alone (Acc-C) to its mean conditional accuracy
   (Acc-S) and to the whole vocabulary, one panel per dataset, groups sorted by the drop: which groups suffer most.
+
+Every variant that ran is a series (`repe` included where the dataset had REPE class weights); a variant a result
+skipped (`details.skipped_variants`, e.g. repe without the retrieve stage's file) is named in both charts' subtitles.
+The headline numbers (Acc-C/E/S per variant, `acc_<c|e|s>_<variant>`) reach reports/metrics.json from the results'
+metrics like every analysis's.
 """
 
 from __future__ import annotations
@@ -55,9 +60,23 @@ def drop_rows(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _frame(title: str, rows: list[dict[str, Any]], spec: dict[str, Any]) -> dict[str, Any]:
+def skipped_notes(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per skipped variant: which datasets did not run it (their results' `details.skipped_variants`)."""
+    skipped: dict[str, list[str]] = {}
+    for dataset, result in results.items():
+        for variant in sorted((result.get("details") or {}).get("skipped_variants") or {}):
+            skipped.setdefault(variant, []).append(dataset)
+    return [f"{v} not run for {', '.join(ds)}: reports/extensibility/<dataset>.json, details.skipped_variants, says why"
+            for v, ds in skipped.items()]
+
+
+def _frame(title: str, rows: list[dict[str, Any]], spec: dict[str, Any], notes: list[str] | None = None
+           ) -> dict[str, Any]:
+    head = {"text": title, "fontSize": 16, "anchor": "start", "offset": 10}
+    if notes:
+        head.update(subtitle=notes, subtitleFontSize=12, subtitleColor="#8a2a2a")
     return {"$schema": "https://vega.github.io/schema/vega-lite/v5.json",
-            "title": {"text": title, "fontSize": 16, "anchor": "start", "offset": 10},
+            "title": head,
             "background": "white", "padding": 12, "data": {"values": rows},
             "facet": {"column": {"field": "dataset", "type": "nominal", "title": None,
                                  "sort": list(dict.fromkeys(r["dataset"] for r in rows)),
@@ -66,7 +85,7 @@ def _frame(title: str, rows: list[dict[str, Any]], spec: dict[str, Any]) -> dict
             "spec": spec, "config": {"view": {"stroke": "#dddddd"}, "font": FONT}}
 
 
-def steps_spec(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def steps_spec(rows: list[dict[str, Any]], notes: list[str] | None = None) -> dict[str, Any]:
     """Sampled values as lines, the exact expectations as open diamonds on top."""
     from vlbench.report.plots import PALETTE
 
@@ -87,10 +106,10 @@ def steps_spec(rows: list[dict[str, Any]]) -> dict[str, Any]:
             {"transform": [{"filter": "datum.kind === 'expected'"}],
              "mark": {"type": "point", "shape": "diamond", "filled": False, "size": 70, "strokeWidth": 1.5},
              "encoding": {"x": x, "y": y, "color": color, "tooltip": tooltip}},
-        ]})
+        ]}, notes)
 
 
-def drops_spec(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def drops_spec(rows: list[dict[str, Any]], notes: list[str] | None = None) -> dict[str, Any]:
     from vlbench.report.plots import PALETTE
 
     series = list(dict.fromkeys(r["series"] for r in rows))
@@ -107,7 +126,7 @@ def drops_spec(rows: list[dict[str, Any]]) -> dict[str, Any]:
                       "legend": {"orient": "bottom", "columns": 2, "labelLimit": 300}},
             "tooltip": [{"field": "dataset"}, {"field": "group"}, {"field": "series"},
                         {"field": "drop", "format": ".4f"}],
-        }})
+        }}, notes)
 
 
 def _write(path: Path, spec: dict[str, Any]) -> Path:
@@ -123,9 +142,9 @@ def write_extensibility_plots(results: Mapping[str, Mapping[str, Any]], out_dir:
     """`extensibility_steps.svg` and `extensibility_drops.svg` in `out_dir` from {dataset: result JSON}; a chart
     without rows is not written."""
     written = []
-    steps, drops = step_rows(results), drop_rows(results)
+    steps, drops, notes = step_rows(results), drop_rows(results), skipped_notes(results)
     if steps:
-        written.append(_write(Path(out_dir) / STEPS_FILE, steps_spec(steps)))
+        written.append(_write(Path(out_dir) / STEPS_FILE, steps_spec(steps, notes)))
     if drops:
-        written.append(_write(Path(out_dir) / DROPS_FILE, drops_spec(drops)))
+        written.append(_write(Path(out_dir) / DROPS_FILE, drops_spec(drops, notes)))
     return written

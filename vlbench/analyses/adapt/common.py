@@ -27,6 +27,9 @@ from vlbench.errors import VlbenchError
 # batch x d x (K x C) below which training uses one CPU thread: on this 2-core machine, shared with other jobs, one
 # thread was 5x faster on 64 x 128 x 336 (0.28 vs 1.4 ms) and 4x faster on 64 x 512 x 4200 (27 vs 109 ms a step)
 SMALL_STEP = 1_000_000_000
+# exp below about -87 underflows float32, and torch's exp takes 10x as long there (244 vs 21 us on 64 x 420): the
+# softmax clamps its shifted logits at this floor (a probability of 1.6e-38 instead of 0 or a denormal)
+EXP_FLOOR = -87.0
 LOSSES = ("softmax", "sigmoid")  # cross-entropy over classes (single-label) | binary cross-entropy per class (multi-label)
 
 
@@ -150,44 +153,74 @@ class LinearHeads:
         return self.b.view(self.k, self.c)
 
     def _flat_logits(self, x):
-        return self.scale * (x @ self.w + self.b)  # [n, K*C]
+        import torch
+
+        z = torch.addmm(self.b, x, self.w)  # [n, K*C]
+        return z.mul_(self.scale) if self.scale != 1.0 else z
 
     def logits(self, x):
         """[K, n, C] logits of features x [n, d] (a torch tensor on this device)."""
         return self._flat_logits(x).view(x.shape[0], self.k, self.c).permute(1, 0, 2)
 
     def _loss_grad(self, z, y):
-        """d(mean loss)/d(logits) [B, K, C] of logits z [B, K, C] for labels y ([B] class indices or [B, C] 0/1)."""
+        """d(loss summed over the batch)/d(logits) [B, K, C] of logits z [B, K, C] (overwritten) for labels y ([B]
+        class indices or [B, C] 0/1); the caller divides by the batch (softmax) or batch x classes (sigmoid)."""
         import torch
 
         if self.loss == "softmax":  # written out: torch.softmax over a last dim of ~10 took 2 ms here, this 0.35 ms
-            g = (z - z.amax(dim=2, keepdim=True)).exp_()
+            g = z.sub_(z.amax(dim=2, keepdim=True)).clamp_(min=EXP_FLOOR).exp_()
             g /= g.sum(dim=2, keepdim=True)
             g[torch.arange(z.shape[0], device=z.device), :, y] -= 1.0
-            return g / z.shape[0]
-        return (torch.sigmoid(z) - y[:, None, :]) / (z.shape[0] * z.shape[2])
+            return g
+        return torch.sigmoid_(z).sub_(y[:, None, :])
 
-    def sgd_step(self, x, y, lr_scale: float = 1.0) -> None:
-        """One SGD step on the batch x [B, d] (shared by every head) with labels y."""
-        z = self._flat_logits(x).view(x.shape[0], self.k, self.c)
-        g = self._loss_grad(z, y).view(x.shape[0], self.k * self.c)
-        if self.scale != 1.0:
-            g *= self.scale
-        grad_w = (x.T @ g).addcmul_(self.wd_col, self.w)  # in place: each pass over [d, K*C] costs as much as the product
-        grad_b = g.sum(dim=0).addcmul_(self.wd_col, self.b)
-        if self.momentum:
+    def sgd_step(self, x, y) -> None:
+        """One SGD step on the batch x [B, d] (shared by every head) with labels y: torch.optim.SGD's update, with the
+        gradient's product accumulated straight into the momentum buffer (buf = momentum * buf + x^T g / B)."""
+        import torch
+
+        n = x.shape[0]
+        g = self._loss_grad(self._flat_logits(x).view(n, self.k, self.c), y).view(n, self.k * self.c)
+        mean = self.scale / (n if self.loss == "softmax" else n * self.c)
+        if self.momentum and not self.nesterov:
+            if self._buf_w is None:  # torch's first step: buf = grad
+                self._buf_w, self._buf_b = torch.zeros_like(self.w), torch.zeros_like(self.b)
+            self._buf_w.addmm_(x.T, g, beta=self.momentum, alpha=mean).addcmul_(self.wd_col, self.w)
+            self._buf_b.mul_(self.momentum).add_(g.sum(dim=0), alpha=mean).addcmul_(self.wd_col, self.b)
+            self.w.addcmul_(self.lr_col, self._buf_w, value=-1.0)
+            self.b.addcmul_(self.lr_col, self._buf_b, value=-1.0)
+            return
+        grad_w = (x.T @ g).mul_(mean).addcmul_(self.wd_col, self.w)
+        grad_b = g.sum(dim=0).mul_(mean).addcmul_(self.wd_col, self.b)
+        if self.momentum:  # Nesterov: grad + momentum * buf
             if self._buf_w is None:
                 self._buf_w, self._buf_b = grad_w.clone(), grad_b.clone()
             else:
                 self._buf_w.mul_(self.momentum).add_(grad_w)
                 self._buf_b.mul_(self.momentum).add_(grad_b)
-            if self.nesterov:
-                grad_w, grad_b = grad_w.add_(self._buf_w, alpha=self.momentum), grad_b.add_(self._buf_b, alpha=self.momentum)
-            else:
-                grad_w, grad_b = self._buf_w, self._buf_b
-        lr = self.lr_col if lr_scale == 1.0 else self.lr_col * lr_scale
-        self.w.addcmul_(lr, grad_w, value=-1.0)
-        self.b.addcmul_(lr, grad_b, value=-1.0)
+            grad_w, grad_b = grad_w.add_(self._buf_w, alpha=self.momentum), grad_b.add_(self._buf_b, alpha=self.momentum)
+        self.w.addcmul_(self.lr_col, grad_w, value=-1.0)
+        self.b.addcmul_(self.lr_col, grad_b, value=-1.0)
+
+    def diverged(self):
+        """[K] bool: heads with a NaN weight or bias. NaN is absorbing: every later logit of such a head is NaN (its
+        softmax rows too), so it can only score 0 from here on (`score_heads`)."""
+        import torch
+
+        w = torch.isnan(self.w).view(self.d, self.k, self.c).any(dim=2).any(dim=0)
+        return (w | torch.isnan(self.b).view(self.k, self.c).any(dim=1)).cpu().numpy()
+
+    def keep(self, mask) -> None:
+        """Drop the heads where `mask` [K] is False (their weights, buffers, rates): fewer products per step."""
+        import torch
+
+        idx = torch.as_tensor(np.flatnonzero(mask), device=self.w.device)
+        cols = (idx[:, None] * self.c + torch.arange(self.c, device=self.w.device)).reshape(-1)
+        self.w, self.b = self.w[:, cols].contiguous(), self.b[cols].contiguous()
+        self.lr_col, self.wd_col = self.lr_col[cols], self.wd_col[cols]
+        if self._buf_w is not None:
+            self._buf_w, self._buf_b = self._buf_w[:, cols].contiguous(), self._buf_b[cols].contiguous()
+        self.k = int(idx.numel())
 
 
 # --------------------------------------------------------------------------------------------------

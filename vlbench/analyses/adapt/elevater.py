@@ -3,7 +3,7 @@ linear probing"), following the toolkit's code (Elevater_Toolkit_IC @ 00d0af7: `
 `evaluation/feature.py`, `commands/linear_probe.py`, `config/default.py`, `resources/model/*.yaml`) and the few-shot
 sampler of vision-datasets 0.2.17 (`DatasetManifest.sample_few_shot_subset`), the version the toolkit pins.
 
-Per dataset, head (Random-2P, Language-2P), shot count (5, 20, 50, full) and sampling seed (0, 1, 2):
+Per dataset, head (Random-2P, Language-2P, Language-1P), shot count (5, 20, 50, full) and sampling seed (0, 1, 2):
 1. sample the few-shot training set (per class, the dataset's manifest order shuffled by `random.Random(seed)`);
    a 1-shot request samples 2 and then trains the final head on the train part only, as the toolkit does;
 2. carve validation: per class the first ceil(20%) of the few-shot set (greedy cover for multi-label);
@@ -13,7 +13,8 @@ Per dataset, head (Random-2P, Language-2P), shot count (5, 20, 50, full) and sam
    over the epochs; best weight decay per learning rate, then the best learning rate (strict improvements);
 4. final: 50 epochs with the chosen pair on train + validation; the test metric of the last epoch (default)
    or, as the toolkit reports, its best epoch on test (`report: best_on_test`, which selects on test).
-The head is `logit_scale * Linear(BatchNorm1d(x, affine=False))` on the projected image embedding, FP32.
+The head is `logit_scale * Linear(BatchNorm1d(x, affine=False))` on the projected image embedding, FP32; Language-1P's
+on the image tower's features before its projection, which it merges into its initial weight (`language_1p_init`).
 Every (head, learning rate, weight decay) of a search round trains as one batched computation (`LinearHeads`).
 """
 
@@ -23,7 +24,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -40,13 +41,28 @@ from vlbench.analyses.adapt.common import (
     softmax_np,
 )
 from vlbench.analyses.adapt.common import device as pick_device
+from vlbench.features import (
+    PRE_PROJECTION,
+    PROJECTION,
+    Projection,
+    pre_projection_path,
+    projection_path,
+    read_features,
+    read_projection,
+)
 
-HEADS = ("random_2p", "language_2p")  # language_1p needs pre-projection features, which the feature store lacks
+HEADS = ("random_2p", "language_2p", "language_1p")
+PRE_PROJECTION_HEADS = ("language_1p",)  # trained on the pre-projection features (embed.pre_projection), as its own search
+DEFAULT_HEADS = ("random_2p", "language_2p")  # those that need projected embeddings only
 REPORTS = ("last", "best_on_test")
-LOGIT_SCALES = {"none": 1.0, "clip": 1.0 / 0.07}  # exp of the toolkit's LOGIT_SCALE_INIT: 'none' -> exp(0), 'clip'
+# the toolkit's LOGIT_SCALE_INIT (Classifier.__init__ in full_model_finetune.py); the head's factor is exp of it, fixed
+# (TRAINABLE_LOGIT_SCALE false): none -> exp(0) = 1, clip -> 1/0.07, ln_cls -> log(C), pretrained -> the model's scale
+LOGIT_SCALES = ("none", "clip", "ln_cls", "pretrained")
 SHUFFLE_SEED = 0  # the toolkit's create_dataloader seeds every training loader's generator with 0
 BN_EPS, BN_MOMENTUM = 1e-5, 0.1  # torch.nn.BatchNorm1d defaults
 CACHE_BYTES = 256 << 20  # a search keeps its normalised batches when they take at most this much
+LANGUAGE_1P_NOTE = ("on the pre-projection image features (embed.pre_projection), batch norm over them, weight = "
+                    "projection x class text embeddings (the toolkit's MERGE_ENCODER_AND_HEAD_PROJ), its own search")
 PE_SIGN_NOTE = ("as printed, the score grows with the trainable-parameter ratio M/M0 (exp(+log10)); "
                 "pe_sign_flipped uses exp(-log10), which rewards fewer trainable parameters")
 
@@ -63,7 +79,7 @@ class Settings:
     test_split: str = "test"
     shots: tuple = (5, 20, 50, "full")
     seeds: tuple = (0, 1, 2)
-    heads: tuple = HEADS
+    heads: tuple = DEFAULT_HEADS
     val_fraction: float = 0.2
     batch_size: int = 64
     search_epochs: int = 10
@@ -100,10 +116,9 @@ class Settings:
 
     def check(self) -> None:
         bad = [h for h in self.heads if h not in HEADS]
-        if bad:
-            why = " (Language-1P needs pre-projection image features, which the embed stage does not cache)" \
-                if "language_1p" in bad else ""
-            raise AdaptError(f"params.yaml: adapt.elevater.heads {bad} not in {list(HEADS)}{why}")
+        if bad or len(set(self.heads)) < len(self.heads):
+            raise AdaptError(f"params.yaml: adapt.elevater.heads {list(self.heads)}: each must be one of {list(HEADS)}, "
+                             f"once (language_1p needs the pre-projection image features of embed.pre_projection: true)")
         for s in self.shots:
             if not (s == "full" or (isinstance(s, int) and s >= 1)):
                 raise AdaptError(f"params.yaml: adapt.elevater.shots entry {s!r} is neither a positive int nor 'full'")
@@ -299,17 +314,25 @@ def train_epochs(problem: Problem, heads: LinearHeads, epochs: int, batch_size: 
                  plan: BatchPlan | None = None) -> np.ndarray:
     """Train `heads` for `epochs` epochs as the toolkit's `train_task` does and return the metric of every head after
     every epoch, [K, epochs], on softmax probabilities (a diverged head scores 0). A last batch of one image is
-    skipped, as the toolkit skips it."""
+    skipped, as the toolkit skips it. Heads that diverged to NaN are dropped from `heads` after the epoch in which
+    they did (`LinearHeads.keep`): they score 0 in every later epoch, as they would have if trained on."""
     import torch
 
     plan = plan or BatchPlan(problem, epochs, batch_size, heads.device)
     scores = np.zeros((heads.num_heads, epochs))
+    alive = np.arange(heads.num_heads)
     for epoch, (steps, x_eval) in enumerate(plan):
         for xb, yb in steps:
             heads.sgd_step(xb, yb)
         with torch.no_grad():
             probs = softmax_np(heads.logits(x_eval).cpu().numpy(), axis=2)
-        scores[:, epoch] = score_heads(probs, problem.y_eval, problem.metric, "elevater")
+        scores[alive, epoch] = score_heads(probs, problem.y_eval, problem.metric, "elevater")
+        nan = heads.diverged()
+        if nan.any():
+            heads.keep(~nan)
+            alive = alive[~nan]
+        if not alive.size:
+            break
     return scores
 
 
@@ -379,9 +402,10 @@ def select_learning_rate(scores: Sequence[float]) -> int | None:
 
 @dataclass
 class HeadInit:
-    """Initial weight [d, C] and bias [C] of each head."""
+    """Initial weight [d, C] and bias [C] of each head, and the fixed logit-scale factor in front of them all."""
 
     weights: dict[str, tuple[np.ndarray, np.ndarray]]
+    logit_scale: float = 1.0
 
     def stack(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         return np.stack([self.weights[n][0] for n in names]), np.stack([self.weights[n][1] for n in names])
@@ -390,7 +414,7 @@ class HeadInit:
 def make_heads(init: HeadInit, names: Sequence[str], lrs, wds, s: Settings, multi_label: bool, on) -> LinearHeads:
     w, b = init.stack(names)
     return LinearHeads(w, b, lrs, wds, momentum=s.momentum, nesterov=s.nesterov,
-                       loss="sigmoid" if multi_label else "softmax", logit_scale=LOGIT_SCALES[s.logit_scale], on=on)
+                       loss="sigmoid" if multi_label else "softmax", logit_scale=init.logit_scale, on=on)
 
 
 def search(problem: Problem, init: HeadInit, s: Settings, on) -> tuple[dict[str, dict[str, Any]], SearchOutcome]:
@@ -503,37 +527,104 @@ def load_pool(inputs, s: Settings) -> Pool:
                 label_matrix(test.table, meta), len(meta.classes), meta.metric, meta.multi_label)
 
 
-def head_init(inputs, pool: Pool, s: Settings, seed: int) -> HeadInit:
+def load_pre_projection(inputs, s: Settings, pool: Pool) -> tuple[Pool, Projection]:
+    """`pool` with its images as pre-projection features (the embed step's `embed.pre_projection`), and the image
+    tower's projection: what Language-1P trains on. The files must come from the same embedding run as the projected
+    ones (same model, preprocessing and data version, same rows)."""
+    name, images = inputs.meta.name, inputs.features_dir / "images"
+    paths = {split: pre_projection_path(images, split) for split in (s.train_split, s.test_split)}
+    missing = [str(p) for p in [*paths.values(), projection_path(images)] if not p.is_file()]
+    if missing:
+        raise AdaptError(f"dataset {name!r}: adapt.elevater.heads has language_1p, which trains on pre-projection image "
+                         f"features, but {missing[0]} does not exist; set embed.pre_projection: true and re-run "
+                         f"embed_images@{name} (or leave language_1p out of adapt.elevater.heads)")
+    expect = {**inputs.identity, "dataset": name, "dataset_version": inputs.meta.version}
+    train, test = (read_features(paths[split], {**expect, "representation": PRE_PROJECTION})
+                   for split in (s.train_split, s.test_split))
+    projection = read_projection(projection_path(images), {**expect, "representation": PROJECTION})
+    made = {k: v for k, v in train.fingerprint.items() if k not in ("representation", "projection", "projection_dims")}
+    if (train.embeddings.shape[0], test.embeddings.shape[0]) != (pool.x.shape[0], pool.x_test.shape[0]) \
+            or (inputs.fingerprint and made != inputs.fingerprint) \
+            or projection.weight.shape != (pool.x.shape[1], train.embeddings.shape[1]):
+        raise AdaptError(f"dataset {name!r}: the pre-projection features in {paths[s.train_split].parent} do not belong "
+                         f"to the projected image features beside them (rows, fingerprint or dimensions differ); "
+                         f"re-run embed_images@{name}")
+    return replace(pool, x=train.embeddings.astype(np.float32), x_test=test.embeddings.astype(np.float32)), projection
+
+
+def head_init(inputs, pool: Pool, s: Settings, seed: int, projection: Projection | None = None) -> HeadInit:
     """Random-2P: PyTorch's default Linear init (seeded with the run seed, the toolkit's fix_seed); Language-2P:
     the class embeddings of the `prompts` text set (template prompts, each normalised, averaged, renormalised:
-    the zero-shot classifier) as weights, zero bias."""
+    the zero-shot classifier) as weights, zero bias; Language-1P: the Language-2P head merged with the image tower's
+    projection (`language_1p_init`)."""
     dim, out = pool.x.shape[1], {}
     if "random_2p" in s.heads:
         out["random_2p"] = pytorch_linear_init(dim, pool.num_classes, seed)
-    if "language_2p" in s.heads:
-        from vlbench.analyses.zeroshot import class_weights
-
-        texts = inputs.texts("prompts")
-        templates = np.array([src == "template" for src in texts.table.column("source").to_pylist()])
-        w = class_weights(texts.embeddings[templates], texts.table.column("class_index").to_numpy()[templates],
-                          pool.num_classes)
-        if w.shape[1] != dim:
-            raise AdaptError(f"dataset {inputs.meta.name!r}: text embeddings have dim {w.shape[1]}, images {dim}")
+    if {"language_2p", "language_1p"} & set(s.heads):
+        w = text_classifier(inputs, pool)
         out["language_2p"] = (w.T.astype(np.float32), np.zeros(pool.num_classes, np.float32))
-    return HeadInit(out)
+    if "language_1p" in s.heads:
+        if projection is None:
+            raise AdaptError(f"dataset {inputs.meta.name!r}: language_1p needs the image tower's projection "
+                             "(load_pre_projection)")
+        out["language_1p"] = language_1p_init(*out["language_2p"], projection)
+    return HeadInit(out, logit_scale_factor(s.logit_scale, pool.num_classes, inputs, s.train_split))
+
+
+def logit_scale_factor(name: str, num_classes: int, inputs=None, split: str | None = None) -> float:
+    """The factor exp(LOGIT_SCALE_INIT) in front of the heads; `pretrained` reads the model's learned scale that the
+    embed step records with the image features (`logit_scale` in their fingerprint)."""
+    if name == "none":
+        return 1.0
+    if name == "clip":
+        return 1.0 / 0.07
+    if name == "ln_cls":
+        return math.log(num_classes)  # exp(log(log C)); below 1 for 2 classes, as in the toolkit
+    scale = inputs.images(split).fingerprint.get("logit_scale") if inputs is not None else None
+    if scale is None:
+        raise AdaptError("adapt.elevater.logit_scale 'pretrained' needs the model's logit scale, which the image features"
+                         f" of {inputs.meta.name if inputs is not None else '?'!r} do not record: re-run embed_images "
+                         "with this version (models without a logit scale cannot use it)")
+    return float(scale)
+
+
+def text_classifier(inputs, pool: Pool) -> np.ndarray:
+    """[C, d]: the `prompts` set's template prompts, each normalised, averaged per class, renormalised."""
+    from vlbench.analyses.zeroshot import class_weights
+
+    texts = inputs.texts("prompts")
+    templates = np.array([src == "template" for src in texts.table.column("source").to_pylist()])
+    w = class_weights(texts.embeddings[templates], texts.table.column("class_index").to_numpy()[templates],
+                      pool.num_classes)
+    if w.shape[1] != pool.x.shape[1]:
+        raise AdaptError(f"dataset {inputs.meta.name!r}: text embeddings have dim {w.shape[1]}, images {pool.x.shape[1]}")
+    return w
+
+
+def language_1p_init(weight: np.ndarray, bias: np.ndarray, projection: Projection) -> tuple[np.ndarray, np.ndarray]:
+    """The toolkit's `MERGE_ENCODER_AND_HEAD_PROJ` (`full_model_finetune.Classifier.__init__`): the head's weight
+    (initialised from the text encoder first) times the encoder's projection, `head_proj @ encoder_proj.T`, as the
+    weight of a head on the pre-projection features, the head's bias kept. Here weight [d, C] and bias [C] in this
+    module's layout; projected = pre @ P.T + b with P [d, d_pre]: weight_1p = P.T @ weight, bias_1p = bias + b @ weight
+    (b is zero for a ViT's `proj`, the toolkit's case; a ModifiedResNet's c_proj has one, merged with it)."""
+    w1 = projection.weight.T.astype(np.float64) @ weight.astype(np.float64)
+    b1 = bias.astype(np.float64) + projection.bias.astype(np.float64) @ weight.astype(np.float64)
+    return w1.astype(np.float32), b1.astype(np.float32)
 
 
 def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
     s = Settings.from_cfg(cfg)
     pool = load_pool(inputs, s)
-    init, on = head_init(inputs, pool, s, seed), pick_device()
+    pre, projection = load_pre_projection(inputs, s, pool) if set(PRE_PROJECTION_HEADS) & set(s.heads) else (None, None)
+    init, on = head_init(inputs, pool, s, seed, projection), pick_device()
+    groups = head_groups(s, pool, pre)
     started = time.perf_counter()
-    work = s.batch_size * pool.x.shape[1] * pool.num_classes * len(s.heads) * s.lr_num * 7
+    work = s.batch_size * max(p.x.shape[1] for p, _ in groups) * pool.num_classes * len(s.heads) * s.lr_num * 7
     with cpu_threads(on, work):
-        runs = [run_setting(pool, init, s, shots, sd, inputs.meta.name, on)
+        runs = [merge_runs([run_setting(p, init, gs, shots, sd, inputs.meta.name, on) for p, gs in groups])
                 for shots in s.shots for sd in (s.seeds if shots != "full" else s.seeds[:1])]
-    summary = summarize(runs, s, pool)
-    details = {"settings": settings_details(s, seed), "summary": summary, "seconds": time.perf_counter() - started,
+    summary = summarize(runs, s, {h: p.x.shape[1] for p, gs in groups for h in gs.heads}, pool.num_classes)
+    details = {"settings": {**settings_details(s, seed), "logit_factor": init.logit_scale}, "summary": summary, "seconds": time.perf_counter() - started,
                "device": str(on), "runs": [{k: v for k, v in r.items() if k != "trace"} for r in runs]}
     metrics = {f"elevater/{h}/{shots}/{s.report}": v["mean"] for h, per in summary.items() if h in s.heads
                for shots, v in per.items()}
@@ -542,19 +633,37 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
                           {"pool": len(pool.labels), "test": int(pool.x_test.shape[0])})
 
 
-def summarize(runs: list[dict], s: Settings, pool: Pool) -> dict[str, Any]:
+def head_groups(s: Settings, pool: Pool, pre: Pool | None) -> list[tuple[Pool, Settings]]:
+    """The heads on projected embeddings and those on pre-projection features, each with its pool: every group is a
+    search of its own (its own features, batch norm and batches), on the same sampled rows."""
+    groups = [(pool, [h for h in s.heads if h not in PRE_PROJECTION_HEADS]),
+              (pre, [h for h in s.heads if h in PRE_PROJECTION_HEADS])]
+    return [(p, replace(s, heads=tuple(names))) for p, names in groups if names]
+
+
+def merge_runs(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One (shots, seed) run from the runs of the head groups (the same sampled, train and validation rows)."""
+    merged = dict(parts[0])
+    for part in parts[1:]:
+        merged.update(chosen={**merged["chosen"], **part["chosen"]}, final={**merged["final"], **part["final"]},
+                      trace=merged["trace"] + part["trace"])
+        for key in ("search_runs", "toolkit_search_runs", "search_seconds"):
+            merged[key] += part[key]
+    return merged
+
+
+def summarize(runs: list[dict], s: Settings, dims: Mapping[str, int], num_classes: int) -> dict[str, Any]:
     """Per head and shots: mean and std over seeds of the reported test score, the seeds' values, and the
-    parameter-efficiency numbers."""
-    out: dict[str, Any] = {}
-    trainable = pool.x.shape[1] * pool.num_classes + pool.num_classes
+    parameter-efficiency numbers; `dims`: the feature dimension each head is trained on."""
+    out: dict[str, Any] = {"trainable_params": {h: dims[h] * num_classes + num_classes for h in s.heads}}
     for head in s.heads:
+        trainable = out["trainable_params"][head]
         for shots in s.shots:
             values = [r["final"][head][s.report] for r in runs if r["shots"] == shots]
             mean, std = mean_std(values)
             out.setdefault(head, {})[str(shots)] = {"mean": mean, "std": std, "per_seed": values,
                                                     "seeds": [r["seed"] for r in runs if r["shots"] == shots],
                                                     **parameter_efficiency(mean, trainable, s)}
-    out["trainable_params"] = trainable
     return out
 
 
@@ -586,10 +695,10 @@ def settings_details(s: Settings, seed: int) -> dict[str, Any]:
                                                                         "coarse": 7, "spans": [8, 4, 2, 1]},
             "val_fraction": s.val_fraction, "batch_size": s.batch_size, "search_epochs": s.search_epochs,
             "final_epochs": s.final_epochs, "momentum": s.momentum, "nesterov": s.nesterov,
-            "logit_scale": LOGIT_SCALES[s.logit_scale], "init_seed": seed, "shuffle_seed": SHUFFLE_SEED,
+            "logit_scale": s.logit_scale, "init_seed": seed, "shuffle_seed": SHUFFLE_SEED,
             "search_subset": dict(s.search_subset), "precision": "fp32",
             "parameter_efficiency": {"model_params": s.model_params, "epsilon": s.pe_epsilon, "note": PE_SIGN_NOTE},
-            "language_1p": "not available: the feature store holds projected image embeddings only"}
+            "language_1p": LANGUAGE_1P_NOTE if "language_1p" in s.heads else "not run (adapt.elevater.heads)"}
 
 
 def search_table(runs: list[dict], s: Settings) -> pa.Table:

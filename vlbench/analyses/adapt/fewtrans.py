@@ -8,7 +8,9 @@ drawn as Meta-Dataset does and split over the classes in proportion to their poo
 with FewTrans' cap of 10 images per class (so at most 150 images), support and query drawn without replacement from
 each class's whole pool. Base-to-novel: classes are split once into base and novel classes (FewTrans'
 `gen_rand_split_inds`, RandomState(22)); each episode also draws novel classes with min(15, n) query images each and
-no support set.
+no support set. With `hierarchy: {dataset: dag}` (FewTrans' USE_DAG_HIERARCHY path, its ImageNet-Sketch rule) each
+episode's classes are instead those below one WordNet node drawn uniformly (`fewtrans_dag.py`), and `novel_roots`
+gives Meta-Dataset's hierarchical base/novel split.
 
 Methods, all on the cached features: `zeroshot` (the `prompts` text classifier restricted to the episode's classes),
 `prototype` (cosine to the mean of the L2-normalised support features) and `linear` (a linear head on L2-normalised
@@ -29,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from vlbench.analyses.adapt import fewtrans_dag as dag
 from vlbench.analyses.adapt.common import AdaptError, ProtocolResult
 
 METHODS = ("zeroshot", "prototype", "linear")
@@ -51,6 +54,9 @@ DEFAULTS: dict[str, Any] = {
     "min_examples": 2,  # MIN_EXAMPLES_IN_CLASS (base classes with fewer images never appear)
     "novel_fraction": 0.2,  # share of classes held out as novel; 0: no base-to-novel evaluation
     "novel_classes": {},  # {dataset: number of novel classes}, overrides novel_fraction
+    "hierarchy": {},  # {dataset: "dag"}: classes from one WordNet node per episode (USE_DAG_HIERARCHY)
+    "novel_roots": {},  # {dataset: [wnid, ...]}: novel classes = those below these nodes (Meta-Dataset's ImageNet)
+    "max_spanning_leaves": dag.MAX_SPANNING_LEAVES,  # MAX_SPANNING_LEAVES_ELIGIBLE
     "methods": list(METHODS),
     "text_set": "prompts",
     "linear": {"lr": 0.1, "epochs": 20, "lr_factors": [0.2, 1.0, 5.0], "epoch_factors": [0.2, 1.0, 5.0],
@@ -82,6 +88,9 @@ def _check(s: Mapping[str, Any]) -> None:
         "max_support": s["max_support"] < s["max_ways"] and "must allow one support image per way",
         "episodes": s["episodes"] < 2 and "needs at least 2 episodes for a confidence interval",
         "novel_fraction": not 0 <= s["novel_fraction"] < 1 and "must be in [0, 1)",
+        "hierarchy": _bad_modes(s["hierarchy"]),
+        "novel_roots": _bad_roots(s["novel_roots"], s["hierarchy"], s["novel_classes"]),
+        "max_spanning_leaves": s["max_spanning_leaves"] < s["min_ways"] and "must be at least min_ways",
         "linear.combine": lin["combine"] not in COMBINES and f"must be one of {list(COMBINES)}",
         "linear.epoch_mode": lin["epoch_mode"] not in EPOCH_MODES and f"must be one of {list(EPOCH_MODES)}",
         "linear.batch_size": lin["batch_size"] < s["max_support"] and (
@@ -90,6 +99,22 @@ def _check(s: Mapping[str, Any]) -> None:
     for key, problem in problems.items():
         if problem:
             raise AdaptError(f"params.yaml: adapt.fewtrans.{key} {problem}")
+
+
+def _bad_modes(hierarchy: Mapping[str, Any]) -> str | None:
+    bad = {d: m for d, m in hierarchy.items() if m not in dag.MODES}
+    return bad and f"{bad}: the mode must be one of {list(dag.MODES)}"
+
+
+def _bad_roots(roots: Mapping[str, Any], hierarchy: Mapping[str, Any], novel_classes: Mapping[str, Any]) -> str | None:
+    for d, wnids in roots.items():
+        if hierarchy.get(d) != "dag":
+            return f"[{d!r}] needs adapt.fewtrans.hierarchy[{d!r}]: dag"
+        if d in novel_classes:
+            return f"[{d!r}] and novel_classes[{d!r}] both choose its novel classes; keep one"
+        if not isinstance(wnids, (list, tuple)) or not wnids or not all(isinstance(w, str) for w in wnids):
+            return f"[{d!r}] must be a non-empty list of wnids, got {wnids!r}"
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -134,6 +159,7 @@ class Episode:
     classes: np.ndarray  # dataset class indices, in episode label order
     support: list[np.ndarray]  # per class: pool rows (empty for novel classes)
     query: list[np.ndarray]  # per class: pool rows
+    node: str | None = None  # the WordNet node the classes came from (hierarchical sampling only)
 
     @property
     def ways(self) -> int:
@@ -178,9 +204,17 @@ def shots_per_class(rng: np.random.RandomState, sizes: np.ndarray, remaining: np
     return np.minimum(np.minimum(desired, s["max_shots"]), remaining).astype(np.int64)
 
 
-def sample_base(rng: np.random.RandomState, base: np.ndarray, pools: list[np.ndarray], s) -> Episode:
-    """Ways, classes, query size, support-set size, shots, then each class's images, as `sample_single_episode`."""
-    classes = rng.choice(base, sample_ways(rng, len(base), s), replace=False)
+def sample_classes(rng: np.random.RandomState, classes: np.ndarray, s, nodes=None) -> tuple[np.ndarray, str | None]:
+    """(classes, node): ways uniformly then that many classes (`sample_class_ids_uniformly`), or with `nodes` one
+    WordNet node's classes (the USE_DAG_HIERARCHY path, `fewtrans_dag.draw_classes`)."""
+    if nodes is not None:
+        return dag.draw_classes(rng, nodes, s["max_ways"])
+    return rng.choice(classes, sample_ways(rng, len(classes), s), replace=False), None
+
+
+def sample_base(rng: np.random.RandomState, base: np.ndarray, pools: list[np.ndarray], s, nodes=None) -> Episode:
+    """Classes, query size, support-set size, shots, then each class's images, as `sample_single_episode`."""
+    classes, node = sample_classes(rng, base, s, nodes)
     sizes = np.array([len(pools[c]) for c in classes])
     query = query_per_class(sizes, s["max_query"])
     remaining = sizes - query
@@ -190,20 +224,36 @@ def sample_base(rng: np.random.RandomState, base: np.ndarray, pools: list[np.nda
         chosen = rng.choice(pools[c], k + query, replace=False)
         support.append(chosen[:k])
         queries.append(chosen[k:])
-    return Episode("base", classes.astype(np.int64), support, queries)
+    return Episode("base", classes.astype(np.int64), support, queries, node)
 
 
-def sample_novel(rng: np.random.RandomState, novel: np.ndarray, pools: list[np.ndarray], s) -> Episode:
-    """Ways and classes among the novel classes, min(novel_query, n) query images each, no support set."""
-    classes = rng.choice(novel, sample_ways(rng, len(novel), s), replace=False)
+def sample_novel(rng: np.random.RandomState, novel: np.ndarray, pools: list[np.ndarray], s, nodes=None) -> Episode:
+    """Classes among the novel classes, min(novel_query, n) query images each, no support set."""
+    classes, node = sample_classes(rng, novel, s, nodes)
     queries = [rng.choice(pools[c], min(s["novel_query"], len(pools[c])), replace=False) for c in classes]
-    return Episode("novel", classes.astype(np.int64), [np.zeros(0, np.int64) for _ in classes], queries)
+    return Episode("novel", classes.astype(np.int64), [np.zeros(0, np.int64) for _ in classes], queries, node)
+
+
+def split_nodes(graph: dag.DagSplits | None, eligible: np.ndarray, novel: np.ndarray, s) -> tuple[list | None, list | None]:
+    """Each split's eligible WordNet nodes (None without a hierarchy): Meta-Dataset needs at least one per split."""
+    if graph is None:
+        return None, None
+    out = []
+    for split, nodes, allowed in (("base", graph.base_nodes, eligible), ("novel", graph.novel_nodes, novel)):
+        kept = dag.eligible_nodes(nodes, set(allowed.tolist()), s["min_ways"], s["max_spanning_leaves"])
+        if not kept and (split == "base" or len(novel)):
+            raise AdaptError(f"dataset {graph.dataset!r}: no WordNet node spans {s['min_ways']}.."
+                             f"{s['max_spanning_leaves']} eligible {split} classes (adapt.fewtrans.hierarchy, "
+                             "min_ways, max_spanning_leaves)")
+        out.append(kept)
+    return out[0], out[1]
 
 
 def sample_episodes(pools: list[np.ndarray], base: np.ndarray, novel: np.ndarray, s: Mapping[str, Any],
-                    seed: int) -> list[tuple[Episode, Episode | None]]:
+                    seed: int, graph: dag.DagSplits | None = None) -> list[tuple[Episode, Episode | None]]:
     """`episodes` (base, novel-or-None) pairs from one RandomState(seed): the dataset's own generator. Base classes
-    with fewer than min_examples images are left out, as the sampler does; novel classes without images too."""
+    with fewer than min_examples images are left out, as the sampler does; novel classes without images too. With
+    `graph`, each episode's classes come from one WordNet node of its split."""
     eligible = base[np.array([len(pools[c]) >= s["min_examples"] for c in base], dtype=bool)]
     if len(eligible) < s["min_ways"]:
         raise AdaptError(f"only {len(eligible)} base classes have at least {s['min_examples']} images; "
@@ -211,11 +261,12 @@ def sample_episodes(pools: list[np.ndarray], base: np.ndarray, novel: np.ndarray
     novel = novel[np.array([len(pools[c]) > 0 for c in novel], dtype=bool)]  # a class without images scores nothing
     if 0 < len(novel) < s["min_ways"]:
         raise AdaptError(f"only {len(novel)} novel classes have images; episodes need min_ways={s['min_ways']}")
+    base_nodes, novel_nodes = split_nodes(graph, eligible, novel, s)
     rng = np.random.RandomState(seed)
     out = []
     for _ in range(s["episodes"]):
-        b = sample_base(rng, eligible, pools, s)
-        out.append((b, sample_novel(rng, novel, pools, s) if len(novel) else None))
+        b = sample_base(rng, eligible, pools, s, base_nodes)
+        out.append((b, sample_novel(rng, novel, pools, s, novel_nodes) if len(novel) else None))
     return out
 
 
@@ -403,8 +454,8 @@ def centre_grid(inputs, cfg: Mapping[str, Any], seed: int, lrs: list[float], epo
     s = settings(cfg)
     pool = load_pool(inputs, list(s["splits"]))
     c = len(inputs.meta.classes)
-    base, novel = class_split(c, num_novel_classes(inputs.meta.name, c, s))
-    episodes = [b for b, _ in sample_episodes(class_pools(pool.labels, c), base, novel, s, seed)]
+    base, novel, graph = episode_classes(inputs.meta, s)
+    episodes = [b for b, _ in sample_episodes(class_pools(pool.labels, c), base, novel, s, seed, graph)]
     lin = {**s["linear"], "lr": 1.0, "lr_factors": list(lrs), "epochs": 1, "epoch_factors": list(epochs),
            "epoch_mode": "grid"}
     acc = linear_accuracies(episodes, pool.x, lin, device, members=True).mean(axis=0)
@@ -421,6 +472,25 @@ class Pool:
     x: np.ndarray  # (n, d) image features of every pool split, concatenated
     labels: np.ndarray
     sample_ids: np.ndarray
+
+
+def episode_classes(meta, s: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, dag.DagSplits | None]:
+    """(base, novel, WordNet graphs or None): FewTrans' random class split, or with `novel_roots` the classes below
+    those nodes as novel (Meta-Dataset's ImageNet split); with `hierarchy: dag` each split's sampling graph."""
+    num_classes = len(meta.classes)
+    if s["hierarchy"].get(meta.name) != "dag":
+        return (*class_split(num_classes, num_novel_classes(meta.name, num_classes, s)), None)
+    wnids = dag.class_wnids(meta)
+    parents = dag.wordnet_parents(wnids, meta.name)
+    roots = s["novel_roots"].get(meta.name)
+    if roots:
+        by_root = dag.root_split(parents, wnids, roots, meta.name)
+        novel = np.sort(np.concatenate(by_root))
+        base = np.setdiff1d(np.arange(num_classes), novel)
+    else:
+        base, novel = class_split(num_classes, num_novel_classes(meta.name, num_classes, s))
+        by_root = None
+    return base, novel, dag.build(parents, wnids, base, novel, roots, by_root, meta.name)
 
 
 def load_pool(inputs, splits: list[str]) -> Pool:
@@ -467,14 +537,15 @@ def score_episodes(pairs, pool: Pool, weights: np.ndarray | None, s, device: str
 
 
 def episodes_table(pairs, pool: Pool, acc: Mapping, methods: list[str]):
-    """One row per episode and split: episode, split, ways, shots, query, classes, support/query sample ids and
-    each method's accuracy (null where a method does not apply)."""
+    """One row per episode and split: episode, split, ways, shots, query, classes, node (the WordNet node of a
+    hierarchical episode, else null), support/query sample ids and each method's accuracy (null where a method
+    does not apply)."""
     import pyarrow as pa
 
     rows = [(i, ep) for i, pair in enumerate(pairs) for ep in pair if ep is not None]
     position = {"base": 0, "novel": 0}
     cols: dict[str, list] = {"episode": [], "split": [], "ways": [], "shots": [], "query": [], "classes": [],
-                             "support_ids": [], "query_ids": [], **{m: [] for m in methods}}
+                             "node": [], "support_ids": [], "query_ids": [], **{m: [] for m in methods}}
     for i, ep in rows:
         cols["episode"].append(i)
         cols["split"].append(ep.split)
@@ -482,6 +553,7 @@ def episodes_table(pairs, pool: Pool, acc: Mapping, methods: list[str]):
         cols["shots"].append(ep.shots)
         cols["query"].append([len(q) for q in ep.query])
         cols["classes"].append(ep.classes.tolist())
+        cols["node"].append(ep.node)
         cols["support_ids"].append(pool.sample_ids[ep.rows("support")[0]].tolist())
         cols["query_ids"].append(pool.sample_ids[ep.rows("query")[0]].tolist())
         for m in methods:
@@ -489,7 +561,8 @@ def episodes_table(pairs, pool: Pool, acc: Mapping, methods: list[str]):
             cols[m].append(None if values is None else float(values[position[ep.split]]))
         position[ep.split] += 1
     types = {"episode": pa.int64(), "split": pa.string(), "ways": pa.int64(), "shots": pa.list_(pa.int64()),
-             "query": pa.list_(pa.int64()), "classes": pa.list_(pa.int64()), "support_ids": pa.list_(pa.string()),
+             "query": pa.list_(pa.int64()), "classes": pa.list_(pa.int64()), "node": pa.string(),
+             "support_ids": pa.list_(pa.string()),
              "query_ids": pa.list_(pa.string()), **{m: pa.float64() for m in methods}}
     return pa.table({k: pa.array(v, types[k]) for k, v in cols.items()})
 
@@ -513,8 +586,8 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int, device: str | None = Non
     meta = inputs.meta
     pool = load_pool(inputs, list(s["splits"]))
     num_classes = len(meta.classes)
-    base, novel = class_split(num_classes, num_novel_classes(meta.name, num_classes, s))
-    pairs = sample_episodes(class_pools(pool.labels, num_classes), base, novel, s, seed)
+    base, novel, graph = episode_classes(meta, s)
+    pairs = sample_episodes(class_pools(pool.labels, num_classes), base, novel, s, seed, graph)
     weights = text_weights(inputs, s["text_set"]) if "zeroshot" in s["methods"] else None
     acc = score_episodes(pairs, pool, weights, s, device)
     metrics, summary = summarise(acc)
@@ -522,8 +595,22 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int, device: str | None = Non
     details = {"summary": summary, "seed": seed, "settings": s, "base_classes": base.tolist(),
                "novel_classes": novel.tolist(), "ensemble": {"members": len(scored), "learning_rates": lrs.tolist(),
                                                              "epochs": [int(e) for _, e in scored]}}
+    if graph is not None:
+        details["hierarchy"] = hierarchy_details(pairs, graph, s, meta.name)
     return ProtocolResult(metrics, details, {"episodes": episodes_table(pairs, pool, acc, s["methods"])},
                           {"episodes": len(pairs), "pool_images": len(pool.labels)})
+
+
+def hierarchy_details(pairs, graph: dag.DagSplits, s: Mapping[str, Any], dataset: str) -> dict[str, Any]:
+    """What the hierarchical sampler used: mode, novel roots, internal nodes per split, nodes drawn."""
+    drawn = {"base": set(), "novel": set()}
+    for pair in pairs:
+        for ep in pair:
+            if ep is not None:
+                drawn[ep.split].add(ep.node)
+    return {"mode": "dag", "novel_roots": s["novel_roots"].get(dataset, []),
+            "internal_nodes": {"base": len(graph.base_nodes), "novel": len(graph.novel_nodes)},
+            "nodes_drawn": {k: sorted(v) for k, v in drawn.items()}}
 
 
 def aggregate(per_dataset: Mapping[str, Mapping[str, float]]) -> dict[str, float]:

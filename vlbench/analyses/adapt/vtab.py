@@ -26,10 +26,17 @@ from typing import Any
 import numpy as np
 
 from vlbench.analyses.adapt.common import AdaptError, ProtocolResult
+from vlbench.features import (
+    PRE_PROJECTION,
+    Features,
+    pre_projection_path,
+    read_features,
+)
 
 GROUPS = ("natural", "specialized", "structured")
 GROUPS_FILE = Path(__file__).with_name("vtab_groups.json")  # VTAB's 19 tasks -> group, as data
 SELECTIONS = ("val200", "full_val")
+REPRESENTATIONS = ("projected", "pre_projection")  # the embedding as the model outputs it | before its projection
 BLOCK = 250  # steps of batch indices drawn at a time (runtime only: the stream is the same)
 
 DEFAULTS: dict[str, Any] = {
@@ -48,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "warmup_steps": 0,
     "runs": 3,
     "normalize": False,  # VTAB trains on the representation as the model outputs it
+    "representation": "projected",  # or pre_projection: the features before the image tower's projection
     "groups": {},  # {dataset: natural | specialized | structured}, over vtab_groups.json
 }
 
@@ -60,6 +68,7 @@ def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
     s = {**DEFAULTS, **cfg}
     problems = {
         "selection": s["selection"] not in SELECTIONS and f"must be one of {list(SELECTIONS)}",
+        "representation": s["representation"] not in REPRESENTATIONS and f"must be one of {list(REPRESENTATIONS)}",
         "runs": s["runs"] < 1 and "must be at least 1",
         "learning_rates": not s["learning_rates"] and "must not be empty",
         "steps": (not s["steps"] or min(s["steps"]) < 1) and "must be positive step counts",
@@ -219,7 +228,7 @@ def load_splits(inputs, s: Mapping[str, Any]) -> dict[str, Split]:
         if not inputs.has_split(s[key]):
             raise AdaptError(f"dataset {meta.name!r} has no split {s[key]!r} (adapt.vtab.{key}); "
                              f"it has {sorted(meta.splits)}")
-        f = inputs.images(s[key])
+        f = inputs.images(s[key]) if s["representation"] == "projected" else pre_projection_images(inputs, s[key])
         x = _l2n(f.embeddings) if s["normalize"] else f.embeddings
         got[key] = Split(x, f.table.column("label").to_numpy())
     train, val = got["train_split"], got["val_split"]
@@ -231,6 +240,17 @@ def load_splits(inputs, s: Mapping[str, Any]) -> dict[str, Split]:
     select = va if s["selection"] == "val200" else val
     both = Split(np.concatenate([tr.x, va.x]), np.concatenate([tr.y, va.y]))
     return {"train800": tr, "select": select, "train800val200": both, "test": got["test_split"]}
+
+
+def pre_projection_images(inputs, split: str) -> Features:
+    """A split's pre-projection features (the embed step's `embed.pre_projection`), for this model and data version."""
+    meta = inputs.meta
+    path = pre_projection_path(inputs.features_dir / "images", split)
+    if not path.is_file():
+        raise AdaptError(f"dataset {meta.name!r}: adapt.vtab.representation is pre_projection but {path} does not exist; "
+                         f"set embed.pre_projection: true and re-run embed_images@{meta.name}")
+    expect = {**inputs.identity, "dataset": meta.name, "dataset_version": meta.version, "representation": PRE_PROJECTION}
+    return read_features(path, expect)
 
 
 def _l2n(x: np.ndarray) -> np.ndarray:
