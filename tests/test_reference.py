@@ -125,8 +125,9 @@ def elevater_table(value, published, std):
     return validate_table(table([row(analysis="adapt", dataset="average", metric="dataset_metric", value=value,
                                      published=published, spread={"kind": "std", "value": std},
                                      settings={"head": "language_2p", "shots": 5})],
-                                settings={"datasets": ["a", "b"], "elevater.report": "best_on_test",
-                                          "model.precision": "fp32", "seeds": 3}), "t3.json")
+                                settings={"datasets": ["a", "b"], "params.elevater.report": "best_on_test",
+                                          "model.precision": "fp32", "params.seeds": 3,
+                                          "selection": "best test epoch"}), "t3.json")
 
 
 def test_published_spread_combined_with_ours():
@@ -138,8 +139,8 @@ def test_published_spread_combined_with_ours():
     assert c["spread_ours"] == {"kind": "std", "value": pytest.approx(0.04)}
     assert c["tolerance"] == pytest.approx(1.96 * math.sqrt(0.0124 ** 2 + 0.04 ** 2) + 0.00005)
     assert c["verdict"] == "reproduced"  # 6.35 points off, within 1.96 * sqrt(1.24^2 + 4^2) = 8.2
-    assert sorted(c["settings_checked"]) == ["elevater.report", "model.precision"]
-    assert c["settings_unchecked"] == ["seeds"]
+    assert sorted(c["settings_checked"]) == ["model.precision", "params.elevater.report"]
+    assert c["settings_unchecked"] == ["params.seeds"]  # the run does not record it; "selection" is words
     assert c["key"] == "mean over 2 datasets of elevater/language_2p/5/best_on_test"
     # seeds that agree closely: our spread is small, the published one dominates, 6.3 points is now off
     metrics, results = adapt_run({"a": [0.54, 0.54, 0.541], "b": [0.64, 0.64, 0.641]})
@@ -161,7 +162,7 @@ def test_rows_that_do_not_apply_say_why():
     metrics, results = adapt_run({"a": [0.6, 0.6, 0.6], "b": [0.6, 0.6, 0.6]}, report="last")
     report = reference_report(tables, metrics, MODEL, results)
     assert report["applies"] is False and "comparisons" not in report
-    assert report["not_compared"][0]["reason"] == "settings differ: elevater.report: run 'last', reference 'best_on_test'"
+    assert report["not_compared"][0]["reason"] == "settings differ: params.elevater.report: run 'last', reference 'best_on_test'"
     assert report["not_compared"][0]["how_to_run"] == "dvc exp run -S model=vitb32"
     metrics, results = adapt_run({"a": [0.6, 0.6, 0.6]})
     report = reference_report(tables, metrics, MODEL, results)
@@ -192,11 +193,44 @@ def test_report_writes_reference_json_from_result_files(tmp_path, monkeypatch):
                     {"model": "vitb32", "precision": "fp32"})
     by_source = {(c["source"]["file"], c["dataset"]): c for c in out["comparisons"]}
     c = by_source[("elevater_table15.json", "cifar-10")]  # Table 15, B32 CLIP: CIFAR10 89.8
-    assert c["theirs"] == 0.898 and c["verdict"] == "reproduced" and "scoring" in c["settings_checked"]
+    assert c["theirs"] == 0.898 and c["verdict"] == "reproduced" and "params.scoring" in c["settings_checked"]
     assert by_source[("elevater_table15.json", "cifar-100")]["verdict"] == "off"  # 50.0 vs 65.2
     # open_clip's CIFAR numbers used CLIP's 18 templates: a run that does not record prompts_per_class is compared
     # with that setting unchecked
-    assert "prompts_per_class" in by_source[("open_clip_results.json", "cifar-10")]["settings_unchecked"]
+    assert "params.prompts_per_class" in by_source[("open_clip_results.json", "cifar-10")]["settings_unchecked"]
+
+
+def test_words_in_settings_are_not_checked_and_unlisted_averages_are_not_compared():
+    words = table([row(settings={"protocol": "Acc-C as Table 1"}),
+                   row(dataset="average", metric="fewtrans/base/linear", analysis="adapt", value=0.5, published="50.0",
+                       settings={"datasets": "FewTrans's ten datasets"})])
+    metrics, results = zeroshot_run(0.898, params={"protocol": "paper"})
+    metrics["adapt"] = {"mean": {"fewtrans/base/linear": 0.5}}
+    report = reference_report([validate_table(words, "w.json")], metrics, MODEL, results)
+    assert [c["verdict"] for c in report["comparisons"]] == ["reproduced"]
+    assert report["comparisons"][0]["settings_checked"] == [] and report["not_compared"] == []
+
+
+def test_a_number_printed_as_percent_is_reported_in_points():
+    delta = table([row(metric="delta_acc_e_single", analysis="extensibility", dataset="cifar100", value=-0.129,
+                       published="-12.9")])
+    metrics = {"extensibility": {"cifar100": {"delta_acc_e_single": -0.100}}}
+    (c,) = reference_report([validate_table(delta, "d.json")], metrics, MODEL, {})["comparisons"]
+    assert c["message"] == "off by +2.90 points: -10.00 vs -12.90 published (tolerance 1.05; 1.85 points beyond it)"
+
+
+def test_open_clip_imagenet_needs_clips_80_templates():
+    tables = load_tables("open_clip")
+    metrics = {"zeroshot": {"imagenet-1k": {"accuracy": 0.633}}}
+    one = {"zeroshot": {"imagenet-1k": {"params": {"split": "test", "prompts_per_class": 1.0}}}}
+    report = reference_report(tables, metrics, {"model": "vitb32"}, one)
+    assert report["applies"] is False
+    assert report["not_compared"][0]["reason"] == ("settings differ: params.prompts_per_class: run 1.0, "
+                                                   "reference 80")
+    eighty = {"zeroshot": {"imagenet-1k": {"params": {"split": "test", "prompts_per_class": 80.0}}}}
+    (c,) = reference_report(tables, metrics, {"model": "vitb32"}, eighty)["comparisons"]
+    assert (c["theirs"], c["verdict"]) == (0.6332, "reproduced")
+    assert c["tolerance"] == pytest.approx(0.005 + 0.00005)
 
 
 # ---- the command
@@ -244,7 +278,7 @@ def test_elevater_tables_read_from_the_paper():
     by = {(r.row, r.column): r for r in t3.rows}
     lang2p = by[("CLIP (ViT-B32) LP Language-2P", "Few-shot (5)")]
     assert (lang2p.model, lang2p.value, lang2p.spread) == ("vitb32", 0.6535, {"kind": "std", "value": 0.0124})
-    assert lang2p.settings["elevater.report"] == "best_on_test" and lang2p.settings["head"] == "language_2p"
+    assert lang2p.settings["params.elevater.report"] == "best_on_test" and lang2p.settings["head"] == "language_2p"
     assert by[("CLIP (ViT-B32)", "Zero-shot")].value == 0.5664
     elevater = json.loads((ROOT / "vlbench/datasets/data/elevater.json").read_text())
     for r in t15.rows:

@@ -48,7 +48,7 @@ def build(csv_path: Path, conf: Path) -> dict:
             continue
         for column, (dataset, metric, prompts) in COLUMNS.items():
             printed = record[column]
-            settings = {} if prompts is None else {"prompts_per_class": prompts}
+            settings = {} if prompts is None else {"params.prompts_per_class": prompts}
             if dataset == "average":
                 settings["datasets"] = None
             rows.append({"model": slug, "model_name": f"{record['name']} {record['pretrained']}",
@@ -63,7 +63,7 @@ def build(csv_path: Path, conf: Path) -> dict:
         "paper": "open_clip", "table": "openclip_results.csv",
         "title": "Zero-shot results of open_clip's pretrained models (CLIP_benchmark), registered models only",
         "source": SOURCE,
-        "settings": {"tool": "CLIP_benchmark zeroshot_classification", "split": "test",
+        "settings": {"tool": "CLIP_benchmark zeroshot_classification", "params.split": "test",
                      "prompts": "CLIP's class names and template sets per dataset (80 for ImageNet-1k, 18 for CIFAR)",
                      "value": "top-1 accuracy as a fraction; the average is over CLIP_benchmark's 38 datasets"},
         "how_to_run": ("ImageNet-1k: dvc exp run -S model=<slug> -S suite=granularity (its zeroshot@imagenet-1k; "
@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--conf", type=Path, default=Path("conf"))
     ap.add_argument("--out", type=Path, default=Path("vlbench/reference/data/open_clip_results.json"))
     args = ap.parse_args()
-    args.out.write_text(json.dumps(build(args.csv, args.conf), indent=1) + "\n")
+    args.out.write_text(json.dumps(build(args.csv, args.conf), indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {args.out}")
 
 

@@ -1,11 +1,17 @@
 """The papers' tables as package data: one JSON file per paper table, `vlbench/reference/data/<paper>_<table>.json`.
 
 A file: {"paper", "table", "title", "source", "settings", "how_to_run", "rows", "notes"?}; a row:
-{"model" (a conf/model slug or null), "model_name", "analysis", "dataset", "metric", "value" (vlbench units:
-fractions for accuracy-like metrics), "published" (as printed), "spread" (null or {"kind": std|ci95|sem, "value"}),
-"settings", "row", "column"}. A row's protocol settings are the table's `settings` overlaid with its own
-(`Row.settings`). `load_tables` validates every file and names the file, row and key of any defect;
-`vlbench.reference.compare` matches rows to a run and gives each its verdict.
+{"model" (a conf/model slug or null), "model_name", "analysis", "dataset" (a registry name, "average", or the
+paper's name), "metric", "value" (vlbench units: fractions for accuracy-like metrics), "published" (as printed),
+"spread" (null or {"kind": std|ci95|sem, "value"}), "settings", "row", "column"}.
+
+`metric` is the number's key in reports/metrics.json under analysis and dataset (`accuracy`, `acc_c_single`,
+`fewtrans/base/linear`), or `dataset_metric`: each dataset's own metric (an `average` row's value is their mean
+over `settings.datasets`, a list of registry names); an `adapt` row with `head` and `shots` settings names the key
+`elevater/<head>/<shots>/<params.elevater.report or last>`. A row's settings are the table's overlaid with its
+own (`Row.settings`); keys `model.<key>` and `params.<dotted path>` are checked against the run
+(vlbench.reference.compare), any other key is words for the reader. `load_tables` validates every file and names
+the file, row and key of any defect.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 A row applies to a run when its `model` is the run's model slug (reports/model.json), its analysis ran on its
 dataset (or, for an `average` row, on every dataset of its `settings.datasets`), the number it names is in
-reports/metrics.json, and none of its protocol settings contradicts the run. Settings are checked where the run
-records them: `model.<key>` against reports/model.json, any other key (a dotted path) against the `params` of the
-result files involved; keys in ADDRESSING say which number is meant and are not checked; a key the run does not
-record is listed as unchecked. Tolerance and verdict: docs/protocols.md, "Reference numbers and verdicts".
+reports/metrics.json, and none of its checkable settings contradicts the run: `model.<key>` against reports/model.json,
+`params.<dotted path>` against the `params` of the result files involved; a checkable key the run does not record
+is listed as unchecked; `head`, `shots`, `adaptation` and `datasets` say which number is meant; any other key
+describes the protocol in words and is not checked. Tolerance and verdict: docs/protocols.md, "Reference numbers and verdicts".
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import numpy as np
 
 from vlbench.reference import FRACTION_METRICS, Row, Table, published_number, published_scale
 
-# settings that pick the number (the key in metrics.json), not the protocol that produced it
-ADDRESSING = ("datasets", "head", "shots", "adaptation")
 # used when the row has no published spread: the run is deterministic given features (zero-shot), or trained
 DEFAULT_TOLERANCE = {"zeroshot": 0.005, "linear_probe": 0.01, "adapt": 0.01, "extensibility": 0.01,
                      "granularity": 0.01, "specificity": 0.01}
@@ -38,7 +36,7 @@ def _adapt_key(row: Row, metrics: Mapping[str, Any]) -> tuple[str | None, str]:
     if s.get("adaptation", "linear_probe") != "linear_probe":
         return None, f"adaptation {s['adaptation']!r}: vlbench runs linear probing only"
     if "head" in s and "shots" in s:
-        return f"elevater/{s['head']}/{s['shots']}/{s.get('elevater.report', 'last')}", ""
+        return f"elevater/{s['head']}/{s['shots']}/{s.get('params.elevater.report', 'last')}", ""
     return row.metric, ""
 
 
@@ -95,12 +93,12 @@ def check_settings(settings: Mapping[str, Any], results: Sequence[Mapping[str, A
     """(checked, unchecked, differing) setting keys; a differing entry reads 'key: run X, reference Y'."""
     checked, unchecked, differs = [], [], []
     for key, want in settings.items():
-        if key in ADDRESSING:
-            continue
         if key.startswith("model."):
             found = [_lookup(model, key.removeprefix("model."))]
+        elif key.startswith("params."):
+            found = [_lookup(r.get("params") or {}, key.removeprefix("params.")) for r in results]
         else:
-            found = [_lookup(r.get("params") or {}, key) for r in results]
+            continue  # words for the reader, or which number is meant (head, shots, ...)
         values = [v for ok, v in found if ok]
         if not values:
             unchecked.append(key)
@@ -140,8 +138,8 @@ def verdict(ours: float, theirs: float, tol: float) -> str:
 
 
 def _points(row: Row) -> float:
-    """Factor to the units people read: percentage points for fractions."""
-    return 100.0 if FRACTION_METRICS.match(row.metric) else 1.0
+    """Factor to the units people read: percentage points for fractions and for numbers printed as percentages."""
+    return 100.0 if FRACTION_METRICS.match(row.metric) or published_scale(row.value, row.published) != 1.0 else 1.0
 
 
 def compare_row(row: Row, table: Table, ours: float, our_spread: dict[str, Any] | None,
@@ -150,11 +148,11 @@ def compare_row(row: Row, table: Table, ours: float, our_spread: dict[str, Any] 
     diff = ours - row.value
     outcome = verdict(ours, row.value, tol)
     f = _points(row)
-    unit = " points" if f == 100.0 else ""
-    message = (f"reproduced: {ours * f:.2f} vs {row.value * f:.2f} published ({diff * f:+.2f}{unit}, "
-               f"tolerance {tol * f:.2f})" if outcome == "reproduced" else
-               f"off by {diff * f:+.2f}{unit}: {ours * f:.2f} vs {row.value * f:.2f} published "
-               f"(tolerance {tol * f:.2f}; {abs(diff) * f - tol * f:.2f}{unit} beyond it)")
+    unit, d = (" points", 2) if f == 100.0 else ("", 4)
+    message = (f"reproduced: {ours * f:.{d}f} vs {row.value * f:.{d}f} published ({diff * f:+.{d}f}{unit}, "
+               f"tolerance {tol * f:.{d}f})" if outcome == "reproduced" else
+               f"off by {diff * f:+.{d}f}{unit}: {ours * f:.{d}f} vs {row.value * f:.{d}f} published "
+               f"(tolerance {tol * f:.{d}f}; {(abs(diff) - tol) * f:.{d}f}{unit} beyond it)")
     return {"analysis": row.analysis, "dataset": row.dataset, "metric": row.metric, "key": key,
             "datasets": datasets, "ours": ours, "theirs": row.value, "published": row.published,
             "difference": diff, "tolerance": tol, "tolerance_rule": rule, "verdict": outcome, "message": message,
@@ -170,8 +168,8 @@ def _involved(row: Row, metrics: Mapping[str, Any]) -> tuple[list[str] | None, s
     if row.dataset != "average":
         return ([row.dataset], "") if row.dataset in ran else (None, "")
     datasets = row.settings.get("datasets")
-    if not datasets:
-        return None, "an average over datasets vlbench does not register"
+    if not isinstance(datasets, list) or not all(isinstance(d, str) for d in datasets) or not datasets:
+        return None, ""  # an average over datasets the table does not list by vlbench name: nothing to compare
     if not any(d in ran for d in datasets):
         return None, ""
     missing = [d for d in datasets if d not in ran]
