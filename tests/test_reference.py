@@ -53,6 +53,7 @@ def zeroshot_run(value, params=None):
 
 @pytest.mark.parametrize("broken, message", [
     (lambda t: t["rows"][0].pop("metric"), r"t\.json: rows\[0\] \('CLIP' / 'CIFAR10'\): key 'metric' missing"),
+    (lambda t: t["rows"][0].update(value="0.898"), r"rows\[0\].*key 'value' has type str; expected int/float"),
     (lambda t: t["rows"][0].update(analysis="fewshot"), r"rows\[0\].*analysis 'fewshot' is not one of"),
     (lambda t: t["rows"][0].update(value=89.8), r"rows\[0\].*'accuracy' is a fraction.*outside \[0, 1\]"),
     (lambda t: t["rows"][0].update(value=0.89), r"rows\[0\].*value 0\.89 is neither the published number 89\.8"),
@@ -162,20 +163,23 @@ def test_rows_that_do_not_apply_say_why():
     metrics, results = adapt_run({"a": [0.6, 0.6, 0.6], "b": [0.6, 0.6, 0.6]}, report="last")
     report = reference_report(tables, metrics, MODEL, results)
     assert report["applies"] is False and "comparisons" not in report
-    assert report["not_compared"][0]["reason"] == "settings differ: params.elevater.report: run 'last', reference 'best_on_test'"
+    assert report["not_compared"][0]["reason"] == ("settings differ: params.elevater.report: run 'last', "
+                                                   "reference 'best_on_test'")
     assert report["not_compared"][0]["how_to_run"] == "dvc exp run -S model=vitb32"
     metrics, results = adapt_run({"a": [0.6, 0.6, 0.6]})
     report = reference_report(tables, metrics, MODEL, results)
     assert report["not_compared"][0]["reason"] == "the average needs 2 datasets; the run lacks 1: b"
-    report = reference_report(tables, *adapt_run({"a": [0.6] * 3, "b": [0.6] * 3})[:1],
-                              {"model": "vitb32", "precision": "amp_bf16"}, adapt_run({"a": [0.6] * 3, "b": [0.6] * 3})[1])
+    metrics, results = adapt_run({"a": [0.6] * 3, "b": [0.6] * 3})
+    report = reference_report(tables, metrics, {"model": "vitb32", "precision": "amp_bf16"}, results)
     assert "model.precision: run 'amp_bf16', reference 'fp32'" in report["not_compared"][0]["reason"]
 
 
 def test_no_reference_for_the_model_is_one_line_and_no_comparison():
     tables = [validate_table(table([row()]), "t.json")]
-    report = reference_report(tables, *zeroshot_run(0.9)[:1], {"model": "toy"}, zeroshot_run(0.9)[1])
-    assert report == {"applies": False, "reason": "no published number for model 'toy': the reference tables name vitb32"}
+    metrics, results = zeroshot_run(0.9)
+    report = reference_report(tables, metrics, {"model": "toy"}, results)
+    assert report == {"applies": False,
+                      "reason": "no published number for model 'toy': the reference tables name vitb32"}
     other = reference_report(tables, {"zeroshot": {"mnist": {"accuracy": 0.5}}}, MODEL, {})
     assert other["applies"] is False and other["not_compared"] == [] and "comparisons" not in other
 

@@ -116,8 +116,8 @@ def _check_keys(obj: Any, keys: Mapping[str, Any], where: str) -> None:
         if key not in obj:
             raise ReferenceDataError(f"{where}: key {key!r} missing (required: {', '.join(keys)})")
         if not isinstance(obj[key], kind) or isinstance(obj[key], bool):
-            raise ReferenceDataError(f"{where}: key {key!r} has type {type(obj[key]).__name__}; "
-                                     f"expected {getattr(kind, '__name__', None) or '/'.join(k.__name__ for k in kind)}")
+            expected = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+            raise ReferenceDataError(f"{where}: key {key!r} has type {type(obj[key]).__name__}; expected {expected}")
 
 
 def _check_row(raw: Any, where: str) -> None:

@@ -2,10 +2,11 @@
 
 A row applies to a run when its `model` is the run's model slug (reports/model.json), its analysis ran on its
 dataset (or, for an `average` row, on every dataset of its `settings.datasets`), the number it names is in
-reports/metrics.json, and none of its checkable settings contradicts the run: `model.<key>` against reports/model.json,
-`params.<dotted path>` against the `params` of the result files involved; a checkable key the run does not record
-is listed as unchecked; `head`, `shots`, `adaptation` and `datasets` say which number is meant; any other key
-describes the protocol in words and is not checked. Tolerance and verdict: docs/protocols.md, "Reference numbers and verdicts".
+reports/metrics.json, and none of its checkable settings contradicts the run: `model.<key>` against
+reports/model.json, `params.<dotted path>` against the `params` of the result files involved; a checkable key the
+run does not record is listed as unchecked; `head`, `shots`, `adaptation` and `datasets` say which number is
+meant; any other key describes the protocol in words and is not checked. Tolerance and verdict:
+docs/protocols.md, "Reference numbers and verdicts".
 """
 
 from __future__ import annotations
