@@ -284,6 +284,11 @@ def test_elevater_tables_read_from_the_paper():
     assert (lang2p.model, lang2p.value, lang2p.spread) == ("vitb32", 0.6535, {"kind": "std", "value": 0.0124})
     assert lang2p.settings["params.elevater.report"] == "best_on_test" and lang2p.settings["head"] == "language_2p"
     assert by[("CLIP (ViT-B32)", "Zero-shot")].value == 0.5664
+    (t11,) = (t for t in load_tables("elevater") if t.table == "Table 11")
+    b16 = {(r.analysis, r.settings.get("adaptation"), r.settings.get("shots")): r for r in t11.rows}
+    assert b16[("zeroshot", None, None)].value == 0.5996  # the caption's 59.96%
+    assert (b16[("adapt", "linear_probe", 5)].published, b16[("adapt", "linear_probe", "full")].value) == \
+        ("68.27±0.97", 0.8117)
     elevater = json.loads((ROOT / "vlbench/datasets/data/elevater.json").read_text())
     for r in t15.rows:
         assert r.dataset == "average" or r.metric == elevater[r.dataset]["metric"], (r.row, r.column)
