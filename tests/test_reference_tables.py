@@ -16,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "vlbench" / "reference" / "data"
-FILES = sorted(DATA.glob("*.json"))
+# the tables transcribed from the openness, Xu et al. and FewTrans papers (test_reference.py validates every file)
+FILES = sorted(p for p in DATA.glob("*.json") if p.stem.startswith(("openness_", "granularity_", "fewtrans_")))
 PAPERS = {"elevater", "vtab", "openness", "granularity", "fewtrans", "open_clip"}
 ANALYSES = {"zeroshot", "linear_probe", "adapt", "extensibility", "granularity", "specificity"}
 TOP_KEYS = {"paper", "table", "title", "source", "settings", "how_to_run", "notes", "rows"}
