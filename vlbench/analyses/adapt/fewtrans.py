@@ -65,7 +65,7 @@ DEFAULTS: dict[str, Any] = {
     "methods": list(METHODS),
     "text_set": "prompts",
     # the ensemble (App. B.2): learning rates lr x lr_factors; epochs E'/3, 2E'/3, E' with E' = epochs + epoch_offset
-    "linear": {"lr": 0.1, "epochs": 20, "lr_factors": [0.04, 0.2, 1.0, 5.0, 25.0], "epoch_offset": 10,
+    "linear": {"lr": 0.1, "epochs": 80, "lr_factors": [0.04, 0.2, 1.0, 5.0, 25.0], "epoch_offset": 10,
                "epoch_mode": "grid", "combine": "sum", "batch_size": 512},
 }
 
