@@ -86,7 +86,8 @@ def main() -> None:
         images = {"paper": {s: image_features(loaded, dataset_dir, meta, s) for s in cfg["splits"]},
                   "code": {s: image_features(loaded, dataset_dir, replace(meta, preprocess="fewtrans"), s)
                            for s in cfg["splits"]}}
-        texts = {"paper": prompt_features(loaded, meta, templates), "code": prompt_features(loaded, meta, [CODE_PROMPT])}
+        texts = {"paper": prompt_features(loaded, meta, templates),
+                 "code": prompt_features(loaded, meta, [CODE_PROMPT])}
         for pre in ("paper", "code"):
             for prompt in ("paper", "code"):
                 result = fewtrans.evaluate(Inputs(meta, images[pre], texts[prompt]), cfg, params["seed"], "cpu")

@@ -149,8 +149,8 @@ def squash_preprocess(preprocess: Callable, model: str = "?", interpolation: str
                       mean=None, std=None) -> Compose:
     """The model's transform with its Resize + CenterCrop replaced by one Resize to the crop size (h, w), with the
     same interpolation and antialiasing unless `interpolation` names another: the whole image is squashed to the
-    model's input, its aspect ratio not kept and nothing cropped (ELEVATER's KITTI distance; open_clip's `resize_mode="squash"`). The steps after it
-    (RGB, ToTensor, Normalize) are kept, with `mean` / `std` replacing the Normalize's if given, so `split_preprocess`
+    model's input, its aspect ratio not kept and nothing cropped (ELEVATER's KITTI distance; open_clip's
+    `resize_mode="squash"`). The steps after it (RGB, ToTensor, Normalize) are kept, with `mean` / `std` replacing the Normalize's if given, so `split_preprocess`
     still stops at uint8 for accelerators."""
     steps = list(getattr(preprocess, "transforms", []))
     pairs = [i for i in range(len(steps) - 1) if isinstance(steps[i], Resize) and isinstance(steps[i + 1], CenterCrop)]
@@ -165,7 +165,8 @@ def squash_preprocess(preprocess: Callable, model: str = "?", interpolation: str
     steps = steps[:i] + [squash] + steps[i + 2:]
     if mean is not None:
         if not isinstance(steps[-1], Normalize):
-            raise PreprocessError(f"model {model!r}: cannot set the normalisation: its preprocess does not end in Normalize")
+            raise PreprocessError(f"model {model!r}: cannot set the normalisation: its preprocess does not end in "
+                                  "Normalize")
         steps[-1] = Normalize(mean=list(mean), std=list(std))
     return Compose(steps)
 
@@ -180,8 +181,8 @@ def model_for_dataset(loaded: LoadedModel, meta: DatasetMeta) -> LoadedModel:
     mode = PREPROCESS_MODES[meta.preprocess]
     described = {**loaded.fingerprint.get("preprocess", {}), "resize_mode": "squash",
                  **{k: list(v) if isinstance(v, tuple) else v for k, v in mode.items()}}
-    return replace(loaded, preprocess=squash_preprocess(loaded.preprocess, loaded.fingerprint.get("model", "?"), **mode),
-                   fingerprint={**loaded.fingerprint, "preprocess": described})
+    preprocess = squash_preprocess(loaded.preprocess, loaded.fingerprint.get("model", "?"), **mode)
+    return replace(loaded, preprocess=preprocess, fingerprint={**loaded.fingerprint, "preprocess": described})
 
 
 def _unchanged(batch: torch.Tensor) -> torch.Tensor:

@@ -486,7 +486,7 @@ def parse_spec(name: str, spec: dict) -> dict:
         fail("preprocess", f"is {preprocess!r}; expected one of {', '.join(PREPROCESS)}")
     return {"source": out.get("source", "synthetic"), "task": task, "seed": out["seed"], "image_size": size,
             "splits": {str(k): int(v) for k, v in splits.items()},
-            **({"preprocess": preprocess} if preprocess != "default" else {})}  # the default leaves classes.json as it was
+            **({"preprocess": preprocess} if preprocess != "default" else {})}  # default: classes.json as it was
 
 
 def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:

@@ -8,16 +8,17 @@ drawn as Meta-Dataset does and split over the classes in proportion to their poo
 with FewTrans' cap of 10 images per class (so at most 150 images), support and query drawn without replacement from
 each class's whole pool. Base-to-novel: classes are split once into base and novel classes (FewTrans'
 `gen_rand_split_inds`, RandomState(22)); each episode also draws novel classes with min(15, n) query images each and
-no support set. Each dataset's base/novel counts come from `fewtrans_splits.json` (the paper's Appendix B.1). With `hierarchy: {dataset: dag}` (FewTrans' USE_DAG_HIERARCHY path, its ImageNet-Sketch rule) each
-episode's classes are instead those below one WordNet node drawn uniformly (`fewtrans_dag.py`), and `novel_roots`
-gives Meta-Dataset's hierarchical base/novel split.
+no support set. Each dataset's base/novel counts come from `fewtrans_splits.json` (the paper's Appendix B.1). With
+`hierarchy: {dataset: dag}` (FewTrans' USE_DAG_HIERARCHY path, its ImageNet-Sketch rule) each episode's classes are
+instead those below one WordNet node drawn uniformly (`fewtrans_dag.py`), and `novel_roots` gives Meta-Dataset's
+hierarchical base/novel split.
 
 Methods, all on the cached features: `zeroshot` (the `prompts` text classifier restricted to the episode's classes),
 `prototype` (cosine to the mean of the L2-normalised support features) and `linear` (a linear head on L2-normalised
 features, weights initialised to ones and bias to zero as the code's `FinetuneModel` does, Adam with a per-step
-cosine learning rate, full batch), with FewTrans' hyper-parameter ensemble (the paper's Appendix B.2 grid for methods with one
-learning rate: 5 learning rates c/25, c/5, c, 5c, 25c x 3 epoch counts E'/3, 2E'/3, E' with E' = E* + 10), members
-combined by summing their logits (the paper, Section 5.1) or by majority vote (the code).
+cosine learning rate, full batch), with FewTrans' hyper-parameter ensemble (the paper's Appendix B.2 grid for methods
+with one learning rate: 5 learning rates c/25, c/5, c, 5c, 25c x 3 epoch counts E'/3, 2E'/3, E' with E' = E* + 10),
+members combined by summing their logits (the paper, Section 5.1) or by majority vote (the code).
 Every head of every ensemble member of a chunk of episodes trains as one batched computation.
 
 docs/protocols.md, "Adapt: FewTrans episodes", has every rule with its source and every difference.

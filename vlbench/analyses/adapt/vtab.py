@@ -48,8 +48,8 @@ DEFAULTS: dict[str, Any] = {
     "test_split": "test",
     "train_examples": 800,
     "val_examples": 200,
-    "selection": "val200",  # val200 (task_adaptation's code) | paper (App. I: sweep on the 1,000, select on the whole val split)
-    "preprocess": "squash",  # the preprocessing a dataset must be prepared with (App. I: "resize all images to 224x224")
+    "selection": "val200",  # val200 (task_adaptation's code) | paper (App. I: sweep on the 1,000, select on all of val)
+    "preprocess": "squash",  # what every dataset must be prepared with (App. I: "resize all images to 224x224")
     "learning_rates": [0.1, 0.01],
     "steps": [2500, 10000],
     "batch_size": 512,
@@ -254,8 +254,8 @@ def check_preprocess(meta, s: Mapping[str, Any]) -> None:
     """VTAB squashes every image to the model's input (App. I: "We resize all images to 224x224"; task_adaptation's
     `tf.image.resize` to (224, 224), no crop): a dataset prepared otherwise is refused, naming the fix."""
     if meta.preprocess != s["preprocess"]:
-        raise AdaptError(f"dataset {meta.name!r} is prepared with preprocess {meta.preprocess!r} but adapt.vtab.preprocess "
-                         f"is {s['preprocess']!r}: set `preprocess: {s['preprocess']}` under prepare: in its dataset entry "
+        raise AdaptError(f"dataset {meta.name!r} is prepared with preprocess {meta.preprocess!r} but "
+                         f"adapt.vtab.preprocess is {s['preprocess']!r}: set `preprocess: {s['preprocess']}` under prepare: in its dataset entry "
                          f"(conf/dataset/{meta.name}.yaml), or adapt.vtab.preprocess: {meta.preprocess}")
 
 
