@@ -143,7 +143,18 @@ def test_class_split_is_fewtrans_random_split():
 # FewTrans' App. B.1, read off the paper's text independently of fewtrans_splits.json
 PAPER_SPLITS = {"dtd": (37, 10), "cifar-100": (80, 20), "oxford-flower-102": (82, 20), "ucf101": (81, 20),
                 "eurosat": (6, 4), "quickdraw": (276, 69), "fungi": (1115, 279), "plant-disease": (30, 8),
-                "fgvc-aircraft": (80, 20), "imagenet-sketch": (712, 288)}
+                "fgvc-aircraft": (80, 20)}
+
+
+def test_imagenet_sketch_takes_its_novel_classes_from_the_wordnet_roots():
+    """App. B.1 (1): the classes below carnivore and device are novel (712/288), not a random draw."""
+    assert (ft.split_table()["imagenet-sketch"]["base"], ft.split_table()["imagenet-sketch"]["novel"]) == (712, 288)
+    with pytest.raises(AdaptError, match=r"'imagenet-sketch': its novel classes are those below .*novel_roots"):
+        ft.num_novel_classes("imagenet-sketch", 1000, ft.settings({}))
+    ft.check_root_count("imagenet-sketch", 288, 1000)
+    with pytest.raises(AdaptError, match="give 713 base and 287 novel classes, fewtrans_splits.json"):
+        ft.check_root_count("imagenet-sketch", 287, 1000)
+    ft.check_root_count("not-in-the-table", 3, 10)
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_SPLITS))

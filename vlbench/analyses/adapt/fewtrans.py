@@ -150,6 +150,10 @@ def num_novel_classes(dataset: str, num_classes: int, s: Mapping[str, Any]) -> i
     Appendix B.1), else round(novel_fraction * classes) (at least min_ways) when novel_fraction is set; the base
     classes must keep at least min_ways. A dataset with none of these is refused."""
     n, row = s["novel_classes"].get(dataset), split_table().get(dataset)
+    if n is None and row is not None and row.get("novel_roots"):
+        raise AdaptError(f"dataset {dataset!r}: its novel classes are those below {row['novel_roots']} "
+                         f"({SPLITS_FILE.name}); set adapt.fewtrans.hierarchy[{dataset!r}]: dag and "
+                         f"adapt.fewtrans.novel_roots[{dataset!r}]: {row['novel_roots']}")
     if n is None and row is not None:
         if row["base"] + row["novel"] != num_classes:
             raise AdaptError(f"dataset {dataset!r} has {num_classes} classes but {SPLITS_FILE.name} splits "
@@ -528,11 +532,20 @@ def episode_classes(meta, s: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray,
     if roots:
         by_root = dag.root_split(parents, wnids, roots, meta.name)
         novel = np.sort(np.concatenate(by_root))
+        check_root_count(meta.name, len(novel), num_classes)
         base = np.setdiff1d(np.arange(num_classes), novel)
     else:
         base, novel = class_split(num_classes, num_novel_classes(meta.name, num_classes, s))
         by_root = None
     return base, novel, dag.build(parents, wnids, base, novel, roots, by_root, meta.name)
+
+
+def check_root_count(dataset: str, num_novel: int, num_classes: int) -> None:
+    """A dataset whose counts fewtrans_splits.json gives (ImageNet-Sketch: 712/288) must get them from its roots."""
+    row = split_table().get(dataset)
+    if row is not None and (num_classes - num_novel, num_novel) != (row["base"], row["novel"]):
+        raise AdaptError(f"dataset {dataset!r}: adapt.fewtrans.novel_roots give {num_classes - num_novel} base and "
+                         f"{num_novel} novel classes, {SPLITS_FILE.name} (the paper) {row['base']} and {row['novel']}")
 
 
 def load_pool(inputs, splits: list[str]) -> Pool:
