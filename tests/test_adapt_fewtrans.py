@@ -376,3 +376,14 @@ def test_evaluate_errors_name_the_dataset_and_key():
         ft.evaluate(FakeInputs(), {"splits": ["val"]}, 0)
     with pytest.raises(AdaptError, match="single-label"):
         ft.evaluate(FakeInputs(multi_label=True), {}, 0)
+
+
+def test_demo_counts_fit_the_demo_datasets():
+    """fewtrans_splits.json's demo rows (our documented choice) add up to each demo dataset's classes."""
+    from vlbench.datasets import synthetic
+
+    table = ft.split_table()
+    for name in ("shapes", "colors", "count", "position", "shape_color"):
+        classes = synthetic.catalogue_row(name, {"task": name, "splits": {"test": 1}})["classes"]
+        assert table[name]["base"] + table[name]["novel"] == classes
+        assert table[name]["novel"] == max(round(0.2 * classes), 2)
