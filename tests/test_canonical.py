@@ -200,6 +200,33 @@ def test_the_check_refuses_to_run_when_pillow_is_told_to_accept_truncated_images
         list(checked_rows("d", "test", rows, False, {}))
 
 
+# ------------------------------------------------------------------------------ classes without images
+
+
+def test_a_class_without_images_in_a_split_is_warned_about(tmp_path, capsys):
+    from vlbench.datasets.local import build_imagefolder, build_manifest
+
+    root = tmp_path / "pets"
+    for split in ("train", "val"):
+        for cls in ("cat", "dog_big", "eel"):
+            (root / split / cls).mkdir(parents=True)
+            if (split, cls) != ("val", "dog_big"):
+                (root / split / cls / "a.png").write_bytes(png())
+    build_imagefolder("pets", {"source": "imagefolder", "root": str(root),
+                               "splits": {"train": "train", "test": "val"}}, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert "warning: dataset 'pets' split 'test': class 'dog big' (folder 'dog_big') has no images" in err
+    assert err.count("warning") == 1
+
+    (root / "m.csv").write_text("path,label,split\ntrain/cat/a.png,0,train\nval/cat/a.png,0,val\n"
+                                "train/eel/a.png,1,train\n")
+    build_manifest("m", {"source": "manifest", "path": str(root / "m.csv"), "split_column": "split",
+                         "classnames": ["cat", "eel"]}, tmp_path / "out2")
+    err = capsys.readouterr().err
+    assert "warning: dataset 'm' split 'val': class 'eel' has no images" in err
+    assert err.count("warning") == 1
+
+
 # ---------------------------------------------------------------------------------------------- spec keys
 
 
