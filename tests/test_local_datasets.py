@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from vlbench.datasets import canonical, local
+from vlbench.datasets import images as image_checks
+from vlbench.datasets import local
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.datasets.local import (
     IMG_EXTENSIONS,
@@ -196,7 +197,7 @@ def test_bad_metric_and_templates_are_not_data(folder, tmp_path):
 
 
 def test_image_check_is_the_canonical_one():
-    assert local.checked_rows is canonical.checked_rows  # one check, used by every source
+    assert local.checked_rows is image_checks.checked_rows  # one check, used by every source
 
 
 def test_imagefolder_corrupt_image(folder, tmp_path):

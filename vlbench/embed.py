@@ -7,7 +7,6 @@ normalises; on the CPU the whole transform. The model runs under `torch.inferenc
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import time
@@ -20,7 +19,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.transforms import (
     CenterCrop,
@@ -36,6 +34,7 @@ from tqdm import tqdm
 from vlbench import features
 from vlbench.datasets.canonical import DatasetMeta, load_meta, split_path
 from vlbench.errors import VlbenchError
+from vlbench.datasets.images import decode_rgb
 from vlbench.io import atomic_dir
 from vlbench.models.loading import LoadedModel
 from vlbench.models.projection import PreProjectionEncoder, VisualProjection
@@ -80,10 +79,9 @@ class ParquetImages(IterableDataset):
 
     def _decode(self, sample_id: str, data: bytes | None) -> torch.Tensor | CorruptSample:
         try:
-            with Image.open(io.BytesIO(data or b"")) as img:
-                return self.preprocess(img.convert("RGB"))
-        except (OSError, ValueError, SyntaxError) as err:
-            return CorruptSample(sample_id, str(err) if data else "no image bytes")
+            return self.preprocess(decode_rgb(data))
+        except (OSError, ValueError, SyntaxError) as err:  # ImageDecodeError is a ValueError
+            return CorruptSample(sample_id, str(err))
 
 
 def collate(batch: list[tuple[int, torch.Tensor | CorruptSample]],

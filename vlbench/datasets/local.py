@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +46,9 @@ from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
-    checked_rows,
     write_dataset,
 )
+from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 from vlbench.io import sha256_file
 
@@ -483,7 +484,9 @@ def _write(name: str, spec: dict, out_dir: Path, classes: list[ClassInfo], prove
         provenance=provenance,
     )
     # The generators fill provenance's counts and skipped files; write_dataset serialises it after the splits.
-    rows = {split: _rows(name, split, split_items, skip, provenance) for split, split_items in items.items()}
+    key_kind = "folder" if provenance["source"] == "imagefolder" else "label"
+    rows = {split: _warn_empty_classes(name, split, _rows(name, split, split_items, skip, provenance), classes, key_kind)
+            for split, split_items in items.items()}
     return write_dataset(out_dir, meta, rows)
 
 
@@ -493,6 +496,25 @@ def _rows(name: str, split: str, items: list[Item], skip: bool, provenance: dict
     rows = ({"sample_id": sid, "label": label, "image": _read(name, split, path)} for path, sid, label in items)
     return checked_rows(name, split, rows, skip, provenance, "fix or remove them",
                         where={sid: str(path) for path, sid, _ in items})
+
+
+def _warn_empty_classes(name: str, split: str, rows: Iterator[dict], classes: list[ClassInfo],
+                        key_kind: str) -> Iterator[dict]:
+    """Pass the split's rows on; once they are all written, warn (one line) about the classes that got no image in
+    it, corrupt ones skipped included. Not an error: a split may lack a class on purpose, but it is often a folder
+    or manifest mistake, and per-class metrics are undefined for it."""
+    counts = [0] * len(classes)
+    for row in rows:
+        counts[row["label"]] += 1
+        yield row
+    empty = [c for c, n in zip(classes, counts) if n == 0]
+    if not empty:
+        return
+    shown = ", ".join(f"{c.name!r}" + (f" ({key_kind} {c.key!r})" if c.key and c.key != c.name else "")
+                      for c in empty[:MAX_REPORTED])
+    more = f" and {len(empty) - MAX_REPORTED} more" if len(empty) > MAX_REPORTED else ""
+    print(f"warning: dataset {name!r} split {split!r}: class{'es' if len(empty) > 1 else ''} {shown}{more} "
+          f"{'have' if len(empty) > 1 else 'has'} no images", file=sys.stderr)
 
 
 def _read(name: str, split: str, path: Path) -> bytes:
