@@ -291,11 +291,32 @@ def beats_matrix(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return (scores > true) | ((scores == true) & (cls[None, :] < labels[:, None]))
 
 
-def _prepare(scores, labels, groups, require_images: bool = True, overlap: bool = False) -> _Problem:
+def _image_own(member: np.ndarray, y: np.ndarray, image_group) -> np.ndarray:
+    """(n, G) bool: the groups an image enters with: those listing its class, or its one given group."""
+    if image_group is None:
+        return member[y]
+    g = np.asarray(image_group)
+    if g.shape != y.shape or not np.issubdtype(g.dtype, np.integer):
+        raise ExtensibilityError(f"image_group must be ({y.size},) integer group indices, got shape {g.shape}")
+    bad = np.flatnonzero((g < 0) | (g >= member.shape[1]))
+    if bad.size:
+        raise ExtensibilityError(f"image_group of image {int(bad[0])} is {int(g[bad[0]])}, outside [0, {member.shape[1]})")
+    g = g.astype(np.int64)
+    missing = np.flatnonzero(~member[y, g])
+    if missing.size:
+        i = int(missing[0])
+        raise ExtensibilityError(f"image {i} enters with group {int(g[i])}, which does not list its class {int(y[i])}")
+    own = np.zeros((y.size, member.shape[1]), dtype=bool)
+    own[np.arange(y.size), g] = True
+    return own
+
+
+def _prepare(scores, labels, groups, require_images: bool = True, overlap: bool = False,
+             image_group=None) -> _Problem:
     s, y = _check_scores_labels(scores, labels)
     member = _check_groups(groups, s.shape[1], overlap)
     n_groups = member.shape[1]
-    own = member[y]
+    own = _image_own(member, y, image_group)
     sizes = own.sum(axis=0)
     if require_images and (sizes == 0).any():
         raise ExtensibilityError(f"group {int(np.flatnonzero(sizes == 0)[0])} has no images: every group needs test images")
@@ -542,14 +563,15 @@ def extensibility_expected(scores, labels, groups, average: str = "images", over
     return _extensibility_expected(p, average, _tables_if_small(p))
 
 
-def extensibility(scores, labels, groups, orders, average: str = "images", overlap: bool = False) -> Extensibility:
+def extensibility(scores, labels, groups, orders, average: str = "images", overlap: bool = False,
+                  image_group=None) -> Extensibility:
     """Acc-E over the given orders ((R, G) permutations; use :func:`paper_orders` for the paper's design).
 
     Step k of order r: the first k+1 groups with all their images, argmax over those groups' classes; the value
     is the accuracy over those images (``average="images"``) or the mean of the groups' accuracies
     (``"groups"``). All G steps count (the first group alone included).
     """
-    p = _prepare(scores, labels, groups, overlap=overlap)
+    p = _prepare(scores, labels, groups, overlap=overlap, image_group=image_group)
     return _extensibility(p, _check_orders(orders, p.n_groups), average)
 
 
@@ -645,10 +667,11 @@ def _stability_all(p: _Problem, o: np.ndarray, average: str) -> StabilityAll:
                         expected_mean=float(expected.mean()), targets=tuple(results))
 
 
-def stability_all(scores, labels, groups, orders, average: str = "images", overlap: bool = False) -> StabilityAll:
+def stability_all(scores, labels, groups, orders, average: str = "images", overlap: bool = False,
+                  image_group=None) -> StabilityAll:
     """Acc-S: :func:`stability` for every target, each on the rows of ``orders`` that start with it
     (e.g. :func:`paper_orders`), then the mean over targets. Every group must start at least one row."""
-    p = _prepare(scores, labels, groups, overlap=overlap)
+    p = _prepare(scores, labels, groups, overlap=overlap, image_group=image_group)
     return _stability_all(p, _check_orders(orders, p.n_groups), average)
 
 
@@ -657,10 +680,12 @@ def stability_all(scores, labels, groups, orders, average: str = "images", overl
 
 
 def expansion(scores, labels, groups, orders, average_e: str = "images", average_s: str = "images",
-              overlap: bool = False) -> Expansion:
+              overlap: bool = False, image_group=None) -> Expansion:
     """Acc-C, Acc-E (over all ``orders``) and Acc-S (each target on the rows that start with it), from one
-    preparation of the score matrix: the paper's design is ``orders = paper_orders(G, 100, seed)``."""
-    p = _prepare(scores, labels, groups, overlap=overlap)
+    preparation of the score matrix: the paper's design is ``orders = paper_orders(G, 100, seed)``. ``image_group``
+    (n,): the one group each image enters with (a dataset-level vocabulary whose shared classes several groups list,
+    `duplicates: first`); by default an image enters with every group that lists its class."""
+    p = _prepare(scores, labels, groups, overlap=overlap, image_group=image_group)
     o = _check_orders(orders, p.n_groups)
     acc_s = _stability_all(p, o, average_s) if p.n_groups > 1 else None
     return Expansion(acc_c=_group_accuracy(p), acc_e=_extensibility(p, o, average_e), acc_s=acc_s,
@@ -668,7 +693,7 @@ def expansion(scores, labels, groups, orders, average_e: str = "images", average
 
 
 def authors_protocol(scores, labels, groups, trials: int = 3, seed: int = AUTHORS_SEED,
-                     overlap: bool = False) -> AuthorsProtocol:
+                     overlap: bool = False, image_group=None) -> AuthorsProtocol:
     """``incremental_evaluation`` of lancopku/clip-openness (main.py), computed from the score matrix.
 
     For every target t (in group order): Acc-C_t = micro accuracy of t alone; then ``trials`` orders
@@ -678,9 +703,10 @@ def authors_protocol(scores, labels, groups, trials: int = 3, seed: int = AUTHOR
     previous trial's last step (the whole vocabulary): their ``acc_e_trial_i = [acc, ]`` is not reset between
     trials. A trial's Acc-S is the mean over its G-1 steps of the per-class accuracy averaged over t's classes.
     Means over trials, then over targets. ``overlap=True`` with classes shared by several groups reproduces their
-    merged dataset-level vocabularies (such a class's images are tested once any of its groups is added).
+    merged dataset-level vocabularies (such a class's images are tested once any of its groups is added);
+    ``image_group`` as in :func:`expansion`.
     """
-    p = _prepare(scores, labels, groups, overlap=overlap)
+    p = _prepare(scores, labels, groups, overlap=overlap, image_group=image_group)
     G = p.n_groups
     if G < 2:
         raise ExtensibilityError("the authors' protocol needs at least two groups")

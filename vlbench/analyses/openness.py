@@ -6,8 +6,12 @@ cosine statistics, alignment and uniformity, and the adversarial vocabulary scan
 - One dataset (`run_dataset`, stage extensibility@<dataset>): the groups are its classes' `group` field (CIFAR-100
   superclasses, BREEDS superclasses, the demo's shapes over colour-shape pairs), or one group per class.
 - Several datasets (`run_union`, stage extensibility_sets@<name>): each member dataset is one group, over the union
-  of their classes; class names that occur in more than one member are removed with their images (`duplicates:
-  remove`, the paper) or merged into one class (`merge`, the authors' code).
+  of their classes. A class name that an earlier member already has is removed from the later member's vocabulary
+  and its images keep it as their label (`duplicates: first`, the paper's App. A.3: "Classes in the new vocabulary
+  will be removed if they already exist in the previous vocabularies"); such a class is in the vocabulary once any
+  member that lists it is, its images enter with their own dataset. `remove`: the name is dropped from every member
+  with its images; `merge`: one class, the last member's text, its images tested once any member listing it entered
+  (the authors' code).
 
 Variants: `<v>` scores the images against the class weights of text set `prompts_<v>` (texts.prompt_sets of the
 dataset entry: "a photo of a {c}.", CLIP's 7 ImageNet templates, CIFAR's 18, ...); `repe` reads the retrieve
@@ -31,14 +35,14 @@ from vlbench.analyses import extensibility as ex
 from vlbench.analyses.extensibility import ExtensibilityError
 
 PROTOCOLS = ("paper", "authors")
-DUPLICATES = ("remove", "merge")
+DUPLICATES = ("first", "remove", "merge")
 GROUPINGS = ("auto", "group", "class")
 REPE = "repe"
 DEFAULTS: dict[str, Any] = {
     "split": "test", "protocol": "paper", "orders": 100, "trials": 3, "average_e": "images", "average_s": "images",
-    "variants": ["single", "ensemble", REPE], "grouping": "auto", "duplicates": "remove",
+    "variants": ["single", "ensemble", REPE], "grouping": "auto", "duplicates": "first",
     "geometry": {"max_images": 2000},
-    "adversarial": {"variant": "single", "top": 20, "exclude_related": True},
+    "adversarial": {"variant": "single", "top": 20, "exclude_related": False},
 }
 UNIFORMITY_T = 2.0  # Wang & Isola's t
 _CHUNK = 1 << 22  # elements per chunk of an (images x texts) product
@@ -127,6 +131,8 @@ class Vocabulary:
     counts: dict[str, int] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # variant -> why it was not run (no REPE class weights)
+    image_groups: np.ndarray | None = None  # (n,) the group each image enters with, where not every group listing its class
+    repe: dict[str, Any] | None = None  # where the REPE class weights came from (corpus, retrieval model), if repe ran
 
 
 def l2_normalize(x: np.ndarray) -> np.ndarray:
@@ -275,9 +281,11 @@ class Union:
 
 
 def union_classes(class_names: Sequence[Sequence[str]], duplicates: str) -> Union:
-    """Union of the members' class lists (in member order). `remove`: a name in more than one member is dropped
-    from every member; `merge`: one class per name, whose text weight is the last member's (the authors'
-    `class2superclass` dict keeps the last dataset that lists it), in every member that lists it."""
+    """Union of the members' class lists (in member order). A name in several members is one class:
+    `first` (the paper) takes its text weight from the first member that lists it and keeps it in the group of every
+    member that lists it (it is in the vocabulary as soon as one of them is; the images stay with their own member,
+    `union_vocabulary`); `merge` the same, with the last member's text weight (the authors' `class2superclass` dict
+    keeps the last dataset that lists it); `remove` drops the name from every member (label_map -1)."""
     owners: dict[str, list[int]] = {}
     for m, names in enumerate(class_names):
         for name in dict.fromkeys(name_key(n) for n in names):
@@ -294,9 +302,9 @@ def union_classes(class_names: Sequence[Sequence[str]], duplicates: str) -> Unio
             if key not in index:
                 index[key] = len(classes)
                 names_out.append(name)
-                classes.append((owners[key][-1], -1))
+                classes.append((m, c) if duplicates == "first" else (owners[key][-1], -1))
             j = index[key]
-            if owners[key][-1] == m and classes[j][1] == -1:
+            if duplicates == "merge" and owners[key][-1] == m and classes[j][1] == -1:
                 classes[j] = (m, c)
             label_map[m][c] = j
             if j not in groups[m]:
@@ -328,12 +336,15 @@ def union_vocabulary(members: Sequence[tuple[str, Any]], s: Settings) -> Vocabul
         weights[v] = np.stack([per_member[m][0][c] for m, c in u.classes])
         pairs[v] = None if per_member[0][1] is None else tuple(
             np.array([per_member[m][1][k][c] for m, c in u.classes]) for k in (0, 1))
-    removed = sum(int((lm < 0).sum()) for lm in u.label_map)
+    removed = {"remove": sum(int((lm < 0).sum()) for lm in u.label_map),
+               "first": sum(len(lm) for lm in u.label_map) - len(u.names), "merge": 0}[s.duplicates]
+    image_groups = np.concatenate([np.full(len(y), m, dtype=np.int64) for m, y in enumerate(labels)])
     return Vocabulary(names=u.names, group_names=[m for m, _ in members], groups=u.groups,
-                      overlap=s.duplicates == "merge" and bool(u.shared), images=np.concatenate(imgs),
+                      overlap=s.duplicates != "remove" and bool(u.shared), images=np.concatenate(imgs),
                       labels=np.concatenate(labels), weights=weights, prompt_pairs=pairs,
-                      counts={"shared_names": len(u.shared), "removed_classes": removed if s.duplicates == "remove" else 0},
-                      notes={"grouping": "dataset", "shared_names": u.shared[:50]}, skipped=skipped)
+                      counts={"shared_names": len(u.shared), "removed_classes": removed},
+                      notes={"grouping": "dataset", "shared_names": u.shared[:50]}, skipped=skipped,
+                      image_groups=image_groups if s.duplicates == "first" else None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -353,7 +364,8 @@ def paper_metrics(scores: np.ndarray, vocab: Vocabulary, s: Settings, seed: int)
     expectations, the per-step curves and the per-group values."""
     G = len(vocab.groups)
     orders = ex.paper_orders(G, s.orders, seed)
-    r = ex.expansion(scores, vocab.labels, vocab.groups, orders, s.average_e, s.average_s, vocab.overlap)
+    r = ex.expansion(scores, vocab.labels, vocab.groups, orders, s.average_e, s.average_s, vocab.overlap,
+                     vocab.image_groups)
     targets = r.acc_s.targets
     per_group = [{"acc_c": float(r.acc_c.per_group[g]), "acc_s": float(t.mean), "acc_s_expected": float(t.expected_mean),
                   "acc_full": float(t.per_order[0, -1])} for g, t in enumerate(targets)]
@@ -372,7 +384,8 @@ def paper_metrics(scores: np.ndarray, vocab: Vocabulary, s: Settings, seed: int)
 def authors_metrics(scores: np.ndarray, vocab: Vocabulary, s: Settings) -> dict[str, Any]:
     """The authors' incremental_evaluation (3 trials per target from numpy's seed 42, its start step, micro Acc-E,
     per-class Acc-S): no expectation (its start step is no random quantity)."""
-    r = ex.authors_protocol(scores, vocab.labels, vocab.groups, s.trials, overlap=vocab.overlap)
+    r = ex.authors_protocol(scores, vocab.labels, vocab.groups, s.trials, overlap=vocab.overlap,
+                            image_group=vocab.image_groups)
     last = r.steps_s[:, :, -1].mean(axis=1)
     per_group = [{"acc_c": float(r.acc_c_per_target[g]), "acc_s": float(r.acc_s_per_target[g]), "acc_s_expected": None,
                   "acc_full": float(last[g])} for g in range(len(vocab.groups))]
@@ -381,8 +394,14 @@ def authors_metrics(scores: np.ndarray, vocab: Vocabulary, s: Settings) -> dict[
         "orders": int(r.orders.shape[0]), "orders_per_target": s.trials,
         "steps": {"acc_e": _floats(r.steps_e.mean(axis=(0, 1))), "acc_e_expected": None,
                   "acc_s": _floats(r.steps_s.mean(axis=(0, 1))), "acc_s_expected": None},
-        "per_group": per_group, "group_sizes": [int(np.isin(vocab.labels, g).sum()) for g in vocab.groups],
+        "per_group": per_group, "group_sizes": _group_sizes(vocab),
     }
+
+
+def _group_sizes(vocab: Vocabulary) -> list[int]:
+    if vocab.image_groups is not None:
+        return np.bincount(vocab.image_groups, minlength=len(vocab.groups)).tolist()
+    return [int(np.isin(vocab.labels, g).sum()) for g in vocab.groups]
 
 
 def with_drops(values: dict[str, Any], vocab: Vocabulary) -> dict[str, Any]:
