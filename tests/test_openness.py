@@ -186,10 +186,12 @@ def write_repe(features_dir: Path, dataset: str, w: np.ndarray) -> None:
     from vlbench.features import embedding_array, features_schema, write_table
     from vlbench.knowledge.retrieval import weights_path
 
-    table = pa.table({"class_index": np.arange(w.shape[0])})
+    table = pa.table({"class_index": np.arange(w.shape[0]), "fallback": np.arange(w.shape[0]) == 0})
     path = weights_path(features_dir)
     path.parent.mkdir(parents=True)
-    stamp = {**IDENTITY, "dataset": dataset, "text_set": "repe"}
+    stamp = {**IDENTITY, "dataset": dataset, "text_set": "repe", "corpus": "coco-2017-val", "corpus_split": "val",
+             "corpus_captions": "captions", "prompts_set": "prompts_ensemble",
+             "retrieval": {"modality": "image", "top_k": 1000, "keep": 100, "shift_lambda": 0.25}}
     write_table(path, [table.append_column("embedding", embedding_array(w))],
                 features_schema(table.schema, w.shape[1], stamp))
 
@@ -218,6 +220,17 @@ def test_repe_is_a_default_variant_where_the_dataset_has_class_weights(tmp_path)
     assert list(result.details["variants"]) == ["single", "ensemble", "repe"]
     assert result.details["skipped_variants"] == {}
     assert result.details["variants"]["repe"]["geometry"]["alignment_texts"] is None  # one weight per class
+    # which corpus the repe numbers came from, and that it is not the paper's CC12M (App. A.5)
+    source = result.details["repe"]["d"]
+    assert (source["corpus"], source["corpus_split"], source["paper_corpus"], source["prompts"]) == (
+        "coco-2017-val", "val", False, "prompts_ensemble")
+    assert source["retrieval_model"] == IDENTITY and source["fallback_classes"] == 1
+    assert source["retrieval"]["shift_lambda"] == 0.25
+    from vlbench.report import extensibility as rep
+
+    assert rep.repe_notes({"d": {"details": result.details}}) == [
+        "repe for d: captions of coco-2017-val, searched with m (not the paper's CC12M)"]
+    assert "repe" not in op.run_dataset(inputs, {"orders": 10, "variants": ["single"]}, seed=3).details
 
 
 def test_repe_without_class_weights_is_skipped_with_the_reason(tmp_path):
@@ -244,6 +257,7 @@ def test_repe_in_a_union_needs_every_member(tmp_path):
     assert partial.details["skipped_variants"]["repe"].startswith("not run: dataset 'b' has no REPE class weights")
     wb = with_repe(b, tmp_path, seed=8)
     full = op.run_union([("a", a), ("b", b)], {"variants": ["single", "repe"]}, 0)
+    assert sorted(full.details["repe"]) == ["a", "b"] and full.details["repe"]["b"]["corpus"] == "coco-2017-val"
     x = np.concatenate([op.l2_normalize(i.image_features.embeddings) for i in (a, b)])
     y = np.concatenate([i.image_features.table.column("label").to_numpy() + k for k, i in ((0, a), (2, b))])
     r = ex.expansion(x @ np.concatenate([wa, wb]).T, y, [[0, 1], [2, 3]], ex.paper_orders(2, 100, 0))

@@ -97,7 +97,7 @@ __all__ = [
 
 # Subset-sum tables have 2^G entries: 2^20 int64 = 8 MiB each.
 _TABLE_MAX_GROUPS = 20
-# Elements per chunk of the (images x prefixes) products.
+# Bits (images x orders) scanned at once: 1 MiB per bit array.
 _CHUNK = 1 << 23
 AVERAGES_E = ("images", "groups")
 AVERAGES_S = ("images", "classes")
@@ -466,40 +466,131 @@ def _prefix_indicator(orders: np.ndarray, n_groups: int) -> np.ndarray:
     return pos[:, None, :] <= np.arange(n_groups)[None, :, None]
 
 
-def _direct_counts(p: _Problem, orders: np.ndarray, by_group: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """By products over (image, prefix) pairs, in chunks: (correct, tested) per order and step, (R, G) each, or
-    with ``by_group`` (R, G, G) correct counts per group [r, k, g] (partitions) and the prefixes."""
+# The counts above _TABLE_MAX_GROUPS: in an order, image i is correct at step k iff its group has entered (position
+# e_i <= k) and no group that beats it has (k < f_i, the position of the first one): two positions per image, so a
+# scan over the order's groups that keeps every image's "no beating group yet" bit decides all G steps at once.
+# Images are bits of uint64 words (one word op covers 64 images); the orders of a chunk are scanned side by side.
+
+
+def _pack(bits: np.ndarray) -> np.ndarray:
+    """(..., m) bool, m a multiple of 64 -> (..., m / 64) uint64 words."""
+    return np.ascontiguousarray(np.packbits(bits, axis=-1, bitorder="little")).view(np.uint64)
+
+
+def _bit_masks(beats: np.ndarray, own: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(not_beaten (G, W), own (G, W), valid (W,)) packed over the slots (slot[j]: the image at bit j, -1 for padding):
+    bit set where group h does not beat the image (padding: never), where the image enters with group h, where a slot
+    holds an image."""
+    valid = slot >= 0
+    idx = np.maximum(slot, 0)
+    return _pack((~beats[idx] & valid[:, None]).T), _pack((own[idx] & valid[:, None]).T), _pack(valid)
+
+
+def _order_chunks(n_orders: int, n_words: int) -> list[slice]:
+    step = max(1, _CHUNK // (64 * max(1, n_words)))
+    return [slice(a, min(a + step, n_orders)) for a in range(0, n_orders, step)]
+
+
+def _padded_slots(n: int) -> np.ndarray:
+    slot = np.full(-(-n // 64) * 64, -1, dtype=np.int64)
+    slot[:n] = np.arange(n)
+    return slot
+
+
+def _scan_counts(p: _Problem, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(correct, tested), (R, G) int64 each: images of the first k+1 groups of order r, and those of them that no class
+    of those groups beats. Classes in several groups (no partition): every image is scanned."""
     R, G = orders.shape
-    prefix = _prefix_indicator(orders, G).reshape(R * G, G)  # (Q, G)
-    beats, own = p.beats.astype(np.float32), p.own.astype(np.float32)
-    correct = np.empty((R * G, G) if by_group else R * G, dtype=np.int64)
-    tested = np.empty(R * G, dtype=np.int64)
-    step = max(1, _CHUNK // max(1, p.labels.size))
-    for a in range(0, R * G, step):
-        pq = prefix[a:a + step].T.astype(np.float32)  # (G, q)
-        alive = (beats @ pq) == 0  # (n, q): no group of the prefix beats image i
-        present = (own @ pq) > 0  # (n, q): one of image i's groups is in the prefix
-        if by_group:
-            correct[a:a + step] = (own.T @ (alive & present).astype(np.float32)).T.astype(np.int64)
-        else:
-            correct[a:a + step] = (alive & present).sum(axis=0)
-        tested[a:a + step] = present.sum(axis=0)
-    shape = (R, G, G) if by_group else (R, G)
-    return correct.reshape(shape), tested.reshape(R, G)
+    if p.partition:
+        correct = np.empty((R, G), dtype=np.int64)
+        for rows, k, present, counts in _scan_groups(p, orders):
+            correct[rows, k] = (counts * present).sum(axis=1)
+        return correct, np.cumsum(p.sizes[orders], axis=1)
+    not_beaten, own, valid = _bit_masks(p.beats, p.own, _padded_slots(p.labels.size))
+    correct = np.empty((R, G), dtype=np.int64)
+    tested = np.empty((R, G), dtype=np.int64)
+    for rows in _order_chunks(R, valid.size):
+        o = orders[rows]
+        alive = np.repeat(valid[None, :], o.shape[0], axis=0)
+        present = np.zeros_like(alive)
+        for k in range(G):
+            alive &= not_beaten[o[:, k]]
+            present |= own[o[:, k]]
+            correct[rows, k] = np.bitwise_count(alive & present).sum(axis=1)
+            tested[rows, k] = np.bitwise_count(present).sum(axis=1)
+    return correct, tested
+
+
+def _scan_groups(p: _Problem, orders: np.ndarray):
+    """For a partition, per chunk of orders and step k: (rows, k, present (r, G) bool: group g among the first k+1,
+    counts (r, G) int64: images of group g that no group among the first k+1 beats, g's own included).
+
+    Only the images some other group beats and their own does not are scanned (as bits, each group's on words of its
+    own); an image no group beats counts from its group's entry on, one its own group beats never."""
+    R, G = orders.shape
+    own_ok, b = _others_beating(p)
+    scanned = own_ok & (b > 0)
+    always = np.bincount(p.image_group[own_ok & (b == 0)], minlength=G)
+    idx = np.flatnonzero(scanned)
+    sizes = np.bincount(p.image_group[idx], minlength=G)
+    words = np.maximum(-(-sizes // 64), 1)  # at least one word per group: reduceat needs distinct starts
+    starts = np.concatenate([[0], np.cumsum(words)[:-1]])
+    rank = np.arange(idx.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    order = idx[np.argsort(p.image_group[idx], kind="stable")]
+    slot = np.full(int(words.sum()) * 64, -1, dtype=np.int64)
+    slot[starts[p.image_group[order]] * 64 + rank] = order
+    not_beaten, _, valid = _bit_masks(p.beats, p.own, slot)
+    pos = np.empty_like(orders)
+    np.put_along_axis(pos, orders, np.arange(G)[None, :].repeat(R, 0), axis=1)
+    for rows in _order_chunks(R, valid.size):
+        o = orders[rows]
+        alive = np.repeat(valid[None, :], o.shape[0], axis=0)
+        for k in range(G):
+            alive &= not_beaten[o[:, k]]
+            counts = np.add.reduceat(np.bitwise_count(alive), starts, axis=1, dtype=np.int64) + always
+            yield rows, k, pos[rows] <= k, counts
+
+
+def _scan_group_accuracies(p: _Problem, orders: np.ndarray) -> np.ndarray:
+    """(R, G) mean over the groups among the first k+1 of order r of their accuracies (a partition)."""
+    R, G = orders.shape
+    out = np.empty((R, G))
+    for rows, k, present, counts in _scan_groups(p, orders):
+        if k == 0:
+            correct = np.empty((counts.shape[0], G, G), dtype=np.int64)  # [r, step, group]
+        correct[:, k, :] = counts * present  # a group's images count from the step it enters
+        if k == G - 1:
+            prefix = _prefix_indicator(orders[rows], G)
+            acc = correct / p.sizes[None, None, :]
+            out[rows] = (acc * prefix).sum(axis=2) / prefix.sum(axis=2)
+    return out
+
+
+def _scan_alive(beats: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    """(R, G) int64: how many of the images (rows of ``beats``) no group among the first k+1 of order r beats (only the
+    images some group beats are scanned)."""
+    R, G = orders.shape
+    hit = beats.any(axis=1)
+    not_beaten, _, valid = _bit_masks(beats[hit], beats[hit], _padded_slots(int(hit.sum())))
+    out = np.empty((R, G), dtype=np.int64)
+    for rows in _order_chunks(R, valid.size):
+        o = orders[rows]
+        alive = np.repeat(valid[None, :], o.shape[0], axis=0)
+        for k in range(G):
+            alive &= not_beaten[o[:, k]]
+            out[rows, k] = np.bitwise_count(alive).sum(axis=1)
+    return out + int((~hit).sum())
 
 
 def _step_accuracies(p: _Problem, o: np.ndarray, average: str, tables) -> np.ndarray:
     """(R, G) accuracy per order and step."""
     if average == "groups" and not (p.sizes == p.sizes[0]).all():
-        per_group, _ = _direct_counts(p, o, by_group=True)  # (R, G, G)
-        prefix = _prefix_indicator(o, p.n_groups)  # (R, G, G)
-        acc = per_group / p.sizes[None, None, :]
-        return (acc * prefix).sum(axis=2) / prefix.sum(axis=2)
+        return _scan_group_accuracies(p, o)
     if tables is not None:
         numer, denom = tables
         codes = np.cumsum(np.int64(1) << o, axis=1)  # distinct bits: cumulative sum = cumulative OR
         return numer[codes] / denom[codes]
-    correct, tested = _direct_counts(p, o)
+    correct, tested = _scan_counts(p, o)
     return correct / tested
 
 
@@ -621,11 +712,11 @@ def _stability(p: _Problem, target: int, o: np.ndarray, average: str) -> Stabili
     members = _target_members(p, target)
     w = _image_weights(p, members, average)
     R = o.shape[0]
-    prefix = _prefix_indicator(o, G)[:, 1:, :].reshape(R * (G - 1), G)  # steps with 1..G-1 distractors
-    alive = (p.beats[members].astype(np.float32) @ prefix.T.astype(np.float32)) == 0  # (n_t, R*(G-1))
     if average == "images":  # count / n_t: bit-identical to the mean of a boolean vector
-        per_order = (alive.sum(axis=0) / members.size).reshape(R, G - 1)
+        per_order = _scan_alive(p.beats[members], o)[:, 1:] / members.size
     else:
+        prefix = _prefix_indicator(o, G)[:, 1:, :].reshape(R * (G - 1), G)  # steps with 1..G-1 distractors
+        alive = (p.beats[members].astype(np.float32) @ prefix.T.astype(np.float32)) == 0  # (n_t, R*(G-1))
         per_order = (w @ alive).reshape(R, G - 1)
     exp = _stability_expected(p, target, members, w)
     return Stability(target=target, per_order=per_order, steps=per_order.mean(axis=0), mean=float(per_order.mean()),

@@ -211,6 +211,33 @@ def variant_weights(inputs, variant: str) -> np.ndarray:
     return prompt_weights(inputs.texts(name), len(meta.classes), f"dataset {meta.name!r}, text set {name!r}")
 
 
+PAPER_REPE_CORPUS = "cc12m"  # the paper's App. A.5: "We retrieve the images and captions from CC12M"
+
+
+def repe_source(inputs) -> dict[str, Any]:
+    """Where one dataset's REPE class weights came from, read from their file's fingerprint: the corpus (dataset, split,
+    caption set, versions), the retrieval settings, the prompts mixed, the model that embedded query and corpus (the
+    model under test: vlbench has no second retrieval model) and how many classes fell back to their query; `paper_corpus`
+    says whether the corpus is the paper's CC12M (App. A.5)."""
+    from vlbench.knowledge.retrieval import DEFAULT_PROMPTS, read_repe_class_weights
+
+    found = read_repe_class_weights(inputs.features_dir, inputs.identity, inputs.meta.name)
+    fp = found.fingerprint
+    corpus = fp.get("corpus")
+    return {"corpus": corpus, "corpus_split": fp.get("corpus_split"), "corpus_captions": fp.get("corpus_captions"),
+            "corpus_dataset_version": fp.get("corpus_dataset_version"),
+            "corpus_text_version": fp.get("corpus_text_version"),
+            "paper_corpus": str(corpus).casefold() == PAPER_REPE_CORPUS,
+            "retrieval_model": {k: fp.get(k) for k in ("model", "arch", "pretrained")}, "prompts": fp.get("prompts_set", DEFAULT_PROMPTS),
+            "retrieval": fp.get("retrieval"),
+            "fallback_classes": int(sum(found.table.column("fallback").to_pylist()))}
+
+
+def repe_details(members: Sequence[tuple[str, Any]], variants: Sequence[str]) -> dict[str, Any] | None:
+    """{dataset: repe_source} for the datasets whose REPE weights a result used, or None when repe did not run."""
+    return {name: repe_source(inp) for name, inp in members} if REPE in variants else None
+
+
 def repe_missing(inputs) -> str | None:
     """None where the dataset has REPE class weights (the retrieve stage's file), else why `repe` cannot run there."""
     from vlbench.knowledge.retrieval import weights_path
@@ -255,7 +282,8 @@ def dataset_vocabulary(inputs, s: Settings) -> Vocabulary:
     found = {v: _variant(inputs, v) for v in variants}
     return Vocabulary(names=inputs.meta.class_names, group_names=group_names, groups=groups, overlap=False,
                       images=images, labels=labels, weights={v: w for v, (w, _) in found.items()},
-                      prompt_pairs={v: p for v, (_, p) in found.items()}, notes={"grouping": used}, skipped=skipped)
+                      prompt_pairs={v: p for v, (_, p) in found.items()}, notes={"grouping": used}, skipped=skipped,
+                      repe=repe_details([(inputs.meta.name, inputs)], variants))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -344,7 +372,8 @@ def union_vocabulary(members: Sequence[tuple[str, Any]], s: Settings) -> Vocabul
                       labels=np.concatenate(labels), weights=weights, prompt_pairs=pairs,
                       counts={"shared_names": len(u.shared), "removed_classes": removed},
                       notes={"grouping": "dataset", "shared_names": u.shared[:50]}, skipped=skipped,
-                      image_groups=image_groups if s.duplicates == "first" else None)
+                      image_groups=image_groups if s.duplicates == "first" else None,
+                      repe=repe_details(members, variants))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -651,6 +680,8 @@ def _result(vocab: Vocabulary, s: Settings, seed: int, extra_params: dict, adv=N
 
     variants = {v: evaluate_variant(vocab, v, s, seed) for v in vocab.weights}
     details = {"groups": vocab.group_names, **vocab.notes, "variants": variants, "skipped_variants": vocab.skipped}
+    if vocab.repe is not None:
+        details["repe"] = vocab.repe
     if adv is not None:
         details["adversarial"] = adv
     counts = {"samples": int(vocab.labels.size), "classes": len(vocab.names), "groups": len(vocab.groups),
