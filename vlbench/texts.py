@@ -58,8 +58,20 @@ def check_templates(dataset: str, templates: Any) -> list[str]:
     if (not isinstance(templates, list) or not templates
             or not all(isinstance(t, str) and "{c}" in t for t in templates)):
         raise DatasetError(f"dataset {dataset!r}: texts.templates must be a non-empty list of strings, each with a "
-                           f"'{{c}}' placeholder; got {templates!r}")
+                           f"'{{c}}' placeholder, or a named source such as 'openclip:openai_imagenet'; got {templates!r}")
     return templates
+
+
+def entry_templates(dataset: str, cfg: Mapping[str, Any]) -> list[str]:
+    """The entry's `texts.templates`: a list of templates with '{c}', or a named source of them
+    (`openclip:openai_imagenet`, CLIP's 80 ImageNet templates; `openclip:simple_imagenet`; `elevater:<dataset>`:
+    vlbench.knowledge.vocabulary.resolve_templates)."""
+    value = cfg.get("templates", DEFAULT_TEMPLATES)
+    if isinstance(value, str) and ":" in value:
+        from vlbench.knowledge.vocabulary import resolve_templates
+
+        return resolve_templates(dataset, "texts.templates", value, [])
+    return check_templates(dataset, value)
 
 
 def prompts(meta: DatasetMeta, templates: list[str]) -> pa.Table:
@@ -100,7 +112,7 @@ def build_text_sets(meta: DatasetMeta, dataset_dir: Path, cfg: Mapping[str, Any]
     unknown = sorted(set(cfg) - set(TEXTS_KEYS))
     if unknown:
         raise DatasetError(f"dataset {meta.name!r}: unknown texts key(s) {unknown}; allowed: {', '.join(TEXTS_KEYS)}")
-    sets = {"prompts": prompts(meta, check_templates(meta.name, cfg.get("templates", DEFAULT_TEMPLATES)))}
+    sets = {"prompts": prompts(meta, entry_templates(meta.name, cfg))}
     for column in _sample_text_columns(meta, dataset_dir):
         sets[column] = sample_texts(meta, dataset_dir, column)
     return sets

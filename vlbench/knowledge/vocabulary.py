@@ -61,14 +61,13 @@ def vocabulary_text_sets(meta: DatasetMeta, cfg: Mapping[str, Any], wn=None) -> 
 
 def prompt_sets(meta: DatasetMeta, cfg: Mapping[str, Any]) -> dict[str, pa.Table]:
     from vlbench.config import check_name
-    from vlbench.texts import DEFAULT_TEMPLATES as ENTRY_DEFAULT
-    from vlbench.texts import prompts
+    from vlbench.texts import entry_templates, prompts
 
     spec = cfg["prompt_sets"]
     if not isinstance(spec, Mapping) or not spec:
         raise DatasetError(f"dataset {meta.name!r}: texts.prompt_sets must map set names to templates or a source; "
                            f"got {spec!r}")
-    own = cfg.get("templates", ENTRY_DEFAULT)
+    own = entry_templates(meta.name, cfg)
     out = {}
     for name, source in spec.items():
         set_name = check_name("text set", f"{PROMPT_SET_PREFIX}{name}")
