@@ -5,23 +5,23 @@ image-by-class score matrix, and `run`, the `extensibility` analysis of the pipe
 
 Where the definitions come from
 -------------------------------
-Only the paper's abstract and the opening of its introduction could be read from this machine (the ICLR 2023
-submission text and the ACL anthology page); the definitions follow the authors' released code,
-lancopku/clip-openness at commit 14b83c0e: ``main.py:incremental_evaluation`` and
-``trainers/zsclip.py:ZeroshotCLIP.test``, where they agree with the issue's reading of the paper:
+The paper (Sec. 3.2, Def. 3.1, Eqs. (1) to (3); Sec. 3.3, Def. 3.2, Eqs. (4) to (6); docs/protocols.md,
+"Extensibility", quotes them), where it agrees with the authors' released code, lancopku/clip-openness at commit
+14b83c0e (``main.py:incremental_evaluation``, ``trainers/zsclip.py:ZeroshotCLIP.test``):
 
 - A *vocabulary* is a group of classes (CIFAR-100: the 20 superclasses of 5 classes each). At every step
   the test set is the images of the classes in the current vocabulary and each image is classified by
   argmax over the classes of the current vocabulary only.
-- **Acc-C**: for each group alone, the accuracy on that group's images with only that group's classes as
+- **Acc-C** (Eq. 3): for each group alone, the accuracy on that group's images with only that group's classes as
   candidates; the mean over groups.
-- **Acc-E**: groups are added one at a time in a random order, with their images; after every step the
-  accuracy on the images of the groups added so far (``average="images"``: correct / images, the code's micro
-  accuracy; ``average="groups"``: the mean of the added groups' accuracies); the mean over the G steps (the
-  first group alone included) and the orders.
-- **Acc-S** (conditional accuracy): the images of one target group only; the other groups are added one at a
-  time as distractor classes; the accuracy after each addition (``average="images"`` or ``"classes"``, the
-  code's mean of per-class accuracies), the mean over the G-1 distractor steps, the orders and the targets.
+- **Acc-E** (Eq. 2): groups are added one at a time in a random order, with their images; after every step the
+  accuracy on the images of the groups added so far (``average="images"``: correct / images, Eq. (1) and the code's
+  micro accuracy; ``average="groups"``: the mean of the added groups' accuracies); the mean over the G steps (the
+  first group alone included) and the orders (the paper samples 100 x N).
+- **Acc-S** (conditional accuracy, Eqs. 4 to 6): the images of one target group only; the other groups are added one
+  at a time as distractor classes; the accuracy after each addition (``average="images"``, Eq. (4), or
+  ``"classes"``, the code's mean of per-class accuracies), the mean over the G-1 distractor steps, the orders and
+  the targets.
 
 The authors' exact procedure (3 trials per target from numpy's global seed 42, its start step, its micro and
 per-class averaging) is :func:`authors_protocol`.
@@ -40,9 +40,12 @@ is ever recomputed.
 
 - Acc-E per step: correct(V) = #{i: own_i ∩ V ≠ ∅, beats_i ∩ V = ∅} = F(V̄) - F'(V̄), with
   F(U) = #{i: beats_i ⊆ U} and F'(U) = #{i: beats_i ∪ own_i ⊆ U}: two subset-sum (zeta) transforms over the
-  2^G subsets, after which every step of every order is a table lookup (G <= ``_TABLE_MAX_GROUPS``); for more
-  groups a chunked matrix product over (image, prefix) pairs.
-- Acc-S: per target, a product of the target images' ``beats`` rows with the prefix indicators.
+  2^G subsets, after which every step of every order is a table lookup (G <= ``_TABLE_MAX_GROUPS``). For more
+  groups each order is scanned: image i is correct at step k iff its group has entered and the first group that
+  beats it has not, so one pass over the order's groups with a bit per image ("no beating group yet", 64 images per
+  uint64 word, a chunk of orders side by side) gives every step: orders x G x n / 64 word operations.
+- Acc-S: per target, the same scan over the target's images (``average="images"``), or a product of their
+  ``beats`` rows with the prefix indicators (``"classes"``).
 
 Exact expectations over all orders (uniform random permutations; ``expected_*`` fields):
 

@@ -1,5 +1,5 @@
 """Specificity (Xu et al., "Benchmarking zero-shot recognition with vision-language models: challenges on granularity
-and specificity", Sec. 4 and Table 3): does the image-text score rank an image's true texts above subtly wrong ones?
+and specificity", Sec. 5 and Table 3): does the image-text score rank an image's true texts above subtly wrong ones?
 
 Per image, its positives of one type are ranked among its negatives of one type by cosine similarity (image to text);
 AP per image; mAP over the images per cell (positive type x negative type), each cell with its chance level, the mean
