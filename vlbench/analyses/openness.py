@@ -17,8 +17,9 @@ Variants: `<v>` scores the images against the class weights of text set `prompts
 dataset entry: "a photo of a {c}.", CLIP's 7 ImageNet templates, CIFAR's 18, ...); `repe` reads the retrieve
 stage's REPE class weights (features/<model>/<dataset>/retrieval/class_weights.parquet). `repe` is a default variant:
 it runs where that file exists (the datasets of suite.retrieve; for a dataset-level vocabulary, every member's) and is
-otherwise skipped, with the reason and the param to change in the result's `details.skipped_variants`; a prompt
-variant without its text set is an error. Class weights are the renormalised mean of the normalised prompt
+otherwise skipped, with the reason and the param to change in the result's `details.skipped_variants`; where it ran,
+`details.repe` names per dataset the corpus its captions came from and the model that searched it (the paper's is
+CC12M, App. A.5). A prompt variant without its text set is an error. Class weights are the renormalised mean of the normalised prompt
 embeddings, scores the cosine similarities (the scale changes no argmax).
 """
 
