@@ -67,9 +67,9 @@ def build(csv_path: Path, conf: Path) -> dict:
                      "prompts": "CLIP's class names and template sets per dataset (80 for ImageNet-1k, 18 for CIFAR)",
                      "value": "top-1 accuracy as a fraction; the average is over CLIP_benchmark's 38 datasets"},
         "how_to_run": ("ImageNet-1k: dvc exp run -S model=<slug> -S suite=granularity (its zeroshot@imagenet-1k; "
-                       "ImageNet's validation tars are a manual download) with imagenet-1k's texts.templates set to "
-                       "CLIP's 80 ImageNet templates: the registry entry uses one template, so the reference applies "
-                       "only once prompts_per_class is 80. CIFAR-10/100: dvc exp run -S model=<slug> -S suite=elevater "
+                       "ImageNet's validation tars are a manual download); imagenet-1k's entry prompts with CLIP's "
+                       "80 ImageNet templates (texts.templates: openclip:openai_imagenet), so prompts_per_class is 80 "
+                       "as the reference needs. CIFAR-10/100: dvc exp run -S model=<slug> -S suite=elevater "
                        "(ELEVATER's distribution of the same test sets, with CLIP's 18 templates). The 38-dataset "
                        "average needs datasets vlbench does not register: listed, never compared."),
         "rows": rows,
