@@ -1,0 +1,72 @@
+"""Reruns (DESIGN.md "Reruns"): committed result files hold only what the inputs determine, so the same inputs rerun on
+the same machine type write them byte-identical; timings and other run facts go to runs/<stage>/<key>.json."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from vlbench.analyses import adapt
+from vlbench.knowledge import retrieval as rt
+from vlbench.results import Result, result_path, run_fact_keys, run_facts_path, write_result
+
+
+def test_a_result_writer_keeps_run_facts_out_of_the_result(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    written = []
+    for seconds in (1.25, 7.5):
+        result = Result({"accuracy": 0.5}, {"samples": 4}, {"split": "test"}, details={"per_level": [{"level": 1}]},
+                        run={"seconds": seconds})
+        path = write_result("zeroshot", "d", result, {"model": "m"})
+        written.append(path.read_bytes())
+        facts = json.loads(run_facts_path("zeroshot", "d").read_text())
+        assert facts["seconds"] == seconds and facts["stage"] == "zeroshot" and facts["key"] == "d"
+        assert {"host", "finished_utc", "cpu_count"} <= set(facts)
+    assert written[0] == written[1]  # two runs, different timings: the same bytes
+    doc = json.loads(written[0])
+    assert run_fact_keys(doc) == [] and "seconds" not in json.dumps(doc) and "host" not in doc
+    assert run_facts_path("zeroshot", "d") == tmp_path.joinpath("runs/zeroshot/d.json").relative_to(tmp_path)
+
+
+def test_a_timing_inside_a_result_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = Result({"accuracy": 0.5}, {}, {}, details={"runs": [{"seed": 0, "search_seconds": 0.3}]})
+    with pytest.raises(ValueError, match=r"details\.runs\.0\.search_seconds.*Result\.run.*runs/zeroshot/d\.json"):
+        write_result("zeroshot", "d", result, {})
+    assert not result_path("zeroshot", "d").exists()
+
+
+@pytest.mark.parametrize("key, is_fact", [("seconds", True), ("search_seconds", True), ("index_build_seconds", True),
+                                          ("queries_per_second", True), ("images_per_s", True), ("elapsed", True),
+                                          ("per_seed", False), ("seed", False), ("second_best", False),
+                                          ("durations_note", False)])
+def test_run_fact_keys_are_timings_not_lookalikes(key, is_fact):
+    assert bool(run_fact_keys({"details": {key: 1}})) == is_fact
+
+
+def test_the_elevater_protocol_puts_its_timings_in_run_facts_only():
+    from tests.test_adapt_elevater import FAST, FakeInputs, blobs
+
+    result = adapt.run(FakeInputs(*blobs(seed=3)), {"protocols": ["elevater"], "elevater": {**FAST, "shots": [5],
+                                                                                          "seeds": [0, 1]}}, seed=0)
+    assert run_fact_keys(result.details) == []
+    assert [r["seed"] for r in result.details["elevater"]["runs"]] == [0, 1]
+    facts = result.run["elevater"]
+    assert facts["seconds"] > 0 and [(r["shots"], r["seed"]) for r in facts["runs"]] == [(5, 0), (5, 1)]
+    assert all(r["search_seconds"] > 0 for r in facts["runs"])
+
+
+def test_retrieval_summary_returns_timings_apart_from_the_report():
+    rng = np.random.default_rng(5)
+    unit = lambda n: (lambda x: x / np.linalg.norm(x, axis=1, keepdims=True))(rng.normal(size=(n, 8)).astype(np.float32))
+    caps = [f"a {'circle' if i % 2 else 'square'} {i}" for i in range(40)]
+    ids = np.array([f"s{i}" for i in range(40)])
+    corpus = rt.Corpus("c", ids, caps, unit(40), image_ids=ids, image_emb=unit(40))
+    cfg = rt.RetrievalConfig(top_k=10, keep=3)
+    run = rt.run_retrieval(corpus, ["circle", "square"], unit(4), np.array([0, 0, 1, 1]), [], cfg, device="cpu")
+    metrics, counts, params, timings = rt.summary(run, cfg, corpus)
+    assert run_fact_keys({"metrics": metrics, "counts": counts, "params": params}) == []
+    assert set(timings) == {"index_build_seconds", "query_seconds", "queries_per_second"}
+    assert params["index_built"]["kind"] == "flat"
