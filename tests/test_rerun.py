@@ -4,9 +4,12 @@ the same machine type write them byte-identical; timings and other run facts go 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from vlbench.analyses import adapt
 from vlbench.knowledge import retrieval as rt
@@ -109,3 +112,55 @@ def test_granularity_cosines_are_the_same_bytes_with_one_or_two_blas_threads():
     one, two = (under_blas_threads(n, granularity.cosine, images, weights) for n in (1, 2))
     assert one.dtype == np.float32 and one.tobytes() == two.tobytes()
     np.testing.assert_allclose(one, granularity.l2_normalize(images) @ weights.T, rtol=1e-5, atol=1e-6)
+
+
+# A rerun from a fresh clone: committed files stay byte-identical (git status clean)
+
+DVC = (sys.executable, "-m", "dvc")
+# adapt@shapes is in the suite because its report held timings (ELEVATER's search seconds) before issue 25
+ADAPT = ["adapt.protocols=[elevater]", "adapt.elevater.shots=[2]", "adapt.elevater.seeds=[0]",
+         "adapt.elevater.heads=[random_2p,language_2p]", "adapt.elevater.search_epochs=1", "adapt.elevater.final_epochs=1"]
+
+
+@pytest.fixture(scope="module")
+def rerun(tmp_path_factory):
+    """The smoke pipeline (shapes: zeroshot, adapt) reproduced and committed, then a fresh `git clone` of it (no DVC
+    cache, so every stage runs again) reproduced on the same machine."""
+    from tests.pipeline_repo import make_repo, run
+
+    base = tmp_path_factory.mktemp("rerun")
+    first = make_repo(base / "first")
+    suite = yaml.safe_load((first / "conf/suite/smoke.yaml").read_text())
+    suite.update(datasets={"shapes": suite["datasets"]["shapes"]}, embed=["shapes"], zeroshot=["shapes"],
+                 linear_probe=[], adapt=["shapes"])
+    (first / "conf/suite/smoke.yaml").write_text(yaml.safe_dump(suite))
+    run(first, sys.executable, "-m", "vlbench.cli", "compose", *ADAPT)
+    run(first, *DVC, "repro")
+    run(first, "git", "add", "-A")
+    run(first, "git", "commit", "-qm", "results")
+    second = base / "second"
+    run(base, "git", "clone", "-q", str(first), str(second))
+    assert not (second / ".dvc/cache").exists() and not (second / "features").exists()
+    out = run(second, *DVC, "repro").stdout
+    return first, second, out
+
+
+def test_a_rerun_from_a_fresh_clone_leaves_every_committed_file_byte_identical(rerun):
+    from tests.pipeline_repo import run
+
+    first, second, out = rerun
+    assert "Running stage 'adapt@shapes'" in out and "Running stage 'pretrain@toy-smoke'" in out  # it did run again
+    assert run(second, "git", "status", "--porcelain").stdout == ""
+    assert (second / "dvc.lock").read_bytes() == (first / "dvc.lock").read_bytes()
+
+
+def test_the_timings_of_both_runs_are_run_facts_outside_git(rerun):
+    from tests.pipeline_repo import run
+
+    first, second, _ = rerun
+    report = json.loads((second / "reports/adapt/shapes.json").read_text())
+    assert run_fact_keys(report) == [] and report["details"]["elevater"]["runs"][0]["shots"] == 2
+    for repo in (first, second):
+        facts = json.loads((repo / "runs/adapt/shapes.json").read_text())
+        assert facts["elevater"]["seconds"] > 0 and facts["elevater"]["runs"][0]["search_seconds"] > 0
+        assert run(repo, "git", "check-ignore", "-q", "runs/adapt/shapes.json", check=False).returncode == 0
