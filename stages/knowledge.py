@@ -6,7 +6,7 @@ from vlbench.config import dataset_entry, get, knowledge_dir, load_params, prepa
 from vlbench.datasets.canonical import load_meta
 from vlbench.io import write_json
 from vlbench.knowledge.variants import build_knowledge, knowledge_options
-from vlbench.texts import DEFAULT_TEMPLATES, check_templates, write_text_sets
+from vlbench.texts import entry_templates, write_text_sets
 
 
 def main() -> None:
@@ -15,7 +15,7 @@ def main() -> None:
     use_download_settings(params)
     entry = dataset_entry(params, args.dataset)
     options = knowledge_options(get(params, "knowledge", dict))
-    templates = check_templates(args.dataset, (entry["texts"] or {}).get("templates", DEFAULT_TEMPLATES))
+    templates = entry_templates(args.dataset, entry["texts"] or {})
     built = build_knowledge(args.dataset, entry, load_meta(prepared_dir(args.dataset)), templates, options)
     out = knowledge_dir(args.dataset)
     versions = write_text_sets(out, args.dataset, built.sets, built.stamps)

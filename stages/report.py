@@ -1,4 +1,5 @@
-"""report: reports/metrics.json ({analysis: {dataset: {metric: value}}}), reports/model.json, one chart per analysis."""
+"""report: reports/metrics.json ({analysis: {dataset: {metric: value}}}), reports/model.json, reports/reference.json
+(the verdicts against the papers' tables), one chart per analysis."""
 
 import json
 
@@ -6,6 +7,7 @@ from stages.common import parser, run
 from vlbench.analyses import ANALYSES
 from vlbench.config import get, load_params
 from vlbench.report.aggregate import write_report
+from vlbench.results import REFERENCE_FILE
 
 
 def main() -> None:
@@ -17,6 +19,9 @@ def main() -> None:
     datasets["extensibility"] = datasets.get("extensibility", []) + list(sets)
     metrics = write_report({a: d for a, d in datasets.items() if d})
     print(json.dumps(metrics, indent=2))
+    reference = json.loads(REFERENCE_FILE.read_text())
+    print(f"{REFERENCE_FILE}: " + (", ".join(f"{n} {v}" for v, n in reference["summary"].items())
+                                   if reference["applies"] else reference["reason"]))
 
 
 if __name__ == "__main__":

@@ -249,6 +249,52 @@ def test_weight_decay_search_keeps_the_first_of_equal_scores_and_ends_at_minus_o
     assert zero.toolkit_runs > len(zero.trace)
 
 
+def toolkit_first_release_sweep(score):
+    """hyperparameter_sweep of Elevater_Toolkit_IC before 517fb02 (WD_SEARCH_LEFT): every candidate of a refinement
+    round is trained with the round's *left* weight decay; its score is credited to the candidate."""
+    peak, best = -1, 0.0
+    for idx in range(0, 97, 16):
+        if score(idx) > best:
+            peak, best = idx, score(idx)
+    span = 8
+    while span > 0:
+        left, right = max(peak - span, 0), min(peak + span, 96)
+        for idx in [i for i in (left, right) if i != peak]:
+            s = score(left)
+            if s > best:
+                peak, best = idx, s
+        span //= 2
+    return peak, best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_first_release_refinement_trains_the_left_weight_decay_for_both_neighbours(seed):
+    rng = np.random.default_rng(seed)
+    curve = {line: rng.random(97) for line in ("a", "b")}
+    trained = []
+
+    def evaluate(requests):
+        trained.extend(requests)
+        return [curve[line][i] for line, i in requests]
+
+    out = elevater.weight_decay_search(evaluate, ["a", "b"], refinement="left")
+    for line in ("a", "b"):
+        assert out.peaks[line] == toolkit_first_release_sweep(lambda i: curve[line][i])
+    assert out.runs == len(trained) == len(set(trained))  # a weight decay trained once is looked up after
+    for t in out.trace:  # a right neighbour carries the score of the weight decay actually trained, its left one
+        assert t["score"] == curve[t["line"]][t["trained"]] and t["trained"] <= t["index"]
+    index = elevater.weight_decay_search(lambda reqs: [curve[line][i] for line, i in reqs], ["a", "b"])
+    assert all(t["trained"] == t["index"] for t in index.trace)
+
+
+def test_first_release_refinement_changes_the_choice_when_the_peak_lies_right():
+    curve = 1.0 / (1.0 + np.abs(np.arange(97) - 38.0))  # coarse peak 32, true peak 38 on its right
+    out_index = elevater.weight_decay_search(lambda reqs: [curve[i] for _, i in reqs], ["x"])
+    out_left = elevater.weight_decay_search(lambda reqs: [curve[i] for _, i in reqs], ["x"], refinement="left")
+    assert out_index.peaks["x"][0] == 38
+    assert out_left.peaks["x"][0] == 32  # every right neighbour was trained with a weight decay left of the peak
+
+
 def test_learning_rate_selection_takes_strict_improvements_only():
     assert elevater.select_learning_rate([0.5, 0.7, 0.7, 0.6]) == 1
     assert elevater.select_learning_rate([0.0, 0.0]) is None
@@ -336,7 +382,7 @@ FAST = {"shots": [1, 5, "full"], "seeds": [0, 1], "search_epochs": 3, "final_epo
 
 def test_protocol_end_to_end_reports_every_setting():
     inputs = FakeInputs(*blobs(seed=1))
-    result = elevater.evaluate(inputs, {**FAST, "parameter_efficiency": {"model_params": 10_000}}, seed=0)
+    result = elevater.evaluate(inputs, {**FAST, "parameter_efficiency": {"m0": 10_000}}, seed=0)
     keys = {f"elevater/{h}/{s}/last" for h in elevater.DEFAULT_HEADS for s in ("1", "5", "full")}
     assert keys <= set(result.metrics)
     assert result.metrics["elevater/language_2p/full/last"] > 0.9  # separable blobs
@@ -350,10 +396,9 @@ def test_protocol_end_to_end_reports_every_setting():
     summary = result.details["summary"]["random_2p"]["5"]
     assert summary["mean"] == pytest.approx(np.mean(summary["per_seed"]))
     assert summary["std"] == pytest.approx(np.std(summary["per_seed"], ddof=1))
-    m, m0 = 8 * 3 + 3, 10_000
-    r = math.log10(m / m0 + 1.0)
-    assert summary["pe_as_printed"] == pytest.approx(summary["mean"] * math.exp(r))
-    assert summary["pe_sign_flipped"] == pytest.approx(summary["mean"] * math.exp(-r))
+    m, m0 = 8 * 3 + 3, 10_000  # App. D.2: PE = score * exp(log10(#trainable / M0 + 1))
+    assert summary["pe"] == pytest.approx(summary["mean"] * math.exp(math.log10(m / m0 + 1.0)))
+    assert result.metrics["elevater/random_2p/5/pe"] == summary["pe"]
     table = result.tables["elevater_search"]
     assert table.num_rows == sum(r["search_runs"] for r in runs)
     assert set(table.column("head").to_pylist()) == set(elevater.DEFAULT_HEADS)
@@ -444,3 +489,66 @@ def test_multilabel_protocol_uses_bce_and_the_greedy_cover():
     assert 0.5 < result.metrics["elevater/language_2p/full/last"] <= 1.0  # 11-point mAP on softmax probabilities
     five = result.details["runs"][0]
     assert five["val"] >= 1 and five["train"] >= 3
+
+
+# --------------------------------------------------------------------------------------------------
+# knowledge-augmented adaptation (paper App. H)
+
+
+class KnowledgeInputs(FakeInputs):
+    """FakeInputs with two embedded knowledge sets: `good` (texts at the class centres) and `noise` (random texts)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        centers = args[-1]
+        rng = np.random.default_rng(11)
+        self.sets = {"wiktionary": centers + 0.05 * rng.normal(size=centers.shape),
+                     "gpt3": rng.normal(size=centers.shape)}
+
+    def knowledge_sets(self):
+        return sorted(self.sets)
+
+    def knowledge(self, name):
+        emb = self.sets[name].astype(np.float32)
+        table = pa.table({"class_index": np.arange(len(emb)), "source": ["wiktionary"] * len(emb)})
+        return Features(table, emb, {"text_set": name, "knowledge": {"weights": "normalized_mean"}}, [])
+
+
+def test_knowledge_augmented_heads_take_the_initialisation_best_on_validation():
+    inputs = KnowledgeInputs(*blobs(seed=3, dim=8))
+    cfg = {**FAST, "heads": ["random_2p", "language_2p"], "knowledge": ["wiktionary", "gpt3", "cupl"]}
+    result = elevater.evaluate(inputs, cfg, seed=0)
+    assert result.details["settings"]["knowledge_variants"] == ["wiktionary", "gpt3"]  # cupl: not embedded, skipped
+    for run in result.details["runs"]:
+        candidates = ["language_2p", "language_2p@wiktionary", "language_2p@gpt3"]
+        scores = [run["chosen"][c]["val_score"] for c in candidates]
+        best = candidates[scores.index(max(scores))]  # the first of the highest: knowledge only when strictly better
+        assert run["chosen"]["language_2p_knowledge"]["initialisation"] == best
+        assert run["final"]["language_2p_knowledge"] == run["final"][best]
+        assert run["knowledge_choice"]["language_2p"] == (best.partition("@")[2] or None)
+        assert "random_2p_knowledge" not in run["final"]  # a random head has no language to replace
+    summary = result.details["summary"]
+    for shots in ("1", "5", "full"):
+        per_seed = [r["final"]["language_2p_knowledge"]["last"] for r in result.details["runs"] if str(r["shots"]) == shots]
+        assert result.metrics[f"elevater/language_2p_knowledge/{shots}/last"] == pytest.approx(np.mean(per_seed))
+        assert summary["language_2p@gpt3"][shots]["per_seed"] == [
+            r["final"]["language_2p@gpt3"]["last"] for r in result.details["runs"] if str(r["shots"]) == shots]
+    w_good = inputs.sets["wiktionary"] / np.linalg.norm(inputs.sets["wiktionary"], axis=1, keepdims=True)
+    pool = elevater.load_pool(inputs, elevater.Settings())
+    init = elevater.head_init(inputs, pool, elevater.Settings(heads=("language_2p",)), 0, None,
+                              elevater.knowledge_classifiers(inputs, pool, elevater.Settings(heads=("language_2p",))))
+    np.testing.assert_allclose(init.weights["language_2p@wiktionary"][0].T, w_good, atol=1e-6)
+    assert set(result.tables["elevater_search"].column("head").to_pylist()) == {
+        "random_2p", "language_2p", "language_2p@wiktionary", "language_2p@gpt3"}
+
+
+def test_knowledge_free_when_the_dataset_has_no_knowledge_or_none_is_asked():
+    plain = elevater.evaluate(FakeInputs(*blobs(seed=3)), {**FAST, "heads": ["language_2p"]}, seed=0)
+    assert not any("knowledge" in k for k in plain.metrics)
+    off = elevater.evaluate(KnowledgeInputs(*blobs(seed=3)), {**FAST, "heads": ["language_2p"], "knowledge": []}, seed=0)
+    assert off.metrics == plain.metrics
+
+
+def test_unknown_knowledge_variant_is_one_clear_error():
+    with pytest.raises(AdaptError, match=r"adapt.elevater.knowledge \['wikipedia'\].*known: wordnet_path"):
+        elevater.Settings.from_cfg({"knowledge": ["wikipedia"]})

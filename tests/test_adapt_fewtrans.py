@@ -138,12 +138,60 @@ def test_class_split_is_fewtrans_random_split():
     assert len(base) == 37 and novel.tolist() == sorted(novel.tolist())
     assert sorted(base.tolist() + novel.tolist()) == list(range(47))
     assert base.tolist() == np.random.RandomState(22).choice(47, 37, replace=False).tolist()
+
+
+# FewTrans' App. B.1, read off the paper's text independently of fewtrans_splits.json
+PAPER_SPLITS = {"dtd": (37, 10), "cifar-100": (80, 20), "oxford-flower-102": (82, 20), "ucf101": (81, 20),
+                "eurosat": (6, 4), "quickdraw": (276, 69), "fungi": (1115, 279), "plant-disease": (30, 8),
+                "fgvc-aircraft": (80, 20)}
+
+
+def test_imagenet_sketch_takes_its_novel_classes_from_the_wordnet_roots():
+    """App. B.1 (1): the classes below carnivore and device are novel (712/288), not a random draw."""
+    assert (ft.split_table()["imagenet-sketch"]["base"], ft.split_table()["imagenet-sketch"]["novel"]) == (712, 288)
+    with pytest.raises(AdaptError, match=r"'imagenet-sketch': its novel classes are those below .*novel_roots"):
+        ft.num_novel_classes("imagenet-sketch", 1000, ft.settings({}))
+    ft.check_root_count("imagenet-sketch", 288, 1000)
+    with pytest.raises(AdaptError, match="give 713 base and 287 novel classes, fewtrans_splits.json"):
+        ft.check_root_count("imagenet-sketch", 287, 1000)
+    ft.check_root_count("not-in-the-table", 3, 10)
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_SPLITS))
+def test_paper_datasets_take_the_papers_counts(name):
+    base, novel = PAPER_SPLITS[name]
     s = ft.settings({})
-    assert ft.num_novel_classes("d", 12, s) == 2 and ft.num_novel_classes("d", 4, s) == 2
+    assert ft.num_novel_classes(name, base + novel, s) == novel
+    assert ft.num_novel_classes(name, base + novel, ft.settings({"novel_fraction": 0.2})) == novel  # the table wins
+
+
+def test_eurosat_and_dtd_classes_by_the_codes_rule():
+    """The code's rule, recomputed here: base = RandomState(22).choice(C, C_base) over the class list, novel = the
+    rest ascending; with the paper's counts, not round(20%) (EuroSAT would be 8/2, DTD 38/9)."""
+    for name, classes in (("eurosat", 10), ("dtd", 47)):
+        b, n = PAPER_SPLITS[name]
+        want = np.random.RandomState(22).permutation(classes)  # choice without replacement = a permutation's head
+        inputs_meta = DatasetMeta(name=name, task="single-label", metric="accuracy",
+                                  classes=[ClassInfo(index=i, name=f"c{i}") for i in range(classes)], splits={})
+        base, novel, _ = ft.episode_classes(inputs_meta, ft.settings({}))
+        assert base.tolist() == want[:b].tolist()
+        assert novel.tolist() == sorted(want[b:].tolist()) and len(novel) == n
+    assert ft.split_table()["eurosat_clip"] == {**ft.split_table()["eurosat"]}
+
+
+def test_split_counts_errors_and_explicit_fraction():
+    s = ft.settings({})
+    with pytest.raises(AdaptError, match=r"'d' has no base/novel count .*novel_fraction"):
+        ft.num_novel_classes("d", 12, s)
+    with pytest.raises(AdaptError, match=r"'dtd' has 40 classes but fewtrans_splits.json splits 37 \+ 10"):
+        ft.num_novel_classes("dtd", 40, s)
+    frac = ft.settings({"novel_fraction": 0.2})
+    assert ft.num_novel_classes("d", 12, frac) == 2 and ft.num_novel_classes("d", 4, frac) == 2
     assert ft.num_novel_classes("d", 100, ft.settings({"novel_classes": {"d": 7}})) == 7
+    assert ft.num_novel_classes("dtd", 47, ft.settings({"novel_classes": {"dtd": 0}})) == 0
     assert ft.num_novel_classes("d", 12, ft.settings({"novel_fraction": 0})) == 0
     with pytest.raises(AdaptError, match="3 classes cannot give"):
-        ft.num_novel_classes("d", 3, s)
+        ft.num_novel_classes("d", 3, frac)
 
 
 def test_settings_refuse_unknown_keys_and_bad_values():
@@ -173,15 +221,49 @@ def test_prototype_is_cosine_to_the_mean_of_normalised_support():
     assert ft.prototype_accuracy(ep, x) == expected == 0.5
 
 
-def test_ensemble_grid_and_snapshots():
+def test_ensemble_grid_is_the_papers_5_by_3():
+    """App. B.2 for one learning rate: 5 rates (x5 apart around the centre) x epochs E'/3, 2E'/3, E', E' = E* + 10."""
     lin = ft.settings({})["linear"]
-    lrs, epochs = ft.ensemble_members(lin)
-    assert lrs == pytest.approx([0.02, 0.1, 0.5]) and epochs == [4, 20, 100]
-    _, ep, scored = ft.member_plan(lin)
-    assert len(scored) == 9 and ep.tolist() == [100] * 3 + [20] * 3 + [4] * 3
+    lrs, epochs = ft.ensemble_members({**lin, "lr": 0.1, "epochs": 30})
+    assert lrs == pytest.approx([0.004, 0.02, 0.1, 0.5, 2.5])
+    assert epochs == [13, 26, 40]  # App. A on Table 3: "13, 26, 40 are used as epoch candidates" (E* = 30)
+    assert ft.epoch_axis(20, 10) == [10, 20, 30] and ft.epoch_axis(1, 0) == [1]
+    lr, ep, scored = ft.member_plan({**lin, "epochs": 20})
+    assert len(scored) == 15 and ep.tolist() == [30] * 5 + [20] * 5 + [10] * 5
+    assert lr.tolist() == pytest.approx([0.004, 0.02, 0.1, 0.5, 2.5] * 3)
+    assert [e for _, e in scored] == ep.tolist()
+
+
+def test_snapshots_train_e_prime_epochs():
+    lin = ft.settings({})["linear"]
     assert ft.snapshot_epochs(70) == [24, 48, 70]  # (epoch + 1) % (70 // 3 + 1) == 0, and the last
-    _, ep, scored = ft.member_plan({**lin, "epoch_mode": "snapshots", "epochs": 70})
-    assert ep.tolist() == [70] * 3 and len(scored) == 9 and scored[:3] == [(0, 24), (0, 48), (0, 70)]
+    _, ep, scored = ft.member_plan({**lin, "epoch_mode": "snapshots", "epochs": 60})
+    assert ep.tolist() == [70] * 5 and len(scored) == 15 and scored[:3] == [(0, 24), (0, 48), (0, 70)]
+
+
+def test_ensemble_sums_the_members_logits_on_constructed_heads():
+    """Train the 15 members on a constructed episode, then check the ensemble is the arg-max of their summed logits
+    and that it scores what that sum scores."""
+    rng = np.random.default_rng(3)
+    means = rng.normal(size=(4, 8)) * 2
+    y = np.repeat(np.arange(4), 12)
+    x = (means[y] + rng.normal(size=(48, 8))).astype(np.float32)
+    ep = _episode_on(x, y, rng, shots=2, query=6)
+    lin = {**ft.settings({})["linear"], "epochs": 5}
+    logits = ft.train_linear_heads([ep], x, lin, "cpu")  # (1, 15, Q, K)
+    assert logits.shape[:2] == (1, 15)
+    labels = ep.rows("query")[1]
+    by_sum = (logits[0].sum(axis=0).argmax(axis=-1) == labels).mean()
+    assert ft.linear_accuracies([ep], x, lin, "cpu")[0] == pytest.approx(by_sum)
+    members = ft.linear_accuracies([ep], x, lin, "cpu", members=True)[0]
+    assert members.shape == (15,) and not np.allclose(members, members[0])  # the grid's members differ
+
+
+def test_lr_search_space_and_centre_grid():
+    assert ft.lr_search_space(0.01, 1.0) == pytest.approx([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0])
+    grid = ft.centre_grid(FakeInputs(), {"episodes": 6, "novel_fraction": 0}, 0, [0.01, 0.1], [2, 5], "cpu")
+    assert sorted(grid) == ["lr=0.01,epochs=2", "lr=0.01,epochs=5", "lr=0.1,epochs=2", "lr=0.1,epochs=5"]
+    assert all(0 <= v <= 1 for v in grid.values())
 
 
 def test_combine_sum_versus_vote():
@@ -210,8 +292,8 @@ def test_linear_head_matches_torch_adam_reference():
     x = rng.normal(size=(40, 6)).astype(np.float32)
     y = np.repeat(np.arange(4), 10)
     ep = _episode_on(x, y, rng)
-    lin = {**ft.settings({})["linear"], "lr": 0.05, "epochs": 7, "lr_factors": [1.0], "epoch_factors": [1.0]}
-    ours = ft.train_linear_heads([ep], x, lin, "cpu")[0, 0]
+    lin = ft.settings({})["linear"]
+    ours = ft.train_linear_heads([ep], x, lin, "cpu", plan=ft.grid_plan([0.05], [7]))[0, 0]
 
     srows, slab = ep.rows("support")
     xs, xq = torch.tensor(ft.l2n(x[srows])), torch.tensor(ft.l2n(x[ep.rows("query")[0]]))
@@ -267,7 +349,7 @@ def test_confidence_interval_is_196_std_over_sqrt_episodes():
 
 def test_evaluate_end_to_end_writes_episodes_table():
     inputs = FakeInputs()
-    cfg = {"episodes": 12, "splits": ["test"], "linear": {"epochs": 5}}
+    cfg = {"episodes": 12, "splits": ["test"], "linear": {"epochs": 5}, "novel_fraction": 0.2}
     result = ft.evaluate(inputs, cfg, seed=0, device="cpu")
     assert set(result.metrics) == {"fewtrans/base/zeroshot", "fewtrans/base/prototype", "fewtrans/base/linear",
                                    "fewtrans/novel/zeroshot"}
@@ -294,3 +376,14 @@ def test_evaluate_errors_name_the_dataset_and_key():
         ft.evaluate(FakeInputs(), {"splits": ["val"]}, 0)
     with pytest.raises(AdaptError, match="single-label"):
         ft.evaluate(FakeInputs(multi_label=True), {}, 0)
+
+
+def test_demo_counts_fit_the_demo_datasets():
+    """fewtrans_splits.json's demo rows (our documented choice) add up to each demo dataset's classes."""
+    from vlbench.datasets import synthetic
+
+    table = ft.split_table()
+    for name in ("shapes", "colors", "count", "position", "shape_color"):
+        classes = synthetic.catalogue_row(name, {"task": name, "splits": {"test": 1}})["classes"]
+        assert table[name]["base"] + table[name]["novel"] == classes
+        assert table[name]["novel"] == max(round(0.2 * classes), 2)

@@ -155,7 +155,7 @@ def test_settings_refuse_bad_hierarchy_params():
 
 def test_dataset_without_wnids_is_refused_naming_dataset_and_key():
     with pytest.raises(AdaptError, match=r"dataset 'fake': adapt.fewtrans.hierarchy needs WordNet classes"):
-        ft.evaluate(FakeInputs(), {"episodes": 5, "hierarchy": {"fake": "dag"}}, seed=0)
+        ft.evaluate(FakeInputs(), {"episodes": 5, "hierarchy": {"fake": "dag"}, "novel_fraction": 0.2}, seed=0)
 
 
 def wordnet_inputs(monkeypatch=None):
@@ -176,9 +176,9 @@ def test_evaluate_stores_the_node_and_the_non_hierarchical_path_stores_null(monk
     assert set(base["node"].to_pylist()) == {"n00000002", "n00000004"} and set(novel["node"].to_pylist()) == {"n00000003"}
     assert res.details["novel_classes"] == [3, 4, 5] and res.details["base_classes"] == [0, 1, 2]
     assert res.details["hierarchy"]["internal_nodes"] == {"base": 2, "novel": 1}
-    plain = ft.evaluate(FakeInputs(), {"episodes": 5, "methods": ["prototype"]}, seed=0).tables["episodes"]
+    plain = ft.evaluate(FakeInputs(), {"episodes": 5, "methods": ["prototype"], "novel_fraction": 0.2}, seed=0).tables["episodes"]
     assert plain["node"].null_count == plain.num_rows and "hierarchy" not in ft.evaluate(
-        FakeInputs(), {"episodes": 5, "methods": ["prototype"]}, seed=0).details
+        FakeInputs(), {"episodes": 5, "methods": ["prototype"], "novel_fraction": 0.2}, seed=0).details
 
 
 # ------------------------------------------------------------------------------------------------ real WordNet

@@ -205,7 +205,7 @@ def test_language_1p_with_a_vit_projection_starts_from_the_same_logits_as_langua
 
 
 FAST = {"shots": [2, "full"], "seeds": [0], "search_epochs": 2, "final_epochs": 3, "batch_size": 8,
-        "parameter_efficiency": {"model_params": 100_000}}
+        "parameter_efficiency": {"m0": 100_000}}
 
 
 def test_protocol_runs_language_1p_as_its_own_search_on_pre_projection_features(embedded):
@@ -220,7 +220,7 @@ def test_protocol_runs_language_1p_as_its_own_search_on_pre_projection_features(
     assert summary["trainable_params"] == {"language_2p": 128 * 3 + 3, "language_1p": 1024 * 3 + 3}
     one = summary["language_1p"]["2"]
     r = np.log10((1024 * 3 + 3) / 100_000 + 1.0)
-    assert one["pe_as_printed"] == pytest.approx(one["mean"] * np.exp(r))
+    assert one["pe"] == pytest.approx(one["mean"] * np.exp(r))
     run = both.details["runs"][0]
     assert set(run["chosen"]) == set(run["final"]) == {"language_2p", "language_1p"}
     heads = both.tables["elevater_search"].column("head").to_pylist()

@@ -19,13 +19,13 @@ SMALL = {"train_examples": 80, "val_examples": 20, "steps": [30, 60], "batch_siz
 class FakeInputs:
     """Gaussian clusters split into train / val / test, in memory."""
 
-    def __init__(self, name="fake", sizes=None, num_classes=4, dim=8, seed=0, noise=1.0):
+    def __init__(self, name="fake", sizes=None, num_classes=4, dim=8, seed=0, noise=1.0, preprocess="squash"):
         rng = np.random.default_rng(seed)
         self.means = rng.normal(size=(num_classes, dim)) * 2
         self.sizes = sizes or {"train": 120, "val": 40, "test": 200}
         classes = [ClassInfo(index=i, name=f"c{i}") for i in range(num_classes)]
         self.meta = DatasetMeta(name=name, task="single-label", metric="accuracy", classes=classes,
-                                splits=dict(self.sizes))
+                                splits=dict(self.sizes), preprocess=preprocess)
         self.noise, self.seed = noise, seed
 
     def has_split(self, split):
@@ -159,8 +159,34 @@ def test_splits_are_index_ranges_train800_val200():
     train, val = inputs.images("train"), inputs.images("val")
     assert (data["train800"].x == train.embeddings[:80]).all() and (data["select"].x == val.embeddings[:20]).all()
     assert (data["train800val200"].x == np.concatenate([train.embeddings[:80], val.embeddings[:20]])).all()
-    full = vtab.load_splits(inputs, {**s, "selection": "full_val"})
-    assert len(full["select"].y) == 40 and len(full["train800val200"].y) == 100
+    assert data["sweep"] is data["train800"]
+    paper = vtab.load_splits(inputs, {**s, "selection": "paper"})
+    assert (paper["select"].x == val.embeddings).all() and len(paper["select"].y) == 40  # the whole validation split
+    assert (paper["sweep"].x == data["train800val200"].x).all() and len(paper["sweep"].y) == 100  # train on the 1,000
+    with pytest.raises(AdaptError, match="full_val is now paper"):
+        vtab.settings({"selection": "full_val"})
+
+
+def test_paper_selection_sweeps_on_the_1000_and_selects_on_the_whole_validation_split(monkeypatch):
+    """App. I: train on the 1,000, select on the regular validation set; the final run retrains on the 1,000."""
+    seen = []
+    real = vtab.accuracies
+    monkeypatch.setattr(vtab, "accuracies", lambda w, b, x, y: seen.append(len(y)) or real(w, b, x, y))
+    inputs = FakeInputs(name="blobs", noise=2.5)
+    cfg = {**SMALL, "groups": {"blobs": "structured"}}
+    paper = vtab.evaluate(inputs, {**cfg, "selection": "paper"}, seed=0, device="cpu")
+    assert seen == [40, 200]  # selection on all 40 validation rows, then the test split
+    assert paper.counts == {"train800": 80, "sweep_train": 100, "selection": 40, "final_train": 100, "test": 200}
+    s = vtab.settings({**cfg, "selection": "paper"})
+    data = vtab.load_splits(inputs, s)
+    sweep = vtab.train_runs(data, 4, s, 0, "cpu")[1]
+    s800 = vtab.settings(cfg)
+    sweep800 = vtab.train_runs(vtab.load_splits(inputs, s800), 4, s800, 0, "cpu")[1]
+    assert not np.allclose(sweep[0].numpy(), sweep800[0].numpy())  # the 200 validation rows are trained on
+    lrs, ends = vtab.rate_table([vtab.sweep_plan(s)] * 3, s)
+    want = vtab.train_heads(data["train800val200"].x, data["train800val200"].y, 4, lrs, ends,
+                            vtab.run_rngs(0, 3, "sweep"), [100] * 3, s, "cpu")
+    assert np.allclose(sweep[0].numpy(), want[0].numpy())
 
 
 def test_sweep_plan_order_and_ties_go_to_the_earlier_setting():
@@ -182,7 +208,7 @@ def test_evaluate_reports_the_median_of_three_runs():
         key = f"lr={r['chosen']['learning_rate']},steps={r['chosen']['steps']}"
         assert r["selection_accuracy"][key] == best
     assert result.details["schedule"] == {"30": [9, 18, 27], "60": [18, 36, 54]}
-    assert result.counts == {"train800": 80, "selection": 20, "test": 200}
+    assert result.counts == {"train800": 80, "sweep_train": 80, "selection": 20, "final_train": 100, "test": 200}
     again = vtab.evaluate(inputs, {**SMALL, "groups": {"blobs": "structured"}}, seed=0, device="cpu")
     assert again.details["runs"] == runs
     s = vtab.settings({**SMALL, "groups": {"blobs": "structured"}})
@@ -214,6 +240,12 @@ def test_errors_name_the_dataset_split_and_key():
         vtab.settings({"step": [1]})
     with pytest.raises(AdaptError, match="groups"):
         vtab.settings({"groups": {"x": "natural-ish"}})
+    with pytest.raises(AdaptError, match=r"'fake' is prepared with preprocess 'default'.*preprocess: squash.*"
+                                         r"conf/dataset/fake.yaml"):
+        vtab.evaluate(FakeInputs(preprocess="default"), {**SMALL, "groups": {"fake": "natural"}}, 0)
+    accepted = vtab.evaluate(FakeInputs(preprocess="default"), {**SMALL, "groups": {"fake": "natural"},
+                                                                "preprocess": "default", "runs": 1}, 0, "cpu")
+    assert accepted.metrics["vtab/median"] > 0.5
 
 
 def test_groups_from_data_and_params_and_their_means():

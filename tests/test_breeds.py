@@ -277,6 +277,28 @@ def test_living17_prepared_from_served_hierarchy_and_mirrored_imagenet(tmp_path,
     assert [g["wnid"] for g in prov["superclasses"]] == SUPER[:17]
 
 
+def test_hierarchy_files_in_the_mirror_under_their_upstream_names_are_used(tmp_path, cache, monkeypatch):
+    """The cache names are prefixed (BREEDS-<commit>-...); a mirror filled from upstream keeps the plain names."""
+    from vlbench.datasets.download import resource
+
+    default = resource("breeds-living17", breeds.HIERARCHY_FILES["class_info"])
+    assert default.mirror_names() == (f"BREEDS-{breeds.COMMIT[:8]}-dataset_class_info.json", "dataset_class_info.json")
+    wnids = fake_wnids()
+    members = serve_hierarchy(tmp_path / "www", wnids)
+    mini = make_imagenet(tmp_path / "mirror", [wnids.index(w) for w in members[SUPER[0]]], wnids=wnids)
+    trust_devkit(monkeypatch, mini["devkit"])
+    with serve(tmp_path / "www") as base:
+        spec = {"source": "breeds", "breeds": "living17",
+                "files": {**hierarchy_spec(tmp_path / "www", base), **files_spec(mini)}}
+        (tmp_path / "mirror" / "breeds").mkdir()
+        for upstream in ("class_hierarchy.txt", "node_names.txt", "dataset_class_info.json"):
+            (tmp_path / "www" / upstream).rename(tmp_path / "mirror" / "breeds" / upstream)
+        meta = prepare_dataset("breeds-living17", spec, tmp_path / "out")
+    assert sum(base.requests.values()) == 0 and meta.splits == {"test": 4}  # 4 of the superclass's 5 classes
+    assert sorted(p.name for p in cache.iterdir() if p.name.startswith("test-") and not p.name.endswith(".sha256")) == [
+        "test-class_hierarchy.txt", "test-dataset_class_info.json", "test-node_names.txt"]
+
+
 def test_hierarchy_that_disagrees_with_the_devkit_is_refused(tmp_path, cache, monkeypatch):
     wnids = fake_wnids()
     serve_hierarchy(tmp_path / "www", wnids)

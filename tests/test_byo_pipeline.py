@@ -123,3 +123,25 @@ def test_an_input_that_does_not_cover_the_data_is_refused(byo, tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"does not contain {str(pets)!r}" in lines[0] and "set `input:`" in lines[0]
+
+
+def test_a_folder_link_inside_the_root_fails_prepare_naming_the_link(byo):
+    """The issue's case: DVC does not follow a folder link when it hashes `input`, so after
+    `ln -s ../../extra <root>/test/<class>/inlink` `dvc status` still says up to date; prepare must not quietly add
+    the linked images (13 test images instead of 12), it refuses the link with the fix."""
+    repo, pets, _ = byo
+    extra = pets / "extra"
+    extra.mkdir()
+    (extra / "5.png").write_bytes(png(COLORS["green"], seed=55))
+    link = pets / "test" / "green" / "inlink"
+    link.symlink_to("../../extra", target_is_directory=True)
+    try:
+        proc = run(repo, *DVC, "repro", "-f", "-s", "prepare@pets", check=False)
+        assert proc.returncode != 0
+        assert f"folder link {str(link)!r}" in proc.stderr + proc.stdout and "bind mount" in proc.stderr + proc.stdout
+    finally:
+        link.unlink()
+        (extra / "5.png").unlink()
+        extra.rmdir()
+    run(repo, *DVC, "checkout", "prepare@pets")  # DVC removed the stage's outputs before running it
+    assert status(repo) == set()

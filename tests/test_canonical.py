@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, image_problem, load_meta, write_dataset
+from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, load_meta, write_dataset
+from vlbench.datasets.images import image_problem
 from vlbench.datasets.spec import check_keys
 
 
@@ -101,6 +102,129 @@ def test_image_problem_detects_truncated_jpeg():
     assert image_problem(data) is None
     assert image_problem(data[:-30]) is not None  # passes PIL's verify(), fails decoding
     assert image_problem(b"not an image") is not None
+
+
+def photo_jpeg(progressive: bool = False, mode: str = "RGB") -> bytes:
+    pixels = np.cumsum(np.random.default_rng(0).integers(0, 12, (64, 96, 3)), axis=1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).convert(mode).save(buf, "JPEG", quality=90, progressive=progressive)
+    return buf.getvalue()
+
+
+def scan_start(jpeg: bytes) -> int:
+    """The first byte of entropy-coded data: after the first SOS marker segment."""
+    sos = jpeg.index(b"\xff\xda")
+    return sos + 2 + int.from_bytes(jpeg[sos + 2:sos + 4], "big")
+
+
+def pil_decodes(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"), dtype=int)
+
+
+@pytest.mark.parametrize("where", [0.2, 0.5, 0.9])
+@pytest.mark.parametrize("fill", [bytes(16), b"\x00", b"\x5a\xa5\x13\x37"], ids=["16-zeros", "1-zero", "4-bytes"])
+def test_a_jpeg_with_overwritten_scan_bytes_is_corrupt(where, fill):
+    data = photo_jpeg()
+    start = scan_start(data)
+    at = start + int((len(data) - 2 - start) * where)
+    damaged = data[:at] + fill + data[at + len(fill):]
+    assert np.abs(pil_decodes(damaged) - pil_decodes(data)).max() > 50  # Pillow decodes it, wrongly, silently
+    assert image_problem(data) is None
+    assert "Corrupt JPEG data" in image_problem(damaged)
+
+
+def test_a_jpeg_cut_inside_its_scan_and_closed_with_an_end_marker_is_corrupt():
+    data = photo_jpeg()
+    start = scan_start(data)
+    cut = data[:start + (len(data) - start) // 2] + b"\xff\xd9"
+    grey = (np.abs(pil_decodes(cut) - 128) <= 1).all(-1).mean()
+    assert grey > 0.3  # what the issue saw: Pillow fills the missing part with grey, no error
+    assert "premature end of data segment" in image_problem(cut)
+
+
+@pytest.mark.parametrize("progressive, mode", [(False, "L"), (False, "CMYK"), (True, "RGB")])
+def test_valid_jpegs_of_every_kind_pass_and_damaged_ones_do_not(progressive, mode):
+    data = photo_jpeg(progressive, mode)
+    assert image_problem(data) is None
+    start = scan_start(data)
+    cut = data[:start + (len(data) - start) // 2] + b"\xff\xd9"
+    assert "Corrupt JPEG data" in image_problem(cut)
+
+
+def test_padding_between_jpeg_header_segments_is_harmless():
+    """libjpeg warns about bytes before a header marker (here DQT), but the pixels are the same: not corrupt."""
+    data = photo_jpeg()
+    dqt = data.index(b"\xff\xdb")
+    padded = data[:dqt] + b"\x00\x11\x22" + data[dqt:]
+    assert np.array_equal(pil_decodes(padded), pil_decodes(data))
+    assert image_problem(padded) is None
+
+
+def test_an_empty_file_is_called_empty():
+    assert image_problem(b"") == "empty file (0 bytes)"
+    assert "BytesIO" not in image_problem(b"GIF89a but not really")
+
+
+def test_prepare_names_an_empty_and_a_damaged_jpeg_with_the_fix(tmp_path):
+    from vlbench.datasets.local import build_imagefolder
+
+    root = tmp_path / "pets"
+    for k, cls in enumerate(("cat", "dog")):
+        (root / cls).mkdir(parents=True)
+        (root / cls / "ok.png").write_bytes(png())
+    (root / "cat" / "empty.jpg").write_bytes(b"")
+    data = photo_jpeg()
+    at = scan_start(data) + 100
+    (root / "dog" / "damaged.jpg").write_bytes(data[:at] + bytes(16) + data[at + 16:])
+    spec = {"source": "imagefolder", "root": str(root)}
+    with pytest.raises(DatasetError) as err:
+        build_imagefolder("pets", spec, tmp_path / "out")
+    msg = str(err.value)
+    assert f"'{root / 'cat' / 'empty.jpg'}' (empty file (0 bytes))" in msg
+    assert f"'{root / 'dog' / 'damaged.jpg'}' (damaged JPEG data: Corrupt JPEG data:" in msg
+    assert "BytesIO" not in msg and msg.endswith("fix or remove them, or set skip_corrupt: true")
+    meta = build_imagefolder("pets", {**spec, "skip_corrupt": True}, tmp_path / "out")
+    assert meta.provenance["skipped_corrupt"] == ["cat/empty.jpg", "dog/damaged.jpg"]
+    assert meta.splits == {"test": 2}
+
+
+def test_the_check_refuses_to_run_when_pillow_is_told_to_accept_truncated_images(tmp_path, monkeypatch):
+    from PIL import ImageFile
+
+    from vlbench.datasets.images import checked_rows
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    rows = [{"sample_id": "a", "label": 0, "image": png()}]
+    with pytest.raises(DatasetError, match=r"dataset 'd' split 'test': .*LOAD_TRUNCATED_IMAGES is True"):
+        list(checked_rows("d", "test", rows, False, {}))
+
+
+# ------------------------------------------------------------------------------ classes without images
+
+
+def test_a_class_without_images_in_a_split_is_warned_about(tmp_path, capsys):
+    from vlbench.datasets.local import build_imagefolder, build_manifest
+
+    root = tmp_path / "pets"
+    for split in ("train", "val"):
+        for cls in ("cat", "dog_big", "eel"):
+            (root / split / cls).mkdir(parents=True)
+            if (split, cls) != ("val", "dog_big"):
+                (root / split / cls / "a.png").write_bytes(png())
+    build_imagefolder("pets", {"source": "imagefolder", "root": str(root),
+                               "splits": {"train": "train", "test": "val"}}, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert "warning: dataset 'pets' split 'test': class 'dog big' (folder 'dog_big') has no images" in err
+    assert err.count("warning") == 1
+
+    (root / "m.csv").write_text("path,label,split\ntrain/cat/a.png,0,train\nval/cat/a.png,0,val\n"
+                                "train/eel/a.png,1,train\n")
+    build_manifest("m", {"source": "manifest", "path": str(root / "m.csv"), "split_column": "split",
+                         "classnames": ["cat", "eel"]}, tmp_path / "out2")
+    err = capsys.readouterr().err
+    assert "warning: dataset 'm' split 'val': class 'eel' has no images" in err
+    assert err.count("warning") == 1
 
 
 # ---------------------------------------------------------------------------------------------- spec keys

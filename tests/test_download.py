@@ -218,6 +218,51 @@ def test_mirror_is_searched_before_any_download(payload, cache, tmp_path):
     assert path.read_bytes() == payload["data"]
 
 
+def test_a_mirror_file_under_its_upstream_name_is_accepted_by_checksum(payload, cache, tmp_path):
+    """docs/downloads.md: mirror files keep their upstream names; the cache name may carry a prefix (BREEDS does)."""
+    mirror = tmp_path / "mirror"
+    (mirror / "sub").mkdir(parents=True)
+    (mirror / "sub" / "data.bin").write_bytes(payload["data"])
+    with serve(payload["www"]) as base:
+        res = Resource("demo-1234-data.bin", (f"{base}/data.bin",), sha256=payload["sha256"])
+        assert res.mirror_names() == ("demo-1234-data.bin", "data.bin")
+        path = get(res, mirror=mirror)
+        assert base.requests["/data.bin"] == 0
+    assert path == cache / "demo-1234-data.bin" and path.read_bytes() == payload["data"]
+    assert (mirror / "sub" / "data.bin").exists()
+
+
+def test_an_upstream_named_mirror_file_with_another_checksum_is_an_error_and_is_kept(payload, cache, tmp_path):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "data.bin").write_bytes(b"another release")
+    with pytest.raises(ChecksumError) as err:
+        get(Resource("demo-1234-data.bin", ("http://127.0.0.1:9/data.bin",), sha256=payload["sha256"]), mirror=mirror)
+    assert str(mirror / "data.bin") in str(err.value) and payload["sha256"] in str(err.value)
+    assert (mirror / "data.bin").read_bytes() == b"another release"
+
+
+def test_without_a_checksum_only_the_cache_name_is_looked_for_in_the_mirror(payload, cache, tmp_path):
+    """An unverifiable file under a generic upstream name could be any dataset's `data.bin`."""
+    assert Resource("demo-data.bin", ("http://x.org/data.bin",)).mirror_names() == ("demo-data.bin",)
+    assert Resource("demo-data.bin", ("http://x.org/a%20b.bin",), md5="0" * 32).mirror_names() == ("demo-data.bin",
+                                                                                                    "a b.bin")
+
+
+def test_the_missing_file_message_names_the_mirror_folder_searched_and_the_names_accepted(payload, cache, tmp_path):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    with serve(tmp_path / "empty") as base:
+        with pytest.raises(DownloadError) as err:
+            get(Resource("demo-1234-data.bin", (f"{base}/data.bin",), sha256=payload["sha256"]), mirror=mirror)
+    message = str(err.value)
+    assert f"mirror folder {mirror.resolve()}" in message and "one sub-folder down" in message
+    assert "'demo-1234-data.bin' or 'data.bin'" in message and payload["sha256"] in message
+    with pytest.raises(ManualDownloadError) as err:
+        get(Resource("demo-1234-data.bin", sha256=payload["sha256"], manual="ask the authors"), mirror=mirror)
+    assert f"mirror folder {mirror.resolve()}" in str(err.value) and "as 'demo-1234-data.bin'" in str(err.value)
+
+
 def test_a_mirror_folder_that_does_not_exist_is_an_error(payload, cache, tmp_path, monkeypatch):
     monkeypatch.setenv("VLBENCH_MIRROR", str(tmp_path / "nowhere"))
     with pytest.raises(DownloadError, match="nowhere.*VLBENCH_MIRROR"):

@@ -248,5 +248,30 @@ def test_default_datasets_are_embedded_exactly_as_before(loaded, tmp_path):
 def test_an_unknown_preprocess_is_refused_naming_the_dataset():
     from vlbench.datasets.canonical import DatasetError
 
-    with pytest.raises(DatasetError, match=r"dataset 'kitti': preprocess 'crop' is not one of \('default', 'squash'\)"):
+    with pytest.raises(DatasetError, match=r"dataset 'kitti': preprocess 'crop' is not one of \('default', 'squash', 'fewtrans'\)"):
         DatasetMeta(name="kitti", task="single-label", metric="accuracy", classes=[ClassInfo(0, "a")], preprocess="crop")
+
+
+def test_fewtrans_preprocess_is_the_codes_bilinear_squash_with_imagenet_statistics(loaded, tmp_path):
+    """FewTrans' test transform: Resize([s, s]) bilinear (no crop), Normalize with ImageNet's mean and std."""
+    from torchvision.transforms import InterpolationMode, Normalize
+    from torchvision.transforms import functional as F
+
+    from vlbench.embed import IMAGENET_MEAN, IMAGENET_STD
+
+    meta = write_wide_dataset(tmp_path / "prepared" / "fewtrans", "fewtrans")
+    model = model_for_dataset(loaded, meta)
+    steps = model.preprocess.transforms
+    assert steps[0].interpolation == InterpolationMode.BILINEAR and tuple(steps[0].size) == (32, 32)
+    assert isinstance(steps[-1], Normalize) and tuple(steps[-1].mean) == IMAGENET_MEAN
+    wide = striped(128, 32)
+    by_hand = F.normalize(F.to_tensor(F.resize(wide, [32, 32], InterpolationMode.BILINEAR, antialias=True)),
+                          IMAGENET_MEAN, IMAGENET_STD)
+    assert torch.allclose(model.preprocess(wide), by_hand, atol=1e-6)
+    assert model.fingerprint["preprocess"] == {**loaded.fingerprint["preprocess"], "resize_mode": "squash",
+                                               "interpolation": "bilinear", "mean": list(IMAGENET_MEAN),
+                                               "std": list(IMAGENET_STD)}
+    squash = write_wide_dataset(tmp_path / "prepared" / "squash", "squash")
+    assert len({meta.version, squash.version}) == 2
+    decode, finish = split_preprocess(model.preprocess)
+    assert torch.equal(finish(decode(wide)[None])[0], model.preprocess(wide))  # the uint8 path for accelerators

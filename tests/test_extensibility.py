@@ -462,3 +462,58 @@ def test_authors_protocol_matches_a_replica_of_their_loop(seed, shared):
     # the start step: trial 0 starts with Acc-C of the target, later trials with the whole vocabulary's accuracy
     assert got.steps_e[:, 0, 0] == pytest.approx(got.acc_c_per_target)
     assert (got.steps_e[:, 1:, 0] == got.steps_e[0, 0, -1]).all()
+
+
+# ---------------------------------------------------------------- many groups: the scan against the former products
+
+
+def former_step_accuracies(p, orders, average):
+    """The implementation before the scan (one product per order and prefix over every image), kept here as the
+    reference: (R, G) accuracies."""
+    R, G = orders.shape
+    prefix = ex._prefix_indicator(orders, G)  # (R, G, G)
+    q = prefix.reshape(R * G, G).T.astype(np.float32)
+    beats, own = p.beats.astype(np.float32), p.own.astype(np.float32)
+    alive, present = (beats @ q) == 0, (own @ q) > 0  # (n, R*G)
+    if average == "groups" and not (p.sizes == p.sizes[0]).all():
+        per_group = (own.T @ (alive & present).astype(np.float32)).T.astype(np.int64).reshape(R, G, G)
+        acc = per_group / p.sizes[None, None, :]
+        return (acc * prefix).sum(axis=2) / prefix.sum(axis=2)
+    return ((alive & present).sum(axis=0) / present.sum(axis=0)).reshape(R, G)
+
+
+def former_stability(p, target, orders):
+    R, G = orders.shape
+    members = np.flatnonzero(p.own[:, target])
+    prefix = ex._prefix_indicator(orders, G)[:, 1:, :].reshape(R * (G - 1), G)
+    alive = (p.beats[members].astype(np.float32) @ prefix.T.astype(np.float32)) == 0
+    return (alive.sum(axis=0) / members.size).reshape(R, G - 1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("chunk", [64 * 3, 1 << 23])  # one order per chunk (with 3 words of images), all at once
+def test_scan_equals_the_former_products_with_many_groups(seed, chunk, monkeypatch):
+    monkeypatch.setattr(ex, "_CHUNK", chunk)
+    G = 28  # above the subset-table limit: the scan runs
+    assert G > ex._TABLE_MAX_GROUPS
+    scores, labels, groups = random_problem(seed, n_groups=G, sizes=(1, 4), n_images=100, ties=True)
+    orders = ex.paper_orders(G, 3, seed)
+    p = ex._prepare(scores, labels, groups)
+    assert p.partition and not (p.sizes == p.sizes[0]).all()
+    for average in ex.AVERAGES_E:
+        got = ex.extensibility(scores, labels, groups, orders, average=average).per_order
+        assert np.array_equal(got, former_step_accuracies(p, orders, average))  # bit-identical
+    got = ex.stability_all(scores, labels, groups, orders)
+    for t, res in enumerate(got.targets):
+        assert np.array_equal(res.per_order, former_stability(p, t, orders[orders[:, 0] == t]))
+    # classes shared by several groups (images enter with any group listing their class), and images given a group
+    shared = [sorted(set(g) | {groups[(i + 1) % G][0]}) for i, g in enumerate(groups)]
+    ps = ex._prepare(scores, labels, shared, overlap=True)
+    assert not ps.partition
+    got = ex.extensibility(scores, labels, shared, orders, overlap=True).per_order
+    assert np.array_equal(got, former_step_accuracies(ps, orders, "images"))
+    first = np.array([next(g for g in range(G) if y in groups[g]) for y in labels])
+    pf = ex._prepare(scores, labels, shared, overlap=True, image_group=first)
+    for average in ex.AVERAGES_E:
+        got = ex.extensibility(scores, labels, shared, orders, average, overlap=True, image_group=first).per_order
+        assert np.array_equal(got, former_step_accuracies(pf, orders, average))

@@ -454,3 +454,40 @@ def test_levels_plot_rows_and_svg(tmp_path):
     assert path.name == "granularity_levels.svg" and b"shapes" in first and b"<svg" in first
     assert write_granularity_levels(results, tmp_path).read_bytes() == first  # same numbers, same bytes
     assert write_granularity_levels({"shape_color": results["shape_color"]}, tmp_path / "none") is None
+
+
+def test_imagenet_and_tiered_entries_use_clips_templates_for_leaves_and_coarse_classes(tmp_path, wn):
+    """Xu et al. (Sec. 3): "we adopt the prompt templates used in [18]" ([18] = CLIP): CLIP's 80 ImageNet templates
+    for the leaves (`prompts`) and for the coarse classes (`hierarchy`, `groups`), not one prompt."""
+    import yaml
+
+    from vlbench.texts import entry_templates
+
+    root = Path(__file__).resolve().parents[1] / "conf" / "dataset"
+    clip = entry_templates("x", {"templates": "openclip:openai_imagenet"})
+    assert len(clip) == 80 and clip[0] == "a bad photo of a {c}." and "a photo of a {c}." in clip
+    meta = _meta([ClassInfo(0, "tabby cat", wnid="n02123045", group="feline"),
+                  ClassInfo(1, "tiger", wnid="n02129604", group="feline"),
+                  ClassInfo(2, "goldfish", wnid="n01443537", group="fish")])
+    for entry in ("imagenet-1k", "tiered-imagenet"):
+        texts = yaml.safe_load((root / f"{entry}.yaml").read_text())["texts"]
+        assert entry_templates(entry, texts) == clip
+        leaves = build_text_sets(meta, tmp_path, texts)["prompts"]
+        assert leaves.num_rows == 3 * 80 and leaves.column("text").to_pylist()[:2] == [
+            "a bad photo of a tabby cat.", "a photo of many tabby cat."]
+        coarse = coarse_text_sets(meta, texts, wn)
+        for table in coarse.values():
+            keys = table.column("key").to_pylist()
+            assert len(keys) == 80 * len(set(keys))  # every coarse class under all 80 templates
+    assert sorted(coarse_text_sets(meta, {"templates": "openclip:openai_imagenet", "hierarchy": "tree", "groups": True},
+                                   wn)) == ["groups", "hierarchy"]
+    # the openness variants of imagenet-1k keep the single prompt and CLIP's 7
+    texts = yaml.safe_load((root / "imagenet-1k.yaml").read_text())["texts"]
+    from vlbench.knowledge.vocabulary import prompt_sets
+
+    sets = prompt_sets(meta, texts)
+    assert sets["prompts_single"].column("text").to_pylist() == ["a photo of a tabby cat.", "a photo of a tiger.",
+                                                                  "a photo of a goldfish."]
+    assert sets["prompts_ensemble"].num_rows == 3 * 7
+    with pytest.raises(DatasetError, match="unknown open_clip template table"):
+        entry_templates("x", {"templates": "openclip:nope"})

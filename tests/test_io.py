@@ -269,3 +269,72 @@ def test_atomic_path_removes_its_temp_file_on_error(tmp_path):
             tmp.write_text("half")
             raise ValueError
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------ permissions
+
+
+@pytest.fixture(params=[0o022, 0o002, 0o077], ids=["umask022", "umask002", "umask077"])
+def umask(request):
+    """Run a test under a set umask (a shared checkout uses 002), restoring the caller's afterwards."""
+    old = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(old)
+
+
+def modes(top: Path) -> dict[str, tuple[bool, int]]:
+    """{relative path: (is a folder, permission bits)} of `top` and everything below it."""
+    paths = [top, *sorted(top.rglob("*"))] if top.is_dir() else [top]
+    return {str(p.relative_to(top.parent)): (p.is_dir(), p.stat().st_mode & 0o777) for p in paths}
+
+
+def assert_umask_modes(written: dict[str, tuple[bool, int]], mask: int) -> None:
+    want = {True: 0o777 & ~mask, False: 0o666 & ~mask}
+    wrong = {name: oct(mode) for name, (is_dir, mode) in written.items() if mode != want[is_dir]}
+    assert written and not wrong, f"umask {oct(mask)}: want files {oct(want[False])}, folders {oct(want[True])}: {wrong}"
+
+
+def test_atomic_outputs_get_the_permissions_the_umask_gives(tmp_path, umask):
+    vio.write_json(tmp_path / "reports" / "r.json", {"a": 1})
+    with atomic_path(tmp_path / "reports" / "t.parquet") as tmp:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        pq.write_table(pa.table({"x": [1]}), tmp)
+    with atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "a.txt").write_text("a")
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "b.txt").write_text("b")
+    with atomic_dir(tmp_path / "out") as tmp:  # replacing an existing folder (swap or rename aside)
+        (tmp / "c.txt").write_text("c")
+    for top in (tmp_path / "reports", tmp_path / "out"):
+        assert_umask_modes(modes(top), umask)
+
+
+def test_the_projects_writers_follow_the_umask(tmp_path, umask, toy_model_cfg, monkeypatch):
+    """The issue's outputs: reports/*.json, data/prepared/<d>/, features/<model>/<d>/images/, reports/plots/."""
+    import numpy as np
+    from PIL import Image
+
+    from vlbench.datasets.canonical import ClassInfo, DatasetMeta, write_dataset
+    from vlbench.embed import embed_image_splits
+    from vlbench.models.loading import load_model
+    from vlbench.report.plots import write_plots
+    from vlbench.results import write_metrics
+
+    def png(k: int) -> bytes:
+        buf = __import__("io").BytesIO()
+        Image.fromarray(np.full((8, 8, 3), 40 * k, np.uint8)).save(buf, "PNG")
+        return buf.getvalue()
+
+    monkeypatch.chdir(tmp_path)
+    meta = DatasetMeta(name="d", task="single-label", metric="accuracy", classes=[ClassInfo(0, "a"), ClassInfo(1, "b")])
+    prepared = tmp_path / "data" / "prepared" / "d"
+    write_dataset(prepared, meta, {"test": ({"sample_id": f"s{k}", "label": k % 2, "image": png(k)} for k in range(4))})
+    features = tmp_path / "features" / "toy" / "d" / "images"
+    embed_image_splits(load_model(toy_model_cfg, device="cpu"), prepared, features, num_workers=0, progress=False)
+    write_metrics({"zeroshot": {"d": {"accuracy": 0.5}}}, {"model": "toy"})
+    write_plots({"zeroshot": {"d": {"accuracy": 0.5}}}, tmp_path / "reports" / "plots")
+    for top in (prepared, features, tmp_path / "reports"):
+        assert_umask_modes(modes(top), umask)

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from vlbench.datasets import canonical, local
+from vlbench.datasets import images as image_checks
+from vlbench.datasets import local
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.datasets.local import (
     IMG_EXTENSIONS,
@@ -196,7 +197,7 @@ def test_bad_metric_and_templates_are_not_data(folder, tmp_path):
 
 
 def test_image_check_is_the_canonical_one():
-    assert local.checked_rows is canonical.checked_rows  # one check, used by every source
+    assert local.checked_rows is image_checks.checked_rows  # one check, used by every source
 
 
 def test_imagefolder_corrupt_image(folder, tmp_path):
@@ -384,8 +385,29 @@ def test_allow_outside_root_must_be_a_boolean(images, tmp_path):
                        tmp_path / "out")
 
 
+def assert_folder_link_refused(err: pytest.ExceptionInfo, link: Path, where: str = "dataset 'pets' split 'test'") -> None:
+    msg = str(err.value)
+    assert msg.startswith(f"{where}: folder link {str(link)!r}") and "DVC" in msg
+    assert all(fix in msg for fix in ("copy", "bind mount", "point root at the real folder")), msg
+
+
+def test_imagefolder_folder_link_inside_root_is_refused(folder, tmp_path):
+    """The issue's case (`ln -s ../../extra <root>/test/<class>/inlink`): DVC does not follow folder links when it
+    hashes `input`, so the link's images were prepared (13 instead of 12) while `dvc status` said up to date."""
+    make_image(folder / "extra" / "x.png", 77)
+    link = folder / "val" / "eel" / "inlink"
+    link.symlink_to("../../extra", target_is_directory=True)
+    spec = {"source": "imagefolder", "root": folder, "splits": {"test": "val"}}
+    for allow in (False, True):
+        with pytest.raises(DatasetError) as err:
+            build_imagefolder("pets", {**spec, "allow_outside_root": allow}, tmp_path / "out")
+        assert_folder_link_refused(err, link)
+        assert str(folder / "extra") in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
 def test_imagefolder_link_loop_is_refused(tmp_path):
-    """The issue's case: a link to an ancestor turned 12 images into hundreds of mislabelled samples."""
+    """A link to an ancestor once turned 12 images into hundreds of mislabelled samples; the walk never enters it."""
     root = tmp_path / "loop"
     for c in range(3):
         for j in range(4):
@@ -395,49 +417,49 @@ def test_imagefolder_link_loop_is_refused(tmp_path):
         with pytest.raises(DatasetError) as err:
             build_imagefolder("loop", {"source": "imagefolder", "root": root, "allow_outside_root": allow},
                               tmp_path / "out")
-        msg = str(err.value)
-        assert "dataset 'loop' split 'test'" in msg and str(root / "c1" / "again") in msg and "loop" in msg
+        assert_folder_link_refused(err, root / "c1" / "again", "dataset 'loop' split 'test'")
     assert not (tmp_path / "out").exists()
 
 
-def test_imagefolder_folder_reached_twice_is_refused(folder, tmp_path):
-    (folder / "val" / "cat" / "doggy").symlink_to(folder / "val" / "dog_big", target_is_directory=True)
+def test_imagefolder_class_and_split_folder_links_are_refused(folder, tmp_path):
+    real = tmp_path / "real_fish"
+    (folder / "val" / "eel").rename(real)
+    (folder / "val" / "eel").symlink_to(real, target_is_directory=True)
     with pytest.raises(DatasetError) as err:
-        build_imagefolder("pets", {"source": "imagefolder", "root": folder / "val"}, tmp_path / "out")
-    msg = str(err.value)
-    assert "split 'test'" in msg and str(folder / "val" / "cat" / "doggy") in msg
-    assert str(folder / "val" / "dog_big") in msg and "twice" in msg
+        build_imagefolder("pets", {"source": "imagefolder", "root": folder / "val", "allow_outside_root": True},
+                          tmp_path / "out")
+    assert_folder_link_refused(err, folder / "val" / "eel")
+    (folder / "val" / "eel").unlink()
+    real.rename(folder / "val" / "eel")
+    (folder / "test").symlink_to(folder / "val", target_is_directory=True)  # a split folder that is a link
+    with pytest.raises(DatasetError) as err:
+        build_imagefolder("pets", {"source": "imagefolder", "root": folder, "splits": {"test": "test"}},
+                          tmp_path / "out")
+    assert_folder_link_refused(err, folder / "test")
 
 
-def test_imagefolder_links_inside_root_are_followed(folder, tmp_path):
-    make_image(folder / "extra" / "x.png", 77)  # not a split folder: reachable only through the link
-    (folder / "val" / "eel" / "more").symlink_to(folder / "extra", target_is_directory=True)
-    (folder / "val" / "eel" / "same.png").symlink_to(folder / "train" / "eel" / "img0.png")
-    meta = build_imagefolder("pets", {"source": "imagefolder", "root": folder, "splits": {"test": "val"}},
-                             tmp_path / "out")
-    ids = [r["sample_id"] for r in read_split(tmp_path / "out", "test")]
-    assert meta.splits == {"test": 9} and "val/eel/more/x.png" in ids and "val/eel/same.png" in ids
+def test_imagefolder_root_that_is_a_link_and_file_links_are_followed(folder, tmp_path):
+    """DVC follows a linked `input` folder and hashes a linked file's content: both stay visible to `dvc status`."""
+    (folder / "val" / "eel" / "same.png").symlink_to(folder / "val" / "cat" / "img0.png")
+    (tmp_path / "linked").symlink_to(folder / "val", target_is_directory=True)
+    meta = build_imagefolder("pets", {"source": "imagefolder", "root": tmp_path / "linked"}, tmp_path / "out")
+    rows = {r["sample_id"]: r for r in read_split(tmp_path / "out", "test")}
+    assert meta.splits == {"test": 8} and rows["eel/same.png"]["image"] == (folder / "val/cat/img0.png").read_bytes()
 
 
-def test_imagefolder_links_leaving_root_are_refused_unless_allowed(folder, tmp_path):
+def test_imagefolder_file_links_leaving_root_are_refused_unless_allowed(folder, tmp_path):
     outside = tmp_path / "elsewhere"
-    make_image(outside / "x.png", 78)
     make_image(outside / "y.png", 79)
-    root = folder / "val"
-    cases = [(root / "eel" / "ext", outside, True, 9), (root / "cat" / "y.png", outside / "y.png", False, 8)]
-    for link, target, is_dir, count in cases:
-        link.symlink_to(target, target_is_directory=is_dir)
-        spec = {"source": "imagefolder", "root": root}
-        with pytest.raises(DatasetError) as err:
-            build_imagefolder("pets", spec, tmp_path / "out")
-        msg = str(err.value)
-        assert "dataset 'pets' split 'test'" in msg and str(link) in msg and str(target) in msg
-        assert "outside the root" in msg and "allow_outside_root: true" in msg
-        meta = build_imagefolder("pets", {**spec, "allow_outside_root": True}, tmp_path / "out")
-        assert meta.splits["test"] == count and meta.provenance["allow_outside_root"] is True
-        link.unlink()
-        import shutil
-        shutil.rmtree(tmp_path / "out")
+    link = folder / "val" / "cat" / "y.png"
+    link.symlink_to(outside / "y.png")
+    spec = {"source": "imagefolder", "root": folder / "val"}
+    with pytest.raises(DatasetError) as err:
+        build_imagefolder("pets", spec, tmp_path / "out")
+    msg = str(err.value)
+    assert "dataset 'pets' split 'test'" in msg and str(link) in msg and str(outside / "y.png") in msg
+    assert "outside the root" in msg and "allow_outside_root: true" in msg
+    meta = build_imagefolder("pets", {**spec, "allow_outside_root": True}, tmp_path / "out")
+    assert meta.splits["test"] == 8 and meta.provenance["allow_outside_root"] is True
 
 
 def test_imagefolder_split_folder_leaving_root_is_refused(folder, tmp_path):

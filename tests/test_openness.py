@@ -101,7 +101,9 @@ def world(tmp_path, name="d", n_groups=3, per_group=2, per_class=4, dim=16, seed
 
 def test_settings_defaults_and_errors():
     s = op.parse_settings({})
-    assert (s.protocol, s.orders, s.variants, s.duplicates, s.top) == ("paper", 100, ("single", "ensemble", "repe"), "remove", 20)
+    assert (s.protocol, s.orders, s.variants, s.duplicates, s.top) == ("paper", 100, ("single", "ensemble", "repe"), "first", 20)
+    # the paper's App. A.3 keeps a shared name's first occurrence; its CIFAR-10 top-3 has a hypernym (Sec. 3.3.1)
+    assert s.exclude_related is False
     for cfg, message in [({"protocol": "code"}, "extensibility.protocol must be one of"),
                          ({"orders": 0}, "extensibility.orders must be a positive integer"),
                          ({"variants": ["single", "single"]}, "distinct"),
@@ -184,10 +186,12 @@ def write_repe(features_dir: Path, dataset: str, w: np.ndarray) -> None:
     from vlbench.features import embedding_array, features_schema, write_table
     from vlbench.knowledge.retrieval import weights_path
 
-    table = pa.table({"class_index": np.arange(w.shape[0])})
+    table = pa.table({"class_index": np.arange(w.shape[0]), "fallback": np.arange(w.shape[0]) == 0})
     path = weights_path(features_dir)
     path.parent.mkdir(parents=True)
-    stamp = {**IDENTITY, "dataset": dataset, "text_set": "repe"}
+    stamp = {**IDENTITY, "dataset": dataset, "text_set": "repe", "corpus": "coco-2017-val", "corpus_split": "val",
+             "corpus_captions": "captions", "prompts_set": "prompts_ensemble",
+             "retrieval": {"modality": "image", "top_k": 1000, "keep": 100, "shift_lambda": 0.25}}
     write_table(path, [table.append_column("embedding", embedding_array(w))],
                 features_schema(table.schema, w.shape[1], stamp))
 
@@ -216,6 +220,17 @@ def test_repe_is_a_default_variant_where_the_dataset_has_class_weights(tmp_path)
     assert list(result.details["variants"]) == ["single", "ensemble", "repe"]
     assert result.details["skipped_variants"] == {}
     assert result.details["variants"]["repe"]["geometry"]["alignment_texts"] is None  # one weight per class
+    # which corpus the repe numbers came from, and that it is not the paper's CC12M (App. A.5)
+    source = result.details["repe"]["d"]
+    assert (source["corpus"], source["corpus_split"], source["paper_corpus"], source["prompts"]) == (
+        "coco-2017-val", "val", False, "prompts_ensemble")
+    assert source["retrieval_model"] == IDENTITY and source["fallback_classes"] == 1
+    assert source["retrieval"]["shift_lambda"] == 0.25
+    from vlbench.report import extensibility as rep
+
+    assert rep.repe_notes({"d": {"details": result.details}}) == [
+        "repe for d: captions of coco-2017-val, searched with m (not the paper's CC12M)"]
+    assert "repe" not in op.run_dataset(inputs, {"orders": 10, "variants": ["single"]}, seed=3).details
 
 
 def test_repe_without_class_weights_is_skipped_with_the_reason(tmp_path):
@@ -242,6 +257,7 @@ def test_repe_in_a_union_needs_every_member(tmp_path):
     assert partial.details["skipped_variants"]["repe"].startswith("not run: dataset 'b' has no REPE class weights")
     wb = with_repe(b, tmp_path, seed=8)
     full = op.run_union([("a", a), ("b", b)], {"variants": ["single", "repe"]}, 0)
+    assert sorted(full.details["repe"]) == ["a", "b"] and full.details["repe"]["b"]["corpus"] == "coco-2017-val"
     x = np.concatenate([op.l2_normalize(i.image_features.embeddings) for i in (a, b)])
     y = np.concatenate([i.image_features.table.column("label").to_numpy() + k for k, i in ((0, a), (2, b))])
     r = ex.expansion(x @ np.concatenate([wa, wb]).T, y, [[0, 1], [2, 3]], ex.paper_orders(2, 100, 0))
@@ -347,7 +363,12 @@ def test_adversarial_ranking_flags_related_words(tmp_path, monkeypatch):
     inputs = world(tmp_path, vocabulary=cands)
     monkeypatch.setattr(vocab, "related_words",
                         lambda meta, words, wn=None: [("synonym", "c0") if w == "synonym0" else None for w in words])
-    result = op.run_dataset(inputs, {"orders": 4, "adversarial": {"top": 2}}, 0)
+    default = op.run_dataset(inputs, {"orders": 4, "adversarial": {"top": 5}}, 0)
+    # default (the paper: its CIFAR-10 top-3 has "equidae"): related words are ranked with the others
+    assert [r["word"] for r in default.details["adversarial"]["top"]] == \
+        [r["word"] for r in default.tables["vocabulary"].to_pylist()]
+    assert default.details["adversarial"]["exclude_related"] is False
+    result = op.run_dataset(inputs, {"orders": 4, "adversarial": {"top": 2, "exclude_related": True}}, 0)
     adv = result.details["adversarial"]
     table = result.tables["vocabulary"].to_pylist()
     by_word = {r["word"]: r for r in table}
@@ -382,12 +403,63 @@ def test_union_classes_remove_and_merge():
     assert m.groups == [[0, 1, 2], [1, 3, 2], [3, 4]]
 
 
+def test_union_classes_first_keeps_the_first_occurrence():
+    names = [["cat", "Dog", "maple_tree"], ["dog", "lion", "maple tree"], ["lion", "ox"]]
+    f = op.union_classes(names, "first")
+    assert f.names == ["cat", "Dog", "maple_tree", "lion", "ox"]
+    # text weight of a shared name: the first member's that lists it; the later member keeps it in its vocabulary only
+    # as the earlier member's class (one class in the union), and its images keep that class as their label
+    assert f.classes == [(0, 0), (0, 1), (0, 2), (1, 1), (2, 1)]
+    assert f.groups == [[0, 1, 2], [1, 3, 2], [3, 4]]
+    assert [m.tolist() for m in f.label_map] == [[0, 1, 2], [1, 3, 2], [3, 4]]
+
+
+def test_run_union_first_keeps_images_and_the_first_text(tmp_path):
+    """A constructed case: "shared" is a's class 1 and b's class 0. With `first` every image stays (20), "shared" has
+    a's text, b's "shared" images are b's (they enter with b), and the numbers are the core functions' on that
+    problem; `remove` drops b's and a's "shared" images (the former default), `merge` tests them with a."""
+    a = world(tmp_path, "a", n_groups=1, per_group=3, names=["x", "shared", "y"], seed=1)
+    b = world(tmp_path, "b", n_groups=1, per_group=2, names=["shared", "z"], seed=2)
+    c = world(tmp_path, "c", n_groups=1, per_group=2, names=["u", "v"], seed=3)
+    members = [("a", a), ("b", b), ("c", c)]
+    first = op.run_union(members, {"variants": ["single"]}, 0)
+    assert first.params["duplicates"] == "first"
+    assert first.counts == {"samples": 28, "classes": 6, "groups": 3, "shared_names": 1, "removed_classes": 1}
+    x = np.concatenate([op.l2_normalize(i.image_features.embeddings) for _, i in members])
+    w = {m: op.prompt_weights(i.texts("prompts_single"), len(i.meta.classes), m) for m, i in members}
+    weights = np.stack([w["a"][0], w["a"][1], w["a"][2], w["b"][1], w["c"][0], w["c"][1]])  # "shared": a's text
+    ya, yb, yc = (i.image_features.table.column("label").to_numpy() for _, i in members)
+    labels = np.concatenate([np.array([0, 1, 2])[ya], np.array([1, 3])[yb], np.array([4, 5])[yc]])
+    image_group = np.repeat([0, 1, 2], [ya.size, yb.size, yc.size])
+    groups = [[0, 1, 2], [1, 3], [4, 5]]
+    r = ex.expansion(x @ weights.T, labels, groups, ex.paper_orders(3, 100, 0), overlap=True, image_group=image_group)
+    assert first.metrics == pytest.approx({"acc_c_single": r.acc_c.mean, "acc_e_single": r.acc_e.mean,
+                                           "acc_s_single": r.acc_s.mean})
+    assert [g["images"] for g in first.details["variants"]["single"]["groups"]] == [ya.size, yb.size, yc.size]
+    # b's "shared" images enter with b, not with a: a alone is scored on a's images only
+    assert r.acc_c.per_group[0] == pytest.approx(ex.group_accuracy(x[:ya.size] @ weights[:3].T, labels[:ya.size],
+                                                                   [[0, 1, 2]]).mean)
+    # by brute force: b first, then a; step 1 tests b's images among b's classes (shared with a's text, and z)
+    scores = x @ weights.T
+    def acc(images, classes):
+        sel = np.flatnonzero(np.isin(image_group, images))
+        pred = np.asarray(classes)[scores[np.ix_(sel, classes)].argmax(axis=1)]
+        return float((pred == labels[sel]).mean())
+    e = ex.extensibility(scores, labels, groups, np.array([[1, 0, 2]]), overlap=True, image_group=image_group)
+    assert e.per_order[0].tolist() == pytest.approx([acc([1], [1, 3]), acc([1, 0], [0, 1, 2, 3]),
+                                                     acc([1, 0, 2], [0, 1, 2, 3, 4, 5])])
+    removed = op.run_union(members, {"variants": ["single"], "duplicates": "remove"}, 0)
+    assert removed.counts["samples"] == 20 and removed.counts["classes"] == 5
+    with pytest.raises(ex.ExtensibilityError, match="does not list its class"):
+        ex.expansion(scores, labels, [[0, 2], [1, 3], [4, 5]], ex.paper_orders(3, 2, 0), image_group=image_group)
+
+
 def test_run_union_removes_shared_names_and_merges_them_like_the_authors(tmp_path):
     a = world(tmp_path, "a", n_groups=1, per_group=3, names=["x", "shared", "y"], seed=1)
     b = world(tmp_path, "b", n_groups=1, per_group=2, names=["shared", "z"], seed=2)
     c = world(tmp_path, "c", n_groups=1, per_group=2, names=["u", "v"], seed=3)
     members = [("a", a), ("b", b), ("c", c)]
-    removed = op.run_union(members, {"variants": ["single"]}, 0)
+    removed = op.run_union(members, {"variants": ["single"], "duplicates": "remove"}, 0)
     assert removed.counts == {"samples": 20, "classes": 5, "groups": 3, "shared_names": 1, "removed_classes": 2}
     assert removed.details["groups"] == ["a", "b", "c"] and removed.details["variants"]["single"]["orders_per_target"] == 2
     merged = op.run_union(members, {"variants": ["single"], "duplicates": "merge", "protocol": "authors"}, 0)

@@ -73,6 +73,20 @@ def test_second_repro_runs_nothing(reproduced):
     assert "up to date" in out
 
 
+def test_every_declared_plot_renders_offline(reproduced, tmp_path):
+    """README: `dvc plots show` works offline. A DVC template plot (a CSV or JSON data file, such as the toy model's
+    training log) makes index.html load vega, vega-lite and vega-embed from a CDN, blank without network: every
+    declared plot must be an image, embedded from dvc_plots/static."""
+    out = tmp_path / "dvc_plots"
+    run(reproduced, *DVC, "plots", "show", "-o", str(out))
+    html = (out / "index.html").read_text()
+    remote = re.findall(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//[^"'\s>]*|url\(\s*["']?(?:https?:)?//[^)]*""", html)
+    assert not remote, f"index.html loads from the network: {remote}"
+    images = re.findall(r"<img[^>]*\ssrc=\"([^\"]+)\"", html)
+    assert any("train_log" in i for i in images) and any("zeroshot" in i for i in images), images
+    assert all((out / i).is_file() for i in images)
+
+
 def test_a_changed_template_reembeds_texts_only(reproduced):
     suite = reproduced / "conf/suite/smoke.yaml"
     before = suite.read_text()

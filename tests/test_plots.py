@@ -184,3 +184,22 @@ def test_a_chart_depends_on_its_own_analysis_only(tmp_path):
     write_plots(grown, tmp_path / "b")
     for name in ("zeroshot.svg", "linear_probe.svg"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_the_training_log_becomes_a_static_svg_line_of_its_losses(tmp_path):
+    """train_plot@<toy>: what `dvc plots show` shows of pretraining is this image, never a CDN-loaded template."""
+    from vlbench.report.plots import write_train_log_plot
+
+    log = tmp_path / "train_log.csv"
+    log.write_text("step,loss,lr\n0,4.158000,0.0001\n1,3.900000,0.0002\n2,2.500000,0.0002\n3,1.250000,0.0001\n")
+    svg = write_train_log_plot("toy", log, tmp_path / "a" / "train_log.svg").read_text()
+    root = ET.fromstring(svg)
+    assert root.tag == f"{SVG_NS}svg" and not list(root.iter(f"{SVG_NS}script"))
+    assert not [v for e in root.iter() for k, v in e.attrib.items() if k.endswith("href") and "//" in v]
+    texts = [t.text for t in root.iter(f"{SVG_NS}text")]
+    assert "pretrain toy: training loss" in texts and "step" in texts and "loss" in texts
+    paths = [p.get("d") for p in root.iter(f"{SVG_NS}path") if p.get("d", "").count("L") == 3]  # the 4-point line
+    assert len(paths) == 1
+    assert write_train_log_plot("toy", log, tmp_path / "b" / "train_log.svg").read_text() == svg
+    log.write_text(log.read_text().replace("2.500000", "3.000000"))
+    assert write_train_log_plot("toy", log, tmp_path / "c" / "train_log.svg").read_text() != svg

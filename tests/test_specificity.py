@@ -194,6 +194,7 @@ def test_run_on_hand_made_features_matches_sklearn_image_by_image(world):
     cap_owner = np.array(caps.table.column("sample_id").to_pylist())
     ids = np.array(world._images.table.column("sample_id").to_pylist(), dtype=object)
     classes = sp.image_class_lists(sp.Texts(sets["multi_label_prompts"].table, None), ids)
+    chosen = sp.one_label(classes, 3)  # the paper's single-label positive: one label of the image
     for kind in sp.NEGATIVES:
         rows = sp.negative_rows(kind, sp.Texts(caps.table, None), sp.Texts(sets["altered_captions"].table, None),
                                 ids, classes, 4, 10, 3)
@@ -202,7 +203,7 @@ def test_run_on_hand_made_features_matches_sklearn_image_by_image(world):
             neg = neg_emb[rows[i][rows[i] >= 0]]
             assert len(neg) == (7 if kind == "altered" else 10)
             positives = {"captions": unit(caps.embeddings)[cap_owner == sid],
-                         "single_label": unit(sets["single_label_prompts"].embeddings)[classes[i]],
+                         "single_label": unit(sets["single_label_prompts"].embeddings)[chosen[i]],
                          "multi_label": unit(sets["multi_label_prompts"].embeddings)[[i]]}
             for p, pos in positives.items():
                 scores = np.concatenate([pos @ x[i], neg @ x[i]])
@@ -221,6 +222,26 @@ def test_run_on_hand_made_features_matches_sklearn_image_by_image(world):
     assert result.counts["images_short_of_altered"] == 24 and result.counts["images_short_of_random"] == 0
     assert sp.run(world, cfg, seed=3).metrics == result.metrics
     assert sp.run(world, cfg, seed=4).metrics != result.metrics  # other random and relevant negatives
+
+
+def test_single_label_positive_names_one_label_of_the_image(world):
+    """The paper (Sec. 5): Prompt_s^+ applies the classification prompt "on one label of the query image"; `each` keeps
+    every label's prompt as a positive (the former behaviour)."""
+    ids = np.array(world._images.table.column("sample_id").to_pylist(), dtype=object)
+    classes = sp.image_class_lists(sp.Texts(world._sets["multi_label_prompts"].table, None), ids)
+    assert sum(len(c) > 1 for c in classes) == 8  # images with two labels
+    chosen = sp.one_label(classes, 3)
+    assert all(len(c) == 1 and c[0] in cs for c, cs in zip(chosen, classes))
+    assert {c[0] == cs[1] for c, cs in zip(chosen, classes) if len(cs) > 1} == {True, False}  # either label
+    assert sp.one_label([[], [5]], 0) == [[], [5]]
+    one = sp.run(world, {"negatives": 10}, seed=3)
+    cell = one.details["table"]["single_label"]["random"]
+    assert cell["mean_positives"] == 1.0 and one.params["single_label"] == "one"
+    each = sp.run(world, {"negatives": 10, "single_label": "each"}, seed=3)
+    assert each.details["table"]["single_label"]["random"]["mean_positives"] == pytest.approx(32 / 24)
+    assert each.metrics["captions_vs_random"] == one.metrics["captions_vs_random"]
+    with pytest.raises(sp.SpecificityError, match="specificity.single_label must be one of"):
+        sp.run(world, {"single_label": "all"}, seed=3)
 
 
 def test_identical_positive_and_negative_scores_tie(world):

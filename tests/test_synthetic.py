@@ -179,6 +179,7 @@ def test_registry_builds_synthetic(tmp_path):
     ({"seed": "x"}, "seed"),
     ({"templates": ["a {c}."]}, "templates"),  # prompts are text sets (texts@), not data
     ({"image_sise": 64}, "image_sise"),
+    ({"preprocess": "crop"}, "preprocess"),
 ])
 def test_bad_spec(tmp_path, bad, key):
     s = {**spec("shapes"), **bad}
@@ -186,6 +187,17 @@ def test_bad_spec(tmp_path, bad, key):
     with pytest.raises(DatasetError, match=rf"'my-data'.*'{key}'"):
         S.build("my-data", s, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_preprocess_goes_into_classes_json_and_the_version(tmp_path):
+    """VTAB-grouped demo entries set `preprocess: squash` (docs/protocols.md "Adapt: VTAB-1k"): the same images, another
+    version; the default leaves the spec and classes.json as they were."""
+    plain = S.build("d", spec("count", splits={"test": 4}), tmp_path / "plain")
+    squash = S.build("d", spec("count", splits={"test": 4}, preprocess="squash"), tmp_path / "squash")
+    assert plain.preprocess == "default" and squash.preprocess == "squash" and plain.version != squash.version
+    assert "preprocess" not in (tmp_path / "plain" / "classes.json").read_text()
+    assert json.loads((tmp_path / "squash" / "classes.json").read_text())["preprocess"] == "squash"
+    assert "preprocess" not in S.parse_spec("d", spec("count"))
 
 
 def test_empty_split_is_refused_at_parse_naming_dataset_and_split(tmp_path):

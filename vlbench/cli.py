@@ -184,5 +184,34 @@ def knowledge_coverage(ctx: click.Context, suite: str | None, as_json: bool) -> 
         click.echo(line, err=True)
 
 
+@main.command()
+@click.option("--paper", default=None, metavar="P",
+              help="only this paper's tables (elevater, vtab, openness, granularity, fewtrans, open_clip)")
+@click.option("--json", "as_json", is_flag=True,
+              help='machine-readable: {"tables": [{"file", "paper", "table", "title", "source", "settings", '
+                   '"how_to_run", "notes", "models", "rows": [...]}]}')
+def reference(paper: str | None, as_json: bool) -> None:
+    """The papers' published numbers vlbench compares runs with: each table, its settings and how to run them."""
+    from vlbench.reference import load_tables
+
+    try:
+        tables = load_tables(paper)
+    except VlbenchError as err:
+        raise click.ClickException(str(err)) from err
+    if as_json:
+        click.echo(json.dumps({"tables": [t.summary() for t in tables]}, indent=2))
+        return
+    if not tables:
+        click.echo(f"no reference tables for {paper} yet")
+    for t in tables:
+        models = sorted({r.model for r in t.rows if r.model}) or ["none of vlbench's"]
+        click.echo(f"{t.paper} {t.table} ({t.file}): {t.title}")
+        click.echo(f"  {len(t.rows)} numbers; models: {', '.join(models)}")
+        for key, value in t.settings.items():
+            shown = ", ".join(map(str, value)) if isinstance(value, list) else value
+            click.echo(f"  setting {key}: {shown}")
+        click.echo(f"  run: {t.how_to_run}")
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,7 +7,6 @@ normalises; on the CPU the whole transform. The model runs under `torch.inferenc
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import time
@@ -20,11 +19,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchvision.transforms import (
     CenterCrop,
     Compose,
+    InterpolationMode,
     Normalize,
     PILToTensor,
     Resize,
@@ -35,6 +34,7 @@ from tqdm import tqdm
 from vlbench import features
 from vlbench.datasets.canonical import DatasetMeta, load_meta, split_path
 from vlbench.errors import VlbenchError
+from vlbench.datasets.images import decode_rgb
 from vlbench.io import atomic_dir
 from vlbench.models.loading import LoadedModel
 from vlbench.models.projection import PreProjectionEncoder, VisualProjection
@@ -79,10 +79,9 @@ class ParquetImages(IterableDataset):
 
     def _decode(self, sample_id: str, data: bytes | None) -> torch.Tensor | CorruptSample:
         try:
-            with Image.open(io.BytesIO(data or b"")) as img:
-                return self.preprocess(img.convert("RGB"))
-        except (OSError, ValueError, SyntaxError) as err:
-            return CorruptSample(sample_id, str(err) if data else "no image bytes")
+            return self.preprocess(decode_rgb(data))
+        except (OSError, ValueError, SyntaxError) as err:  # ImageDecodeError is a ValueError
+            return CorruptSample(sample_id, str(err))
 
 
 def collate(batch: list[tuple[int, torch.Tensor | CorruptSample]],
@@ -132,11 +131,25 @@ def split_preprocess(preprocess: Callable) -> tuple[Callable, Callable[[torch.Te
     return Compose(steps[:-2] + [PILToTensor()]), finish
 
 
-def squash_preprocess(preprocess: Callable, model: str = "?") -> Compose:
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# How a prepared dataset's `preprocess` (canonical.PREPROCESS) changes the model's transform, as data: every mode
+# squashes (one Resize to the crop size instead of Resize + CenterCrop); `interpolation`, `mean` and `std` replace the
+# model's own. fewtrans: FewTrans' test transform (data/bulid_transforms.py with AUG.TEST_CROP False:
+# transforms.Resize([224, 224]), torchvision's default bilinear, then Normalize with ImageNet's mean and std, which its
+# configs set for every backbone, CLIP included).
+PREPROCESS_MODES: dict[str, dict[str, Any]] = {
+    "squash": {},
+    "fewtrans": {"interpolation": "bilinear", "mean": IMAGENET_MEAN, "std": IMAGENET_STD},
+}
+
+
+def squash_preprocess(preprocess: Callable, model: str = "?", interpolation: str | None = None,
+                      mean=None, std=None) -> Compose:
     """The model's transform with its Resize + CenterCrop replaced by one Resize to the crop size (h, w), with the
-    same interpolation and antialiasing: the whole image is squashed to the model's input, its aspect ratio not kept
-    and nothing cropped (ELEVATER's KITTI distance; open_clip's `resize_mode="squash"`). The steps after it
-    (RGB, ToTensor, Normalize) are kept, so `split_preprocess` still stops at uint8 for accelerators."""
+    same interpolation and antialiasing unless `interpolation` names another: the whole image is squashed to the
+    model's input, its aspect ratio not kept and nothing cropped (ELEVATER's KITTI distance; open_clip's
+    `resize_mode="squash"`). The steps after it (RGB, ToTensor, Normalize) are kept, with `mean` / `std` replacing the Normalize's if given, so `split_preprocess`
+    still stops at uint8 for accelerators."""
     steps = list(getattr(preprocess, "transforms", []))
     pairs = [i for i in range(len(steps) - 1) if isinstance(steps[i], Resize) and isinstance(steps[i + 1], CenterCrop)]
     if not pairs:
@@ -145,19 +158,29 @@ def squash_preprocess(preprocess: Callable, model: str = "?") -> Compose:
             f"(steps: {[type(step).__name__ for step in steps]}); use a model with open_clip's default resize_mode 'shortest'")
     i = pairs[0]
     resize, crop = steps[i], steps[i + 1]
-    squash = Resize(tuple(crop.size), interpolation=resize.interpolation, antialias=resize.antialias)
-    return Compose(steps[:i] + [squash] + steps[i + 2:])
+    mode = InterpolationMode(interpolation) if interpolation else resize.interpolation
+    squash = Resize(tuple(crop.size), interpolation=mode, antialias=resize.antialias)
+    steps = steps[:i] + [squash] + steps[i + 2:]
+    if mean is not None:
+        if not isinstance(steps[-1], Normalize):
+            raise PreprocessError(f"model {model!r}: cannot set the normalisation: its preprocess does not end in "
+                                  "Normalize")
+        steps[-1] = Normalize(mean=list(mean), std=list(std))
+    return Compose(steps)
 
 
 def model_for_dataset(loaded: LoadedModel, meta: DatasetMeta) -> LoadedModel:
-    """The model as it embeds this dataset's images: unchanged for `preprocess: default`; for `squash`, with
-    `squash_preprocess` and the fingerprint's `preprocess.resize_mode` set to "squash", so that features made
-    either way can never be mistaken for each other."""
+    """The model as it embeds this dataset's images: unchanged for `preprocess: default`; otherwise with
+    `squash_preprocess` as PREPROCESS_MODES says, and the fingerprint's `preprocess` saying so (`resize_mode:
+    squash`, and the interpolation, mean and std where the mode replaces them), so that features made either way can
+    never be mistaken for each other."""
     if meta.preprocess == "default":
         return loaded
-    described = {**loaded.fingerprint.get("preprocess", {}), "resize_mode": "squash"}
-    return replace(loaded, preprocess=squash_preprocess(loaded.preprocess, loaded.fingerprint.get("model", "?")),
-                   fingerprint={**loaded.fingerprint, "preprocess": described})
+    mode = PREPROCESS_MODES[meta.preprocess]
+    described = {**loaded.fingerprint.get("preprocess", {}), "resize_mode": "squash",
+                 **{k: list(v) if isinstance(v, tuple) else v for k, v in mode.items()}}
+    preprocess = squash_preprocess(loaded.preprocess, loaded.fingerprint.get("model", "?"), **mode)
+    return replace(loaded, preprocess=preprocess, fingerprint={**loaded.fingerprint, "preprocess": described})
 
 
 def _unchanged(batch: torch.Tensor) -> torch.Tensor:

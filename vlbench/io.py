@@ -1,5 +1,8 @@
 """Atomic file output: write to a temporary sibling, then rename, so readers never see half a file or folder.
 
+Outputs get the permissions the process's umask gives to a new file or folder (0644 / 0755 under umask 022,
+0664 / 0775 under 002), not the private 0600 / 0700 of `tempfile`, so a teammate on a shared checkout can read them.
+
 Temporaries are named `.<name>.<pid>-<random>.tmp` beside the output (`.<name>.<pid>-<random>.old` for an old
 folder moved aside). A run that is killed leaves them behind; the next run for the same output deletes those of
 dead processes before it starts (`clean_stale_temporaries`), and puts back an old folder that a kill left aside.
@@ -39,6 +42,25 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
         return False
     raise OSError(err, f"cannot swap {a} and {b}: {os.strerror(err)}")
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where /proc allows (os.umask can only set it)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:  # no /proc (macOS): set it and put it back at once
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _as_created(path: Path, folder: bool) -> None:
+    """Give a `tempfile` file (0600) or folder (0700) the permissions a plain open() / mkdir() would have."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~umask())
 
 
 def _temp_prefix(path: Path) -> str:
@@ -102,6 +124,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
+    _as_created(tmp, folder=False)
     try:
         yield tmp
         os.replace(tmp, path)
@@ -121,6 +144,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_temporaries(path)
     tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
+    _as_created(tmp, folder=True)
     try:
         yield tmp
         if not os.path.lexists(path):

@@ -4,7 +4,8 @@
 (a plain output, in git); `reports/<analysis>/<dataset>.<table>.parquet`: per-sample tables (DVC cache);
 `reports/metrics.json`: {analysis: {dataset: {metric: value}}}, numbers (and a name that goes with them, e.g.
 zeroshot's `knowledge_best_variant`), the one file declared as DVC metrics so `dvc exp show` stays readable;
-`reports/model.json`: the model fingerprint behind those numbers.
+`reports/model.json`: the model fingerprint behind those numbers; `reports/reference.json`: those numbers against
+the papers' published ones (vlbench.reference.compare).
 Paths never contain the model slug, so any two experiments are comparable.
 
 Results hold only what the inputs determine, so a rerun of the same inputs on the same machine type writes them
@@ -35,6 +36,7 @@ from vlbench.io import atomic_path, write_json
 METRICS_FILE = REPORTS / "metrics.json"
 MODEL_FILE = REPORTS / "model.json"
 PLOTS_DIR = REPORTS / "plots"
+REFERENCE_FILE = REPORTS / "reference.json"  # the run's headline numbers against the papers' (vlbench.reference)
 RUNS = Path("runs")  # run facts (timings, host): git-ignored, no stage's output or dependency
 MODEL_KEYS = ("model", "arch", "pretrained", "weights_sha256", "precision", "vlbench_version")
 # keys of run facts, never of results: a timing differs on every run and would make committed results change

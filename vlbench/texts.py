@@ -10,7 +10,9 @@ features can say exactly which texts they encode. Text sets depend on the class 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,6 +26,8 @@ from vlbench.io import atomic_dir
 OWNERS = ("class_index", "sample_id", "key")
 META_KEY = b"vlbench.text_set"
 DEFAULT_TEMPLATES = ["a photo of a {c}."]
+ELEVATER_DATA = Path(__file__).resolve().parent / "datasets" / "data" / "elevater.json"
+OPENCLIP_TEMPLATES = {"simple_imagenet": "SIMPLE_IMAGENET_TEMPLATES", "openai_imagenet": "OPENAI_IMAGENET_TEMPLATES"}
 TEXTS_KEYS = ("templates", "hierarchy", "groups", "specificity", "knowledge", "vocabulary", "prompt_sets")
 # vocabulary, prompt_sets: adversarial candidate words and named class-prompt sets (prompts_<name>), made by the texts
 # stage with vlbench.knowledge.vocabulary (the extensibility analysis reads them)
@@ -58,8 +62,59 @@ def check_templates(dataset: str, templates: Any) -> list[str]:
     if (not isinstance(templates, list) or not templates
             or not all(isinstance(t, str) and "{c}" in t for t in templates)):
         raise DatasetError(f"dataset {dataset!r}: texts.templates must be a non-empty list of strings, each with a "
-                           f"'{{c}}' placeholder; got {templates!r}")
+                           f"'{{c}}' placeholder, or a named source such as 'openclip:openai_imagenet'; got {templates!r}")
     return templates
+
+
+def entry_templates(dataset: str, cfg: Mapping[str, Any]) -> list[str]:
+    """The entry's `texts.templates`: a list of templates with '{c}', or a named source of them
+    (`openclip:openai_imagenet`, CLIP's 80 ImageNet templates; `openclip:simple_imagenet`; `elevater:<dataset>`:
+    `resolve_templates`)."""
+    value = cfg.get("templates", DEFAULT_TEMPLATES)
+    if isinstance(value, str) and ":" in value:
+        return resolve_templates(dataset, "texts.templates", value, [])
+    return check_templates(dataset, value)
+
+
+def resolve_templates(dataset: str, key: str, source: Any, own: Sequence[str]) -> list[str]:
+    """A list of `{c}` templates from a list or a named source (module docstring)."""
+    if isinstance(source, list):
+        return check_templates(dataset, source)
+    if source == "templates":
+        return check_templates(dataset, list(own))
+    if isinstance(source, str) and source.startswith("elevater:"):
+        return check_templates(dataset, elevater_templates(dataset, key, source.split(":", 1)[1]))
+    if isinstance(source, str) and source.startswith("openclip:"):
+        return check_templates(dataset, openclip_templates(dataset, key, source.split(":", 1)[1]))
+    raise DatasetError(f"dataset {dataset!r}: {key} must be a list of templates with '{{c}}', 'templates', "
+                       f"'elevater:<dataset>' or 'openclip:<{'|'.join(OPENCLIP_TEMPLATES)}>'; got {source!r}")
+
+
+def elevater_templates(dataset: str, key: str, name: str) -> list[str]:
+    data = json.loads(ELEVATER_DATA.read_text())
+    entry = data.get(name)
+    if not isinstance(entry, Mapping) or not entry.get("templates"):
+        known = sorted(k for k, v in data.items() if isinstance(v, Mapping) and v.get("templates"))
+        raise DatasetError(f"dataset {dataset!r}: {key}: ELEVATER's data file has no templates for {name!r}; "
+                           f"known: {known}")
+    return list(entry["templates"])
+
+
+def openclip_templates(dataset: str, key: str, name: str) -> list[str]:
+    """open_clip's template tables (open_clip/zero_shot_metadata.py), read from the installed package's file
+    without importing open_clip (whose package imports torch)."""
+    if name not in OPENCLIP_TEMPLATES:
+        raise DatasetError(f"dataset {dataset!r}: {key}: unknown open_clip template table {name!r}; "
+                           f"known: {sorted(OPENCLIP_TEMPLATES)}")
+    found = importlib.util.find_spec("open_clip")
+    path = Path(found.origin).parent / "zero_shot_metadata.py" if found and found.origin else None
+    if path is None or not path.is_file():
+        raise DatasetError(f"dataset {dataset!r}: {key}: open_clip's zero_shot_metadata.py is not installed "
+                           f"(pip install open_clip_torch)")
+    spec = importlib.util.spec_from_file_location("_vlbench_open_clip_zero_shot_metadata", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [template("{c}") for template in getattr(module, OPENCLIP_TEMPLATES[name])]
 
 
 def prompts(meta: DatasetMeta, templates: list[str]) -> pa.Table:
@@ -100,7 +155,7 @@ def build_text_sets(meta: DatasetMeta, dataset_dir: Path, cfg: Mapping[str, Any]
     unknown = sorted(set(cfg) - set(TEXTS_KEYS))
     if unknown:
         raise DatasetError(f"dataset {meta.name!r}: unknown texts key(s) {unknown}; allowed: {', '.join(TEXTS_KEYS)}")
-    sets = {"prompts": prompts(meta, check_templates(meta.name, cfg.get("templates", DEFAULT_TEMPLATES)))}
+    sets = {"prompts": prompts(meta, entry_templates(meta.name, cfg))}
     for column in _sample_text_columns(meta, dataset_dir):
         sets[column] = sample_texts(meta, dataset_dir, column)
     return sets

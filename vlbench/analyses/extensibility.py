@@ -5,23 +5,23 @@ image-by-class score matrix, and `run`, the `extensibility` analysis of the pipe
 
 Where the definitions come from
 -------------------------------
-Only the paper's abstract and the opening of its introduction could be read from this machine (the ICLR 2023
-submission text and the ACL anthology page); the definitions follow the authors' released code,
-lancopku/clip-openness at commit 14b83c0e: ``main.py:incremental_evaluation`` and
-``trainers/zsclip.py:ZeroshotCLIP.test``, where they agree with the issue's reading of the paper:
+The paper (Sec. 3.2, Def. 3.1, Eqs. (1) to (3); Sec. 3.3, Def. 3.2, Eqs. (4) to (6); docs/protocols.md,
+"Extensibility", quotes them), where it agrees with the authors' released code, lancopku/clip-openness at commit
+14b83c0e (``main.py:incremental_evaluation``, ``trainers/zsclip.py:ZeroshotCLIP.test``):
 
 - A *vocabulary* is a group of classes (CIFAR-100: the 20 superclasses of 5 classes each). At every step
   the test set is the images of the classes in the current vocabulary and each image is classified by
   argmax over the classes of the current vocabulary only.
-- **Acc-C**: for each group alone, the accuracy on that group's images with only that group's classes as
+- **Acc-C** (Eq. 3): for each group alone, the accuracy on that group's images with only that group's classes as
   candidates; the mean over groups.
-- **Acc-E**: groups are added one at a time in a random order, with their images; after every step the
-  accuracy on the images of the groups added so far (``average="images"``: correct / images, the code's micro
-  accuracy; ``average="groups"``: the mean of the added groups' accuracies); the mean over the G steps (the
-  first group alone included) and the orders.
-- **Acc-S** (conditional accuracy): the images of one target group only; the other groups are added one at a
-  time as distractor classes; the accuracy after each addition (``average="images"`` or ``"classes"``, the
-  code's mean of per-class accuracies), the mean over the G-1 distractor steps, the orders and the targets.
+- **Acc-E** (Eq. 2): groups are added one at a time in a random order, with their images; after every step the
+  accuracy on the images of the groups added so far (``average="images"``: correct / images, Eq. (1) and the code's
+  micro accuracy; ``average="groups"``: the mean of the added groups' accuracies); the mean over the G steps (the
+  first group alone included) and the orders (the paper samples 100 x N).
+- **Acc-S** (conditional accuracy, Eqs. 4 to 6): the images of one target group only; the other groups are added one
+  at a time as distractor classes; the accuracy after each addition (``average="images"``, Eq. (4), or
+  ``"classes"``, the code's mean of per-class accuracies), the mean over the G-1 distractor steps, the orders and
+  the targets.
 
 The authors' exact procedure (3 trials per target from numpy's global seed 42, its start step, its micro and
 per-class averaging) is :func:`authors_protocol`.
@@ -40,9 +40,12 @@ is ever recomputed.
 
 - Acc-E per step: correct(V) = #{i: own_i ∩ V ≠ ∅, beats_i ∩ V = ∅} = F(V̄) - F'(V̄), with
   F(U) = #{i: beats_i ⊆ U} and F'(U) = #{i: beats_i ∪ own_i ⊆ U}: two subset-sum (zeta) transforms over the
-  2^G subsets, after which every step of every order is a table lookup (G <= ``_TABLE_MAX_GROUPS``); for more
-  groups a chunked matrix product over (image, prefix) pairs.
-- Acc-S: per target, a product of the target images' ``beats`` rows with the prefix indicators.
+  2^G subsets, after which every step of every order is a table lookup (G <= ``_TABLE_MAX_GROUPS``). For more
+  groups each order is scanned: image i is correct at step k iff its group has entered and the first group that
+  beats it has not, so one pass over the order's groups with a bit per image ("no beating group yet", 64 images per
+  uint64 word, a chunk of orders side by side) gives every step: orders x G x n / 64 word operations.
+- Acc-S: per target, the same scan over the target's images (``average="images"``), or a product of their
+  ``beats`` rows with the prefix indicators (``"classes"``).
 
 Exact expectations over all orders (uniform random permutations; ``expected_*`` fields):
 
@@ -97,7 +100,7 @@ __all__ = [
 
 # Subset-sum tables have 2^G entries: 2^20 int64 = 8 MiB each.
 _TABLE_MAX_GROUPS = 20
-# Elements per chunk of the (images x prefixes) products.
+# Bits (images x orders) scanned at once: 1 MiB per bit array.
 _CHUNK = 1 << 23
 AVERAGES_E = ("images", "groups")
 AVERAGES_S = ("images", "classes")
@@ -291,11 +294,32 @@ def beats_matrix(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return (scores > true) | ((scores == true) & (cls[None, :] < labels[:, None]))
 
 
-def _prepare(scores, labels, groups, require_images: bool = True, overlap: bool = False) -> _Problem:
+def _image_own(member: np.ndarray, y: np.ndarray, image_group) -> np.ndarray:
+    """(n, G) bool: the groups an image enters with: those listing its class, or its one given group."""
+    if image_group is None:
+        return member[y]
+    g = np.asarray(image_group)
+    if g.shape != y.shape or not np.issubdtype(g.dtype, np.integer):
+        raise ExtensibilityError(f"image_group must be ({y.size},) integer group indices, got shape {g.shape}")
+    bad = np.flatnonzero((g < 0) | (g >= member.shape[1]))
+    if bad.size:
+        raise ExtensibilityError(f"image_group of image {int(bad[0])} is {int(g[bad[0]])}, outside [0, {member.shape[1]})")
+    g = g.astype(np.int64)
+    missing = np.flatnonzero(~member[y, g])
+    if missing.size:
+        i = int(missing[0])
+        raise ExtensibilityError(f"image {i} enters with group {int(g[i])}, which does not list its class {int(y[i])}")
+    own = np.zeros((y.size, member.shape[1]), dtype=bool)
+    own[np.arange(y.size), g] = True
+    return own
+
+
+def _prepare(scores, labels, groups, require_images: bool = True, overlap: bool = False,
+             image_group=None) -> _Problem:
     s, y = _check_scores_labels(scores, labels)
     member = _check_groups(groups, s.shape[1], overlap)
     n_groups = member.shape[1]
-    own = member[y]
+    own = _image_own(member, y, image_group)
     sizes = own.sum(axis=0)
     if require_images and (sizes == 0).any():
         raise ExtensibilityError(f"group {int(np.flatnonzero(sizes == 0)[0])} has no images: every group needs test images")
@@ -445,40 +469,131 @@ def _prefix_indicator(orders: np.ndarray, n_groups: int) -> np.ndarray:
     return pos[:, None, :] <= np.arange(n_groups)[None, :, None]
 
 
-def _direct_counts(p: _Problem, orders: np.ndarray, by_group: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """By products over (image, prefix) pairs, in chunks: (correct, tested) per order and step, (R, G) each, or
-    with ``by_group`` (R, G, G) correct counts per group [r, k, g] (partitions) and the prefixes."""
+# The counts above _TABLE_MAX_GROUPS: in an order, image i is correct at step k iff its group has entered (position
+# e_i <= k) and no group that beats it has (k < f_i, the position of the first one): two positions per image, so a
+# scan over the order's groups that keeps every image's "no beating group yet" bit decides all G steps at once.
+# Images are bits of uint64 words (one word op covers 64 images); the orders of a chunk are scanned side by side.
+
+
+def _pack(bits: np.ndarray) -> np.ndarray:
+    """(..., m) bool, m a multiple of 64 -> (..., m / 64) uint64 words."""
+    return np.ascontiguousarray(np.packbits(bits, axis=-1, bitorder="little")).view(np.uint64)
+
+
+def _bit_masks(beats: np.ndarray, own: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(not_beaten (G, W), own (G, W), valid (W,)) packed over the slots (slot[j]: the image at bit j, -1 for padding):
+    bit set where group h does not beat the image (padding: never), where the image enters with group h, where a slot
+    holds an image."""
+    valid = slot >= 0
+    idx = np.maximum(slot, 0)
+    return _pack((~beats[idx] & valid[:, None]).T), _pack((own[idx] & valid[:, None]).T), _pack(valid)
+
+
+def _order_chunks(n_orders: int, n_words: int) -> list[slice]:
+    step = max(1, _CHUNK // (64 * max(1, n_words)))
+    return [slice(a, min(a + step, n_orders)) for a in range(0, n_orders, step)]
+
+
+def _padded_slots(n: int) -> np.ndarray:
+    slot = np.full(-(-n // 64) * 64, -1, dtype=np.int64)
+    slot[:n] = np.arange(n)
+    return slot
+
+
+def _scan_counts(p: _Problem, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(correct, tested), (R, G) int64 each: images of the first k+1 groups of order r, and those of them that no class
+    of those groups beats. Classes in several groups (no partition): every image is scanned."""
     R, G = orders.shape
-    prefix = _prefix_indicator(orders, G).reshape(R * G, G)  # (Q, G)
-    beats, own = p.beats.astype(np.float32), p.own.astype(np.float32)
-    correct = np.empty((R * G, G) if by_group else R * G, dtype=np.int64)
-    tested = np.empty(R * G, dtype=np.int64)
-    step = max(1, _CHUNK // max(1, p.labels.size))
-    for a in range(0, R * G, step):
-        pq = prefix[a:a + step].T.astype(np.float32)  # (G, q)
-        alive = (beats @ pq) == 0  # (n, q): no group of the prefix beats image i
-        present = (own @ pq) > 0  # (n, q): one of image i's groups is in the prefix
-        if by_group:
-            correct[a:a + step] = (own.T @ (alive & present).astype(np.float32)).T.astype(np.int64)
-        else:
-            correct[a:a + step] = (alive & present).sum(axis=0)
-        tested[a:a + step] = present.sum(axis=0)
-    shape = (R, G, G) if by_group else (R, G)
-    return correct.reshape(shape), tested.reshape(R, G)
+    if p.partition:
+        correct = np.empty((R, G), dtype=np.int64)
+        for rows, k, present, counts in _scan_groups(p, orders):
+            correct[rows, k] = (counts * present).sum(axis=1)
+        return correct, np.cumsum(p.sizes[orders], axis=1)
+    not_beaten, own, valid = _bit_masks(p.beats, p.own, _padded_slots(p.labels.size))
+    correct = np.empty((R, G), dtype=np.int64)
+    tested = np.empty((R, G), dtype=np.int64)
+    for rows in _order_chunks(R, valid.size):
+        o = orders[rows]
+        alive = np.repeat(valid[None, :], o.shape[0], axis=0)
+        present = np.zeros_like(alive)
+        for k in range(G):
+            alive &= not_beaten[o[:, k]]
+            present |= own[o[:, k]]
+            correct[rows, k] = np.bitwise_count(alive & present).sum(axis=1)
+            tested[rows, k] = np.bitwise_count(present).sum(axis=1)
+    return correct, tested
+
+
+def _scan_groups(p: _Problem, orders: np.ndarray):
+    """For a partition, per chunk of orders and step k: (rows, k, present (r, G) bool: group g among the first k+1,
+    counts (r, G) int64: images of group g that no group among the first k+1 beats, g's own included).
+
+    Only the images some other group beats and their own does not are scanned (as bits, each group's on words of its
+    own); an image no group beats counts from its group's entry on, one its own group beats never."""
+    R, G = orders.shape
+    own_ok, b = _others_beating(p)
+    scanned = own_ok & (b > 0)
+    always = np.bincount(p.image_group[own_ok & (b == 0)], minlength=G)
+    idx = np.flatnonzero(scanned)
+    sizes = np.bincount(p.image_group[idx], minlength=G)
+    words = np.maximum(-(-sizes // 64), 1)  # at least one word per group: reduceat needs distinct starts
+    starts = np.concatenate([[0], np.cumsum(words)[:-1]])
+    rank = np.arange(idx.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    order = idx[np.argsort(p.image_group[idx], kind="stable")]
+    slot = np.full(int(words.sum()) * 64, -1, dtype=np.int64)
+    slot[starts[p.image_group[order]] * 64 + rank] = order
+    not_beaten, _, valid = _bit_masks(p.beats, p.own, slot)
+    pos = np.empty_like(orders)
+    np.put_along_axis(pos, orders, np.arange(G)[None, :].repeat(R, 0), axis=1)
+    for rows in _order_chunks(R, valid.size):
+        o = orders[rows]
+        alive = np.repeat(valid[None, :], o.shape[0], axis=0)
+        for k in range(G):
+            alive &= not_beaten[o[:, k]]
+            counts = np.add.reduceat(np.bitwise_count(alive), starts, axis=1, dtype=np.int64) + always
+            yield rows, k, pos[rows] <= k, counts
+
+
+def _scan_group_accuracies(p: _Problem, orders: np.ndarray) -> np.ndarray:
+    """(R, G) mean over the groups among the first k+1 of order r of their accuracies (a partition)."""
+    R, G = orders.shape
+    out = np.empty((R, G))
+    for rows, k, present, counts in _scan_groups(p, orders):
+        if k == 0:
+            correct = np.empty((counts.shape[0], G, G), dtype=np.int64)  # [r, step, group]
+        correct[:, k, :] = counts * present  # a group's images count from the step it enters
+        if k == G - 1:
+            prefix = _prefix_indicator(orders[rows], G)
+            acc = correct / p.sizes[None, None, :]
+            out[rows] = (acc * prefix).sum(axis=2) / prefix.sum(axis=2)
+    return out
+
+
+def _scan_alive(beats: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    """(R, G) int64: how many of the images (rows of ``beats``) no group among the first k+1 of order r beats (only the
+    images some group beats are scanned)."""
+    R, G = orders.shape
+    hit = beats.any(axis=1)
+    not_beaten, _, valid = _bit_masks(beats[hit], beats[hit], _padded_slots(int(hit.sum())))
+    out = np.empty((R, G), dtype=np.int64)
+    for rows in _order_chunks(R, valid.size):
+        o = orders[rows]
+        alive = np.repeat(valid[None, :], o.shape[0], axis=0)
+        for k in range(G):
+            alive &= not_beaten[o[:, k]]
+            out[rows, k] = np.bitwise_count(alive).sum(axis=1)
+    return out + int((~hit).sum())
 
 
 def _step_accuracies(p: _Problem, o: np.ndarray, average: str, tables) -> np.ndarray:
     """(R, G) accuracy per order and step."""
     if average == "groups" and not (p.sizes == p.sizes[0]).all():
-        per_group, _ = _direct_counts(p, o, by_group=True)  # (R, G, G)
-        prefix = _prefix_indicator(o, p.n_groups)  # (R, G, G)
-        acc = per_group / p.sizes[None, None, :]
-        return (acc * prefix).sum(axis=2) / prefix.sum(axis=2)
+        return _scan_group_accuracies(p, o)
     if tables is not None:
         numer, denom = tables
         codes = np.cumsum(np.int64(1) << o, axis=1)  # distinct bits: cumulative sum = cumulative OR
         return numer[codes] / denom[codes]
-    correct, tested = _direct_counts(p, o)
+    correct, tested = _scan_counts(p, o)
     return correct / tested
 
 
@@ -542,14 +657,15 @@ def extensibility_expected(scores, labels, groups, average: str = "images", over
     return _extensibility_expected(p, average, _tables_if_small(p))
 
 
-def extensibility(scores, labels, groups, orders, average: str = "images", overlap: bool = False) -> Extensibility:
+def extensibility(scores, labels, groups, orders, average: str = "images", overlap: bool = False,
+                  image_group=None) -> Extensibility:
     """Acc-E over the given orders ((R, G) permutations; use :func:`paper_orders` for the paper's design).
 
     Step k of order r: the first k+1 groups with all their images, argmax over those groups' classes; the value
     is the accuracy over those images (``average="images"``) or the mean of the groups' accuracies
     (``"groups"``). All G steps count (the first group alone included).
     """
-    p = _prepare(scores, labels, groups, overlap=overlap)
+    p = _prepare(scores, labels, groups, overlap=overlap, image_group=image_group)
     return _extensibility(p, _check_orders(orders, p.n_groups), average)
 
 
@@ -599,11 +715,11 @@ def _stability(p: _Problem, target: int, o: np.ndarray, average: str) -> Stabili
     members = _target_members(p, target)
     w = _image_weights(p, members, average)
     R = o.shape[0]
-    prefix = _prefix_indicator(o, G)[:, 1:, :].reshape(R * (G - 1), G)  # steps with 1..G-1 distractors
-    alive = (p.beats[members].astype(np.float32) @ prefix.T.astype(np.float32)) == 0  # (n_t, R*(G-1))
     if average == "images":  # count / n_t: bit-identical to the mean of a boolean vector
-        per_order = (alive.sum(axis=0) / members.size).reshape(R, G - 1)
+        per_order = _scan_alive(p.beats[members], o)[:, 1:] / members.size
     else:
+        prefix = _prefix_indicator(o, G)[:, 1:, :].reshape(R * (G - 1), G)  # steps with 1..G-1 distractors
+        alive = (p.beats[members].astype(np.float32) @ prefix.T.astype(np.float32)) == 0  # (n_t, R*(G-1))
         per_order = (w @ alive).reshape(R, G - 1)
     exp = _stability_expected(p, target, members, w)
     return Stability(target=target, per_order=per_order, steps=per_order.mean(axis=0), mean=float(per_order.mean()),
@@ -645,10 +761,11 @@ def _stability_all(p: _Problem, o: np.ndarray, average: str) -> StabilityAll:
                         expected_mean=float(expected.mean()), targets=tuple(results))
 
 
-def stability_all(scores, labels, groups, orders, average: str = "images", overlap: bool = False) -> StabilityAll:
+def stability_all(scores, labels, groups, orders, average: str = "images", overlap: bool = False,
+                  image_group=None) -> StabilityAll:
     """Acc-S: :func:`stability` for every target, each on the rows of ``orders`` that start with it
     (e.g. :func:`paper_orders`), then the mean over targets. Every group must start at least one row."""
-    p = _prepare(scores, labels, groups, overlap=overlap)
+    p = _prepare(scores, labels, groups, overlap=overlap, image_group=image_group)
     return _stability_all(p, _check_orders(orders, p.n_groups), average)
 
 
@@ -657,10 +774,12 @@ def stability_all(scores, labels, groups, orders, average: str = "images", overl
 
 
 def expansion(scores, labels, groups, orders, average_e: str = "images", average_s: str = "images",
-              overlap: bool = False) -> Expansion:
+              overlap: bool = False, image_group=None) -> Expansion:
     """Acc-C, Acc-E (over all ``orders``) and Acc-S (each target on the rows that start with it), from one
-    preparation of the score matrix: the paper's design is ``orders = paper_orders(G, 100, seed)``."""
-    p = _prepare(scores, labels, groups, overlap=overlap)
+    preparation of the score matrix: the paper's design is ``orders = paper_orders(G, 100, seed)``. ``image_group``
+    (n,): the one group each image enters with (a dataset-level vocabulary whose shared classes several groups list,
+    `duplicates: first`); by default an image enters with every group that lists its class."""
+    p = _prepare(scores, labels, groups, overlap=overlap, image_group=image_group)
     o = _check_orders(orders, p.n_groups)
     acc_s = _stability_all(p, o, average_s) if p.n_groups > 1 else None
     return Expansion(acc_c=_group_accuracy(p), acc_e=_extensibility(p, o, average_e), acc_s=acc_s,
@@ -668,7 +787,7 @@ def expansion(scores, labels, groups, orders, average_e: str = "images", average
 
 
 def authors_protocol(scores, labels, groups, trials: int = 3, seed: int = AUTHORS_SEED,
-                     overlap: bool = False) -> AuthorsProtocol:
+                     overlap: bool = False, image_group=None) -> AuthorsProtocol:
     """``incremental_evaluation`` of lancopku/clip-openness (main.py), computed from the score matrix.
 
     For every target t (in group order): Acc-C_t = micro accuracy of t alone; then ``trials`` orders
@@ -678,9 +797,10 @@ def authors_protocol(scores, labels, groups, trials: int = 3, seed: int = AUTHOR
     previous trial's last step (the whole vocabulary): their ``acc_e_trial_i = [acc, ]`` is not reset between
     trials. A trial's Acc-S is the mean over its G-1 steps of the per-class accuracy averaged over t's classes.
     Means over trials, then over targets. ``overlap=True`` with classes shared by several groups reproduces their
-    merged dataset-level vocabularies (such a class's images are tested once any of its groups is added).
+    merged dataset-level vocabularies (such a class's images are tested once any of its groups is added);
+    ``image_group`` as in :func:`expansion`.
     """
-    p = _prepare(scores, labels, groups, overlap=overlap)
+    p = _prepare(scores, labels, groups, overlap=overlap, image_group=image_group)
     G = p.n_groups
     if G < 2:
         raise ExtensibilityError("the authors' protocol needs at least two groups")

@@ -6,15 +6,20 @@ cosine statistics, alignment and uniformity, and the adversarial vocabulary scan
 - One dataset (`run_dataset`, stage extensibility@<dataset>): the groups are its classes' `group` field (CIFAR-100
   superclasses, BREEDS superclasses, the demo's shapes over colour-shape pairs), or one group per class.
 - Several datasets (`run_union`, stage extensibility_sets@<name>): each member dataset is one group, over the union
-  of their classes; class names that occur in more than one member are removed with their images (`duplicates:
-  remove`, the paper) or merged into one class (`merge`, the authors' code).
+  of their classes. A class name that an earlier member already has is removed from the later member's vocabulary
+  and its images keep it as their label (`duplicates: first`, the paper's App. A.3: "Classes in the new vocabulary
+  will be removed if they already exist in the previous vocabularies"); such a class is in the vocabulary once any
+  member that lists it is, its images enter with their own dataset. `remove`: the name is dropped from every member
+  with its images; `merge`: one class, the last member's text, its images tested once any member listing it entered
+  (the authors' code).
 
 Variants: `<v>` scores the images against the class weights of text set `prompts_<v>` (texts.prompt_sets of the
 dataset entry: "a photo of a {c}.", CLIP's 7 ImageNet templates, CIFAR's 18, ...); `repe` reads the retrieve
 stage's REPE class weights (features/<model>/<dataset>/retrieval/class_weights.parquet). `repe` is a default variant:
 it runs where that file exists (the datasets of suite.retrieve; for a dataset-level vocabulary, every member's) and is
-otherwise skipped, with the reason and the param to change in the result's `details.skipped_variants`; a prompt
-variant without its text set is an error. Class weights are the renormalised mean of the normalised prompt
+otherwise skipped, with the reason and the param to change in the result's `details.skipped_variants`; where it ran,
+`details.repe` names per dataset the corpus its captions came from and the model that searched it (the paper's is
+CC12M, App. A.5). A prompt variant without its text set is an error. Class weights are the renormalised mean of the normalised prompt
 embeddings, scores the cosine similarities (the scale changes no argmax).
 """
 
@@ -32,14 +37,14 @@ from vlbench.analyses.extensibility import ExtensibilityError
 from vlbench.analyses.zeroshot import similarities
 
 PROTOCOLS = ("paper", "authors")
-DUPLICATES = ("remove", "merge")
+DUPLICATES = ("first", "remove", "merge")
 GROUPINGS = ("auto", "group", "class")
 REPE = "repe"
 DEFAULTS: dict[str, Any] = {
     "split": "test", "protocol": "paper", "orders": 100, "trials": 3, "average_e": "images", "average_s": "images",
-    "variants": ["single", "ensemble", REPE], "grouping": "auto", "duplicates": "remove",
+    "variants": ["single", "ensemble", REPE], "grouping": "auto", "duplicates": "first",
     "geometry": {"max_images": 2000},
-    "adversarial": {"variant": "single", "top": 20, "exclude_related": True},
+    "adversarial": {"variant": "single", "top": 20, "exclude_related": False},
 }
 UNIFORMITY_T = 2.0  # Wang & Isola's t
 _CHUNK = 1 << 22  # elements per chunk of an (images x texts) product
@@ -128,6 +133,8 @@ class Vocabulary:
     counts: dict[str, int] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # variant -> why it was not run (no REPE class weights)
+    image_groups: np.ndarray | None = None  # (n,) the group each image enters with, where not every group listing its class
+    repe: dict[str, Any] | None = None  # where the REPE class weights came from (corpus, retrieval model), if repe ran
 
 
 def l2_normalize(x: np.ndarray) -> np.ndarray:
@@ -206,6 +213,33 @@ def variant_weights(inputs, variant: str) -> np.ndarray:
     return prompt_weights(inputs.texts(name), len(meta.classes), f"dataset {meta.name!r}, text set {name!r}")
 
 
+PAPER_REPE_CORPUS = "cc12m"  # the paper's App. A.5: "We retrieve the images and captions from CC12M"
+
+
+def repe_source(inputs) -> dict[str, Any]:
+    """Where one dataset's REPE class weights came from, read from their file's fingerprint: the corpus (dataset, split,
+    caption set, versions), the retrieval settings, the prompts mixed, the model that embedded query and corpus (the
+    model under test: vlbench has no second retrieval model) and how many classes fell back to their query; `paper_corpus`
+    says whether the corpus is the paper's CC12M (App. A.5)."""
+    from vlbench.knowledge.retrieval import DEFAULT_PROMPTS, read_repe_class_weights
+
+    found = read_repe_class_weights(inputs.features_dir, inputs.identity, inputs.meta.name)
+    fp = found.fingerprint
+    corpus = fp.get("corpus")
+    return {"corpus": corpus, "corpus_split": fp.get("corpus_split"), "corpus_captions": fp.get("corpus_captions"),
+            "corpus_dataset_version": fp.get("corpus_dataset_version"),
+            "corpus_text_version": fp.get("corpus_text_version"),
+            "paper_corpus": str(corpus).casefold() == PAPER_REPE_CORPUS,
+            "retrieval_model": {k: fp.get(k) for k in ("model", "arch", "pretrained")}, "prompts": fp.get("prompts_set", DEFAULT_PROMPTS),
+            "retrieval": fp.get("retrieval"),
+            "fallback_classes": int(sum(found.table.column("fallback").to_pylist()))}
+
+
+def repe_details(members: Sequence[tuple[str, Any]], variants: Sequence[str]) -> dict[str, Any] | None:
+    """{dataset: repe_source} for the datasets whose REPE weights a result used, or None when repe did not run."""
+    return {name: repe_source(inp) for name, inp in members} if REPE in variants else None
+
+
 def repe_missing(inputs) -> str | None:
     """None where the dataset has REPE class weights (the retrieve stage's file), else why `repe` cannot run there."""
     from vlbench.knowledge.retrieval import weights_path
@@ -250,7 +284,8 @@ def dataset_vocabulary(inputs, s: Settings) -> Vocabulary:
     found = {v: _variant(inputs, v) for v in variants}
     return Vocabulary(names=inputs.meta.class_names, group_names=group_names, groups=groups, overlap=False,
                       images=images, labels=labels, weights={v: w for v, (w, _) in found.items()},
-                      prompt_pairs={v: p for v, (_, p) in found.items()}, notes={"grouping": used}, skipped=skipped)
+                      prompt_pairs={v: p for v, (_, p) in found.items()}, notes={"grouping": used}, skipped=skipped,
+                      repe=repe_details([(inputs.meta.name, inputs)], variants))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -276,9 +311,11 @@ class Union:
 
 
 def union_classes(class_names: Sequence[Sequence[str]], duplicates: str) -> Union:
-    """Union of the members' class lists (in member order). `remove`: a name in more than one member is dropped
-    from every member; `merge`: one class per name, whose text weight is the last member's (the authors'
-    `class2superclass` dict keeps the last dataset that lists it), in every member that lists it."""
+    """Union of the members' class lists (in member order). A name in several members is one class:
+    `first` (the paper) takes its text weight from the first member that lists it and keeps it in the group of every
+    member that lists it (it is in the vocabulary as soon as one of them is; the images stay with their own member,
+    `union_vocabulary`); `merge` the same, with the last member's text weight (the authors' `class2superclass` dict
+    keeps the last dataset that lists it); `remove` drops the name from every member (label_map -1)."""
     owners: dict[str, list[int]] = {}
     for m, names in enumerate(class_names):
         for name in dict.fromkeys(name_key(n) for n in names):
@@ -295,9 +332,9 @@ def union_classes(class_names: Sequence[Sequence[str]], duplicates: str) -> Unio
             if key not in index:
                 index[key] = len(classes)
                 names_out.append(name)
-                classes.append((owners[key][-1], -1))
+                classes.append((m, c) if duplicates == "first" else (owners[key][-1], -1))
             j = index[key]
-            if owners[key][-1] == m and classes[j][1] == -1:
+            if duplicates == "merge" and owners[key][-1] == m and classes[j][1] == -1:
                 classes[j] = (m, c)
             label_map[m][c] = j
             if j not in groups[m]:
@@ -329,12 +366,16 @@ def union_vocabulary(members: Sequence[tuple[str, Any]], s: Settings) -> Vocabul
         weights[v] = np.stack([per_member[m][0][c] for m, c in u.classes])
         pairs[v] = None if per_member[0][1] is None else tuple(
             np.array([per_member[m][1][k][c] for m, c in u.classes]) for k in (0, 1))
-    removed = sum(int((lm < 0).sum()) for lm in u.label_map)
+    removed = {"remove": sum(int((lm < 0).sum()) for lm in u.label_map),
+               "first": sum(len(lm) for lm in u.label_map) - len(u.names), "merge": 0}[s.duplicates]
+    image_groups = np.concatenate([np.full(len(y), m, dtype=np.int64) for m, y in enumerate(labels)])
     return Vocabulary(names=u.names, group_names=[m for m, _ in members], groups=u.groups,
-                      overlap=s.duplicates == "merge" and bool(u.shared), images=np.concatenate(imgs),
+                      overlap=s.duplicates != "remove" and bool(u.shared), images=np.concatenate(imgs),
                       labels=np.concatenate(labels), weights=weights, prompt_pairs=pairs,
-                      counts={"shared_names": len(u.shared), "removed_classes": removed if s.duplicates == "remove" else 0},
-                      notes={"grouping": "dataset", "shared_names": u.shared[:50]}, skipped=skipped)
+                      counts={"shared_names": len(u.shared), "removed_classes": removed},
+                      notes={"grouping": "dataset", "shared_names": u.shared[:50]}, skipped=skipped,
+                      image_groups=image_groups if s.duplicates == "first" else None,
+                      repe=repe_details(members, variants))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -354,7 +395,8 @@ def paper_metrics(scores: np.ndarray, vocab: Vocabulary, s: Settings, seed: int)
     expectations, the per-step curves and the per-group values."""
     G = len(vocab.groups)
     orders = ex.paper_orders(G, s.orders, seed)
-    r = ex.expansion(scores, vocab.labels, vocab.groups, orders, s.average_e, s.average_s, vocab.overlap)
+    r = ex.expansion(scores, vocab.labels, vocab.groups, orders, s.average_e, s.average_s, vocab.overlap,
+                     vocab.image_groups)
     targets = r.acc_s.targets
     per_group = [{"acc_c": float(r.acc_c.per_group[g]), "acc_s": float(t.mean), "acc_s_expected": float(t.expected_mean),
                   "acc_full": float(t.per_order[0, -1])} for g, t in enumerate(targets)]
@@ -373,7 +415,8 @@ def paper_metrics(scores: np.ndarray, vocab: Vocabulary, s: Settings, seed: int)
 def authors_metrics(scores: np.ndarray, vocab: Vocabulary, s: Settings) -> dict[str, Any]:
     """The authors' incremental_evaluation (3 trials per target from numpy's seed 42, its start step, micro Acc-E,
     per-class Acc-S): no expectation (its start step is no random quantity)."""
-    r = ex.authors_protocol(scores, vocab.labels, vocab.groups, s.trials, overlap=vocab.overlap)
+    r = ex.authors_protocol(scores, vocab.labels, vocab.groups, s.trials, overlap=vocab.overlap,
+                            image_group=vocab.image_groups)
     last = r.steps_s[:, :, -1].mean(axis=1)
     per_group = [{"acc_c": float(r.acc_c_per_target[g]), "acc_s": float(r.acc_s_per_target[g]), "acc_s_expected": None,
                   "acc_full": float(last[g])} for g in range(len(vocab.groups))]
@@ -382,8 +425,14 @@ def authors_metrics(scores: np.ndarray, vocab: Vocabulary, s: Settings) -> dict[
         "orders": int(r.orders.shape[0]), "orders_per_target": s.trials,
         "steps": {"acc_e": _floats(r.steps_e.mean(axis=(0, 1))), "acc_e_expected": None,
                   "acc_s": _floats(r.steps_s.mean(axis=(0, 1))), "acc_s_expected": None},
-        "per_group": per_group, "group_sizes": [int(np.isin(vocab.labels, g).sum()) for g in vocab.groups],
+        "per_group": per_group, "group_sizes": _group_sizes(vocab),
     }
+
+
+def _group_sizes(vocab: Vocabulary) -> list[int]:
+    if vocab.image_groups is not None:
+        return np.bincount(vocab.image_groups, minlength=len(vocab.groups)).tolist()
+    return [int(np.isin(vocab.labels, g).sum()) for g in vocab.groups]
 
 
 def with_drops(values: dict[str, Any], vocab: Vocabulary) -> dict[str, Any]:
@@ -633,6 +682,8 @@ def _result(vocab: Vocabulary, s: Settings, seed: int, extra_params: dict, adv=N
 
     variants = {v: evaluate_variant(vocab, v, s, seed) for v in vocab.weights}
     details = {"groups": vocab.group_names, **vocab.notes, "variants": variants, "skipped_variants": vocab.skipped}
+    if vocab.repe is not None:
+        details["repe"] = vocab.repe
     if adv is not None:
         details["adversarial"] = adv
     counts = {"samples": int(vocab.labels.size), "classes": len(vocab.names), "groups": len(vocab.groups),

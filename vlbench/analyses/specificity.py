@@ -1,12 +1,13 @@
 """Specificity (Xu et al., "Benchmarking zero-shot recognition with vision-language models: challenges on granularity
-and specificity", Sec. 4 and Table 3): does the image-text score rank an image's true texts above subtly wrong ones?
+and specificity", Sec. 5 and Table 3): does the image-text score rank an image's true texts above subtly wrong ones?
 
 Per image, its positives of one type are ranked among its negatives of one type by cosine similarity (image to text);
 AP per image; mAP over the images per cell (positive type x negative type), each cell with its chance level, the mean
 over its images of the expected AP of a random ranking (it depends on the numbers of positives and negatives).
 
-Positive types (`POSITIVES`): the image's true captions (text set `captions`), a single-label prompt per class of the
-image (`single_label_prompts`), one multi-label prompt naming them all (`multi_label_prompts`), its Localized
+Positive types (`POSITIVES`): the image's true captions (text set `captions`), the single-label prompt of one label of
+the image (`single_label_prompts`; the paper's Sec. 5: "apply the classification prompts on one label of the query
+image"; `single_label: each` takes every label's), one multi-label prompt naming them all (`multi_label_prompts`), its Localized
 Narratives (`narratives`, where the dataset has them). Negative types (`NEGATIVES`): captions of random other images
 (`random`), captions of other images that share a class with it (`relevant`), its own captions with one noun replaced
 (`altered_captions`, made by the texts stage: vlbench/knowledge/negatives.py). Choices: docs/protocols.md, "Specificity".
@@ -29,6 +30,7 @@ TEXT_SETS = {"captions": "captions", "narratives": "narratives", "single_label":
              "multi_label": "multi_label_prompts", "altered": "altered_captions"}
 OPTIONAL = ("narratives",)  # positive types a dataset may lack (COCO has narratives, the demo has not)
 CHUNK = 256  # images scored at once
+SINGLE_LABEL = ("one", "each")  # the single-label positives: one label of the image (the paper), or every label
 
 
 class SpecificityError(VlbenchError):
@@ -208,7 +210,11 @@ def score_cell(positive: str, negative: str, pos_scores: np.ndarray, neg_scores:
 
 def check_config(cfg: Mapping[str, Any], splits: list[str]) -> dict[str, Any]:
     """The `specificity` params with defaults; the split resolved (null: the dataset's only split)."""
-    out = {"split": None, "negatives": 100, "positives": list(POSITIVES), "negative_types": list(NEGATIVES), **cfg}
+    out = {"split": None, "negatives": 100, "positives": list(POSITIVES), "negative_types": list(NEGATIVES),
+           "single_label": "one", **cfg}
+    if out["single_label"] not in SINGLE_LABEL:
+        raise SpecificityError(f"params.yaml: specificity.single_label must be one of {list(SINGLE_LABEL)}; "
+                               f"got {out['single_label']!r}")
     n = out["negatives"]
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise SpecificityError(f"params.yaml: specificity.negatives must be an integer >= 1; got {n!r}")
@@ -254,10 +260,18 @@ def image_class_lists(multi: Texts, image_ids: np.ndarray) -> list[list[int]]:
     return [sorted(found.get(sid) or []) for sid in image_ids.tolist()]
 
 
-def positive_rows(kind: str, texts: Texts, image_ids: np.ndarray, classes: list[list[int]]) -> np.ndarray:
+def one_label(classes: list[list[int]], seed: int) -> list[list[int]]:
+    """One of each image's labels, drawn uniformly (seeded; the draw of an image depends on its position only), none
+    for an image without a label."""
+    u = np.random.default_rng([seed, zlib.crc32(b"single_label")]).random(len(classes))
+    return [[cs[int(x * len(cs))]] if cs else [] for cs, x in zip(classes, u)]
+
+
+def positive_rows(kind: str, texts: Texts, image_ids: np.ndarray, classes: list[list[int]],
+                  single_label: str = "one", seed: int = 0) -> np.ndarray:
     if kind == "single_label":
         class_row = {c: i for i, c in enumerate(texts.table.column("class_index").to_pylist())}
-        return class_positives(classes, class_row)
+        return class_positives(one_label(classes, seed) if single_label == "one" else classes, class_row)
     return padded_groups(texts.table.column("sample_id").to_numpy(zero_copy_only=False), image_ids)
 
 
@@ -290,7 +304,8 @@ def run(inputs, cfg, seed: int):
                  if p not in OPTIONAL or (inputs.texts_dir / f"{TEXT_SETS[p]}.parquet").is_file()]
     for kind in [*positives, *(["altered"] if "altered" in cfg["negative_types"] else [])]:
         texts.setdefault(kind, load_texts(inputs, TEXT_SETS[kind]))
-    pos_scores = {p: gathered_scores(x, texts[p].emb, positive_rows(p, texts[p], image_ids, classes)) for p in positives}
+    pos_scores = {p: gathered_scores(x, texts[p].emb, positive_rows(p, texts[p], image_ids, classes,
+                                                                    cfg["single_label"], seed)) for p in positives}
     neg_scores = {n: gathered_scores(x, texts["altered" if n == "altered" else "captions"].emb,
                                      negative_rows(n, texts["captions"], texts.get("altered"), image_ids, classes,
                                                    len(inputs.meta.classes), cfg["negatives"], seed))
@@ -301,7 +316,8 @@ def run(inputs, cfg, seed: int):
         counts=counts(image_ids, pos_scores, neg_scores, cfg["negatives"]),
         params={"split": cfg["split"], "negatives": cfg["negatives"], "positives": positives,
                 "positives_missing": [p for p in cfg["positives"] if p not in positives],
-                "negative_types": list(cfg["negative_types"]), "score": "cosine", "seed": seed,
+                "negative_types": list(cfg["negative_types"]), "single_label": cfg["single_label"],
+                "score": "cosine", "seed": seed,
                 "text_sets": {k: TEXT_SETS[k] for k in texts}},
         details={"table": table(cells), "rows": positives, "columns": list(cfg["negative_types"])},
         tables={"ap": ap_table(cells, image_ids)},

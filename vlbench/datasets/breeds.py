@@ -40,9 +40,9 @@ from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
-    checked_rows,
     write_dataset,
 )
+from vlbench.datasets.images import checked_rows
 from vlbench.datasets.download import fetch_files
 from vlbench.datasets.spec import check_flag, check_keys
 

@@ -10,9 +10,8 @@ that no split is ever held in memory whole.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,9 @@ from vlbench.io import atomic_dir, sha256_file
 TASKS = ("single-label", "multi-label", "captions")
 METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc")
 PREPROCESS_FILE = "preprocess.txt"  # in splits/, only when not "default"
-PREPROCESS = ("default", "squash")  # squash: resize to the model's square input without a centre crop (ELEVATER's KITTI)
+# squash: resize to the model's square input without a centre crop (ELEVATER's KITTI distance, VTAB's 224 x 224);
+# fewtrans: FewTrans' code (squash with bilinear resizing and ImageNet's mean and std); vlbench/embed.py PREPROCESS_MODES
+PREPROCESS = ("default", "squash", "fewtrans")
 ROWS_PER_GROUP = 256
 SPLITS = "splits"  # the sub-folder of images and labels that image embedding depends on
 
@@ -207,58 +208,6 @@ def _check_rows(rows: Iterable[dict], meta: DatasetMeta, split: str) -> Iterator
         yield row
     if not seen:
         raise DatasetError(f"dataset {meta.name!r} split {split!r}: empty split, no samples to write")
-
-
-MAX_CORRUPT_SHOWN = 20  # corrupt images named in one error; the rest are counted
-
-
-def checked_rows(name: str, split: str, rows: Iterable[dict], skip: bool, provenance: dict,
-                 fix: str = "replace them", where: Mapping[str, str] | None = None) -> Iterator[dict]:
-    """Rows whose `image` decodes (`image_problem`), as every source streams them into `write_dataset`.
-
-    With `skip` a corrupt image is left out and its sample_id listed in provenance["skipped_corrupt"]; without it
-    every corrupt image of the split is named (by `where[sample_id]`, its file, where given) in one error at the
-    end, which says how to `fix` it (nothing is written: the dataset folder is atomic). provenance["counts"][split] gets the number of rows kept.
-    """
-    skipped = provenance.setdefault("skipped_corrupt", [])
-    corrupt: list[str] = []
-    count = 0
-    for row in rows:
-        problem = image_problem(row["image"])
-        if problem:
-            corrupt.append(f"{(where or {}).get(row['sample_id'], row['sample_id'])!r} ({problem})")
-            skipped.append(row["sample_id"])
-            continue
-        count += 1
-        yield row
-    if corrupt and not skip:
-        shown = "; ".join(corrupt[:MAX_CORRUPT_SHOWN])
-        more = f"; and {len(corrupt) - MAX_CORRUPT_SHOWN} more" if len(corrupt) > MAX_CORRUPT_SHOWN else ""
-        raise DatasetError(f"dataset {name!r} split {split!r}: {len(corrupt)} corrupt or truncated image(s): "
-                           f"{shown}{more}; {fix}, or set skip_corrupt: true")
-    if count == 0 and corrupt:
-        raise DatasetError(f"dataset {name!r} split {split!r}: empty split, every image was corrupt and skipped")
-    provenance.setdefault("counts", {})[split] = count
-
-
-def image_problem(data: bytes) -> str | None:
-    """Why these encoded bytes are not a readable image, or None. Every source checks its images with this.
-
-    `verify()` checks the container (PNG CRCs, headers) but not a JPEG's entropy-coded data, so a truncated
-    JPEG passes it; decoding once more (at the smallest JPEG draft scale, which still reads every byte)
-    catches truncation.
-    """
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.verify()
-        with Image.open(io.BytesIO(data)) as im:
-            im.draft(im.mode, (1, 1))
-            im.load()
-    except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError, ...
-        return f"{type(err).__name__}: {err}"
-    return None
 
 
 def load_meta(dataset_dir: str | Path) -> DatasetMeta:

@@ -6,7 +6,8 @@
    trusted through its sidecar `<file>.sha256` (JSON: digests, size, mtime) while size and mtime match,
    and re-hashed otherwise; a cached file that no longer matches its checksum is deleted and fetched again;
 2. in the local mirror folder (`mirror=` argument, else env `VLBENCH_MIRROR`; the prepare stage fills it from
-   the config key `downloads.mirror`), by file name, at its top level or one sub-folder down. A mirror file
+   the config key `downloads.mirror`), by file name (the cache name, or for a resource with a checksum also its
+   upstream name, the last part of a URL), at its top level or one sub-folder down. A mirror file
    is verified by the same checksums (a mismatch is an error naming it; mirror files are never deleted),
    then hard-linked (or copied) into the cache;
 3. on the resource's URLs, mirrors in order: each download goes to `<file>.part` in the cache, resumes with
@@ -140,6 +141,17 @@ class Resource:
     def verifiable(self) -> bool:
         return bool(self.sha256 or self.md5)
 
+    def mirror_names(self) -> tuple[str, ...]:
+        """The names a mirror file may have: the cache name, then, for a resource with a checksum, each URL's
+        upstream file name where it differs (a mirror filled by hand keeps those). Without a checksum only the
+        cache name counts: a generic upstream name (`train.zip`) could be any dataset's file."""
+        names = [self.filename]
+        for url in self.urls if self.verifiable else ():
+            upstream = urllib.parse.unquote(Path(urllib.parse.urlparse(url).path).name)
+            if upstream and "/" not in upstream and upstream not in names:
+                names.append(upstream)
+        return tuple(names)
+
     def expected(self) -> str:
         """The expected checksum in words, for messages."""
         parts = [f"{algo} {getattr(self, algo)}" for algo in ("sha256", "md5") if getattr(self, algo)]
@@ -221,13 +233,21 @@ def mirror_dir(mirror: str | os.PathLike | None = None) -> Path | None:
     return path
 
 
-def mirror_candidates(mirror: Path, filename: str) -> list[Path]:
-    """Files named `filename` in the mirror folder: at its top level first, then one sub-folder down (sorted)."""
-    found = [mirror / filename] if (mirror / filename).is_file() else []
-    for sub in sorted(p for p in mirror.iterdir() if p.is_dir()):
-        if (sub / filename).is_file():
-            found.append(sub / filename)
-    return found
+def mirror_candidates(mirror: Path, *names: str) -> list[Path]:
+    """Files with one of `names` in the mirror folder, name by name: at its top level first, then one sub-folder
+    down (sorted)."""
+    subs = sorted(p for p in mirror.iterdir() if p.is_dir())
+    return [folder / name for name in names for folder in (mirror, *subs) if (folder / name).is_file()]
+
+
+def _mirror_place(res: Resource, mirror: Path | None) -> str:
+    """Where a missing file may be put besides the cache, and under which names (for messages)."""
+    names = " or ".join(repr(n) for n in res.mirror_names())
+    if len(res.mirror_names()) > 1:
+        names += " (its upstream name)"
+    if mirror is None:
+        return f"into a mirror folder named by env {MIRROR_ENV} or the config key downloads.mirror, as {names}"
+    return f"into the mirror folder {mirror.resolve()} (searched at its top and one sub-folder down), as {names}"
 
 
 # ---------------------------------------------------------------------------------------------------- fetch
@@ -293,7 +313,7 @@ def _cached_is_valid(res: Resource, dest: Path, dataset: str) -> bool:
 
 def _from_mirror(res: Resource, dataset: str, mirror: Path, dest: Path) -> Path | None:
     failures = []
-    for source in mirror_candidates(mirror, res.filename):
+    for source in mirror_candidates(mirror, *res.mirror_names()):
         try:
             digests = _install_from_mirror(res, source, dest)
         except _MirrorMismatch as err:
@@ -337,10 +357,7 @@ def _link_or_copy(source: Path, tmp: Path) -> None:
 def _manual_message(res: Resource, dataset: str, dest: Path, mirror: Path | None, failures: list[str] = ()) -> str:
     origin = f"get it from: {res.manual.strip().rstrip('.')}" if res.manual else "no download URL is known for it"
     tried = f" Downloading failed ({'; '.join(failures)})." if failures else ""
-    place = f"{dest.resolve()}" + (
-        f", or into the mirror folder {mirror.resolve()}" if mirror else f", or into a mirror folder named by env {MIRROR_ENV} "
-        "or the config key downloads.mirror"
-    )
+    place = f"{dest.resolve()}, or {_mirror_place(res, mirror)}"
     checksum = f"its expected checksum is {res.expected()}" if res.verifiable else "no checksum is published for it"
     return (
         f"dataset {dataset!r} needs the file {res.filename!r}, which must be downloaded by hand: {origin}.{tried} "
@@ -379,8 +396,8 @@ def _download(res: Resource, dataset: str, dest: Path, mirror: Path | None, prog
         raise ManualDownloadError(_manual_message(res, dataset, dest, mirror, failures))
     raise DownloadError(
         f"dataset {dataset!r}: could not download {res.filename!r} from any of its {len(res.urls)} URL(s): "
-        f"{'; '.join(failures)}. Without network, put the file at {dest.resolve()} or into a mirror folder "
-        f"(env {MIRROR_ENV}); its expected checksum is {res.expected()}"
+        f"{'; '.join(failures)}. Without network, put the file at {dest.resolve()}, or {_mirror_place(res, mirror)}; "
+        f"its expected checksum is {res.expected()}"
     )
 
 

@@ -36,7 +36,7 @@ to the positional pairing, vlbench labels them as ELEVATER does.
 
 Rows are in the index's order (ELEVATER's few-shot sampling follows it); `sample_id` is the index's image
 path (`<zip>@<path in zip>`); images are the zip members' bytes as distributed, checked with
-`canonical.image_problem`. Downloads go through `download.fetch` into the download cache, as
+`images.image_problem`. Downloads go through `download.fetch` into the download cache, as
 `elevater-<root folder name>-<file>` (ELEVATER's file names repeat across datasets); a local mirror folder
 holds them under those names. No checksums are published for ELEVATER's files: each file's sha256 is
 recorded in the provenance with `verified: false`, unless the spec's `checksums` gives it.
@@ -67,9 +67,9 @@ from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
-    checked_rows,
     write_dataset,
 )
+from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 
 DATA_FILE = Path(__file__).with_name("data") / "elevater.json"

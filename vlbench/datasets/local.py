@@ -18,9 +18,10 @@ ImageFolder `root`, or the folder of each manifest file. Relative manifest paths
 folder, never the working directory. Every image, split folder and class folder must lie under the root
 once symlinks are resolved: a manifest path (absolute or relative) or a link that leaves it is refused,
 naming the manifest row or the link, unless the spec sets `allow_outside_root: true` (then such an image's
-`sample_id` is its absolute path). ImageFolder walks follow symlinks as torchvision does, but a folder link
-that leads to a folder containing it (a loop) or to a folder the split already walks (its images would
-count twice) is always refused, with or without `allow_outside_root`: the walk never loops.
+`sample_id` is its absolute path). Image file links are followed (DVC hashes a linked file's content), but a
+folder link below an ImageFolder root is always refused, with or without `allow_outside_root`: DVC does not
+follow folder links when it hashes the root, so images behind one would escape `dvc status` (and a link to
+an ancestor would loop). The root itself may be a link.
 
 Class names. Each class's source key (the ImageFolder folder name, or a manifest's label string) is kept
 beside its display name in classes.json (`ClassInfo.key`). For `imagefolder`, `classnames` and `wnids`
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +47,9 @@ from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
-    checked_rows,
     write_dataset,
 )
+from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 from vlbench.io import sha256_file
 
@@ -63,6 +65,8 @@ _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 Item = tuple[Path, str, int]
 MAX_REPORTED = 20  # corrupt images named in one error; the rest are counted
 OUTSIDE_HINT = "move the data under the root or set allow_outside_root: true"
+LINK_FIX = ("Replace the link by a copy of the folder or a bind mount (mount --bind), or point root at the real "
+            "folder (a root that is itself a link is fine)")
 
 
 # --------------------------------------------------------------------------------------------- imagefolder
@@ -114,9 +118,8 @@ def find_classes(directory: Path) -> list[str]:
 
 def _folder_items(tree: _Tree, split_dir: Path, folders: list[str]) -> Iterator[Item]:
     """Samples in torchvision's `make_dataset` order: sorted classes, then a sorted recursive walk."""
-    seen: dict[str, Path] = {}
     for index, folder in enumerate(folders):
-        for dirpath, _, fnames in sorted(tree.walk(split_dir / folder, seen)):
+        for dirpath, _, fnames in sorted(tree.walk(split_dir / folder)):
             for fname in sorted(fnames):
                 if fname.lower().endswith(IMG_EXTENSIONS):
                     path = Path(dirpath) / fname
@@ -126,8 +129,10 @@ def _folder_items(tree: _Tree, split_dir: Path, folders: list[str]) -> Iterator[
 
 @dataclass(frozen=True)
 class _Tree:
-    """One split's walk under an ImageFolder root: follows symlinks as torchvision does, but refuses a link
-    loop, a folder reached twice, and (unless `allow_outside`) anything that resolves outside the root."""
+    """One split's walk under an ImageFolder root. A folder link below the root (split, class or any sub-folder)
+    is refused: DVC does not follow folder links when it hashes the root, so what lies behind one would change
+    without `dvc status` noticing. File links are followed (DVC hashes their content), and must resolve under the
+    root unless `allow_outside`."""
 
     name: str
     split: str
@@ -139,36 +144,32 @@ class _Tree:
         path = Path(os.path.normpath(self.root / sub))
         if not path.is_dir():
             raise DatasetError(f"dataset {self.name!r} split {self.split!r}: folder {str(path)!r} does not exist")
+        rel = Path(os.path.relpath(path, self.root))
+        if rel.parts and rel.parts[0] != "..":
+            for depth in range(1, len(rel.parts) + 1):
+                self._refuse_link(self.root.joinpath(*rel.parts[:depth]))
         self._check_inside(path, "folder")
         return path
 
-    def walk(self, top: Path, seen: dict[str, Path]) -> Iterator[tuple[str, list[str], list[str]]]:
-        """os.walk(top, followlinks=True) that checks every folder before it descends into it."""
-        self._enter(top, os.path.realpath(top.parent), seen)
-        for dirpath, dirnames, fnames in os.walk(top, followlinks=True):
-            current = os.path.realpath(dirpath)
-            for d in dirnames:
-                self._enter(Path(dirpath) / d, current, seen)
+    def walk(self, top: Path) -> Iterator[tuple[str, list[str], list[str]]]:
+        """os.walk(top) that refuses a folder link before it would descend into it."""
+        self._refuse_link(top)
+        for dirpath, dirnames, fnames in os.walk(top):
+            for d in dirnames:  # os.walk lists links to folders here (and never enters them)
+                self._refuse_link(Path(dirpath) / d)
             yield dirpath, dirnames, fnames
 
     def check_file(self, path: Path) -> None:
         if path.is_symlink():
             self._check_inside(path, "image link")
 
-    def _enter(self, path: Path, parent_real: str, seen: dict[str, Path]) -> None:
-        real = os.path.realpath(path)
-        if _inside(parent_real, real):
+    def _refuse_link(self, path: Path) -> None:
+        if path.is_symlink():
             raise DatasetError(
-                f"{self._where()}: folder link {str(path)!r} leads to {real!r}, which contains it: a link loop; "
-                f"remove the link"
+                f"{self._where()}: folder link {str(path)!r} leads to {os.path.realpath(path)!r}; DVC does not "
+                f"follow folder links when it hashes the data, so images behind it would change without `dvc status` "
+                f"noticing. {LINK_FIX}"
             )
-        self._check_inside(path, "folder link" if path.is_symlink() else "folder")
-        if real in seen:
-            raise DatasetError(
-                f"{self._where()}: folder {real!r} is reached twice, as {str(seen[real])!r} and as {str(path)!r} "
-                f"(a symlink repeats its images); remove the link"
-            )
-        seen[real] = path
 
     def _check_inside(self, path: Path, what: str) -> None:
         real = os.path.realpath(path)
@@ -483,7 +484,9 @@ def _write(name: str, spec: dict, out_dir: Path, classes: list[ClassInfo], prove
         provenance=provenance,
     )
     # The generators fill provenance's counts and skipped files; write_dataset serialises it after the splits.
-    rows = {split: _rows(name, split, split_items, skip, provenance) for split, split_items in items.items()}
+    key_kind = "folder" if provenance["source"] == "imagefolder" else "label"
+    rows = {split: _warn_empty_classes(name, split, _rows(name, split, split_items, skip, provenance), classes, key_kind)
+            for split, split_items in items.items()}
     return write_dataset(out_dir, meta, rows)
 
 
@@ -493,6 +496,25 @@ def _rows(name: str, split: str, items: list[Item], skip: bool, provenance: dict
     rows = ({"sample_id": sid, "label": label, "image": _read(name, split, path)} for path, sid, label in items)
     return checked_rows(name, split, rows, skip, provenance, "fix or remove them",
                         where={sid: str(path) for path, sid, _ in items})
+
+
+def _warn_empty_classes(name: str, split: str, rows: Iterator[dict], classes: list[ClassInfo],
+                        key_kind: str) -> Iterator[dict]:
+    """Pass the split's rows on; once they are all written, warn (one line) about the classes that got no image in
+    it, corrupt ones skipped included. Not an error: a split may lack a class on purpose, but it is often a folder
+    or manifest mistake, and per-class metrics are undefined for it."""
+    counts = [0] * len(classes)
+    for row in rows:
+        counts[row["label"]] += 1
+        yield row
+    empty = [c for c, n in zip(classes, counts) if n == 0]
+    if not empty:
+        return
+    shown = ", ".join(f"{c.name!r}" + (f" ({key_kind} {c.key!r})" if c.key and c.key != c.name else "")
+                      for c in empty[:MAX_REPORTED])
+    more = f" and {len(empty) - MAX_REPORTED} more" if len(empty) > MAX_REPORTED else ""
+    print(f"warning: dataset {name!r} split {split!r}: class{'es' if len(empty) > 1 else ''} {shown}{more} "
+          f"{'have' if len(empty) > 1 else 'has'} no images", file=sys.stderr)
 
 
 def _read(name: str, split: str, path: Path) -> bytes:

@@ -28,6 +28,7 @@ from PIL import Image, ImageDraw
 
 import vlbench
 from vlbench.datasets.canonical import (
+    PREPROCESS,
     ClassInfo,
     DatasetError,
     DatasetMeta,
@@ -119,7 +120,7 @@ PREFIXES = ("a picture of", "a drawing of", "an image of", "a photo of")
 
 TASKS = ("shapes", "colors", "shape_color", "count", "position", "hierarchy", "captions", "corpus")
 SPEC_DEFAULTS = {"seed": 0, "image_size": 32}
-SPEC_KEYS = ("source", "task", "seed", "image_size", "splits")
+SPEC_KEYS = ("source", "task", "seed", "image_size", "splits", "preprocess")
 
 OBJECT_TYPE = pa.struct([("shape", pa.string()), ("color", pa.string()), ("size", pa.string()),
                          ("position", pa.string())])
@@ -480,8 +481,12 @@ def parse_spec(name: str, spec: dict) -> dict:
     size = out["image_size"]
     if isinstance(size, bool) or not isinstance(size, int) or not 16 <= size <= 1024:
         fail("image_size", f"is {size!r}; expected an integer in 16..1024")
+    preprocess = out.get("preprocess", "default")
+    if preprocess not in PREPROCESS:
+        fail("preprocess", f"is {preprocess!r}; expected one of {', '.join(PREPROCESS)}")
     return {"source": out.get("source", "synthetic"), "task": task, "seed": out["seed"], "image_size": size,
-            "splits": {str(k): int(v) for k, v in splits.items()}}
+            "splits": {str(k): int(v) for k, v in splits.items()},
+            **({"preprocess": preprocess} if preprocess != "default" else {})}  # default: classes.json as it was
 
 
 def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
@@ -494,6 +499,7 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
         task={"hierarchy": "multi-label", "captions": "captions", "corpus": "captions"}.get(task, "single-label"),
         metric=_metric(task),
         classes=classes,
+        preprocess=spec.get("preprocess", "default"),
         provenance={"generator": GENERATOR, "vlbench_version": vlbench.__version__, "seed": spec["seed"],
                     "spec": spec, **({"hierarchy_root": HIERARCHY_ROOT} if task == "hierarchy" else {})},
     )

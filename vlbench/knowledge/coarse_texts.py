@@ -32,12 +32,12 @@ HIERARCHY_MODES = ("tree", "dag")
 def coarse_text_sets(meta: DatasetMeta, cfg: Mapping[str, Any], wn=None) -> dict[str, pa.Table]:
     """The coarse-class text sets the entry's `texts` params (`cfg`) ask for: `hierarchy`, `groups`, both or none,
     with the entry's templates (`wn`: a WordNet reader, default `load_wordnet()`)."""
-    from vlbench.texts import DEFAULT_TEMPLATES, check_templates
+    from vlbench.texts import entry_templates
 
     sets: dict[str, pa.Table] = {}
     if cfg.get("hierarchy") is None and cfg.get("groups") is None:
         return sets
-    templates = check_templates(meta.name, cfg.get("templates", DEFAULT_TEMPLATES))
+    templates = entry_templates(meta.name, cfg)
     mode = cfg.get("hierarchy")
     if mode is not None:
         sets[HIERARCHY_SET] = hierarchy_prompts(meta, templates, check_mode(meta.name, mode), wn)

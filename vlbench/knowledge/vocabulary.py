@@ -23,11 +23,8 @@ with a `wnid` uses that synset; one without uses every noun sense of its name (s
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -40,8 +37,6 @@ DEFAULT_TEMPLATES = ["a photo of a {c}."]
 SOURCES = ("wordnet", "list")
 VOCABULARY_KEYS = ("source", "lexnames", "words", "templates")
 RELATIONS = ("class_name", "synonym", "hypernym", "hyponym")  # priority order: a word gets the first that applies
-ELEVATER_DATA = Path(__file__).resolve().parent.parent / "datasets" / "data" / "elevater.json"
-OPENCLIP_TEMPLATES = {"simple_imagenet": "SIMPLE_IMAGENET_TEMPLATES", "openai_imagenet": "OPENAI_IMAGENET_TEMPLATES"}
 
 
 def vocabulary_text_sets(meta: DatasetMeta, cfg: Mapping[str, Any], wn=None) -> dict[str, pa.Table]:
@@ -61,62 +56,18 @@ def vocabulary_text_sets(meta: DatasetMeta, cfg: Mapping[str, Any], wn=None) -> 
 
 def prompt_sets(meta: DatasetMeta, cfg: Mapping[str, Any]) -> dict[str, pa.Table]:
     from vlbench.config import check_name
-    from vlbench.texts import DEFAULT_TEMPLATES as ENTRY_DEFAULT
-    from vlbench.texts import prompts
+    from vlbench.texts import entry_templates, prompts, resolve_templates
 
     spec = cfg["prompt_sets"]
     if not isinstance(spec, Mapping) or not spec:
         raise DatasetError(f"dataset {meta.name!r}: texts.prompt_sets must map set names to templates or a source; "
                            f"got {spec!r}")
-    own = cfg.get("templates", ENTRY_DEFAULT)
+    own = entry_templates(meta.name, cfg)
     out = {}
     for name, source in spec.items():
         set_name = check_name("text set", f"{PROMPT_SET_PREFIX}{name}")
         out[set_name] = prompts(meta, resolve_templates(meta.name, f"texts.prompt_sets.{name}", source, own))
     return out
-
-
-def resolve_templates(dataset: str, key: str, source: Any, own: Sequence[str]) -> list[str]:
-    """A list of `{c}` templates from a list or a named source (module docstring)."""
-    from vlbench.texts import check_templates
-
-    if isinstance(source, list):
-        return check_templates(dataset, source)
-    if source == "templates":
-        return check_templates(dataset, list(own))
-    if isinstance(source, str) and source.startswith("elevater:"):
-        return check_templates(dataset, elevater_templates(dataset, key, source.split(":", 1)[1]))
-    if isinstance(source, str) and source.startswith("openclip:"):
-        return check_templates(dataset, openclip_templates(dataset, key, source.split(":", 1)[1]))
-    raise DatasetError(f"dataset {dataset!r}: {key} must be a list of templates with '{{c}}', 'templates', "
-                       f"'elevater:<dataset>' or 'openclip:<{'|'.join(OPENCLIP_TEMPLATES)}>'; got {source!r}")
-
-
-def elevater_templates(dataset: str, key: str, name: str) -> list[str]:
-    data = json.loads(ELEVATER_DATA.read_text())
-    entry = data.get(name)
-    if not isinstance(entry, Mapping) or not entry.get("templates"):
-        known = sorted(k for k, v in data.items() if isinstance(v, Mapping) and v.get("templates"))
-        raise DatasetError(f"dataset {dataset!r}: {key}: ELEVATER's data file has no templates for {name!r}; "
-                           f"known: {known}")
-    return list(entry["templates"])
-
-
-def openclip_templates(dataset: str, key: str, name: str) -> list[str]:
-    """open_clip's template tables (open_clip/zero_shot_metadata.py), read from the installed package's file
-    without importing open_clip (whose package imports torch)."""
-    if name not in OPENCLIP_TEMPLATES:
-        raise DatasetError(f"dataset {dataset!r}: {key}: unknown open_clip template table {name!r}; "
-                           f"known: {sorted(OPENCLIP_TEMPLATES)}")
-    found = importlib.util.find_spec("open_clip")
-    path = Path(found.origin).parent / "zero_shot_metadata.py" if found and found.origin else None
-    if path is None or not path.is_file():
-        raise DatasetError(f"dataset {dataset!r}: {key}: open_clip's zero_shot_metadata.py is not installed "
-                           f"(pip install open_clip_torch)")
-    spec = importlib.util.spec_from_file_location("_vlbench_open_clip_zero_shot_metadata", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return [template("{c}") for template in getattr(module, OPENCLIP_TEMPLATES[name])]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import io
 import math
 import os
 import random
@@ -242,7 +241,8 @@ def _load_corpus(corpus_dir, arch: str, pp: dict, max_pairs: int | None):
     import open_clip
     import pyarrow.parquet as pq
     from open_clip.transform import PreprocessCfg, image_transform_v2
-    from PIL import Image
+
+    from vlbench.datasets.images import decode_rgb
 
     path = split_path(corpus_dir, "train")
     names = pq.ParquetFile(path).schema_arrow.names
@@ -267,11 +267,10 @@ def _load_corpus(corpus_dir, arch: str, pp: dict, max_pairs: int | None):
             caps = [c for c in (caps or []) if c and c.strip()]
             if not caps or img_bytes is None:
                 continue
-            with Image.open(io.BytesIO(img_bytes)) as im:
-                im.load()
-                for t in pil_steps:
-                    im = t(im)
-                arrays.append(np.asarray(im, dtype=np.uint8))
+            im = decode_rgb(img_bytes)  # the embed stage's decoding, so training sees images as embedding does
+            for t in pil_steps:
+                im = t(im)
+            arrays.append(np.asarray(im, dtype=np.uint8))
             captions.extend(caps)
             counts.append(len(caps))
             if max_pairs and len(counts) >= max_pairs:

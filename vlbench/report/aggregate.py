@@ -1,10 +1,12 @@
-"""Aggregate per-dataset results into reports/metrics.json, reports/model.json and one chart per analysis."""
+"""Aggregate per-dataset results into reports/metrics.json, reports/model.json, reports/reference.json (the verdicts
+against the papers' tables) and one chart per analysis."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from vlbench.results import PLOTS_DIR, collect, read_result, write_metrics
+from vlbench.io import write_json
+from vlbench.results import PLOTS_DIR, REFERENCE_FILE, collect, read_result, write_metrics
 
 
 def write_report(datasets_by_analysis: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -15,6 +17,7 @@ def write_report(datasets_by_analysis: Mapping[str, list[str]]) -> dict[str, Any
         metrics = with_means(metrics)
         metrics = with_vtab_groups(metrics, {d: read_result("adapt", d) for d in datasets_by_analysis["adapt"]})
     write_metrics(metrics, model)
+    write_json(REFERENCE_FILE, reference(datasets_by_analysis, metrics, model))
     from vlbench.report.plots import write_plots
 
     PLOTS_DIR.mkdir(parents=True, exist_ok=True)  # a declared output, even for a suite without analyses
@@ -43,3 +46,13 @@ def write_report(datasets_by_analysis: Mapping[str, list[str]]) -> dict[str, Any
         write_extensibility_plots({d: read_result("extensibility", d) for d in datasets_by_analysis["extensibility"]},
                                   PLOTS_DIR)
     return metrics
+
+
+def reference(datasets_by_analysis: Mapping[str, list[str]], metrics: Mapping[str, Any],
+              model: Mapping[str, Any]) -> dict[str, Any]:
+    """reports/reference.json: every headline number that has a published one, with its verdict."""
+    from vlbench.reference import load_tables
+    from vlbench.reference.compare import reference_report
+
+    results = {a: {d: read_result(a, d) for d in ds} for a, ds in datasets_by_analysis.items()}
+    return reference_report(load_tables(), metrics, model, results)

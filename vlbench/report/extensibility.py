@@ -8,7 +8,8 @@
   (Acc-S) and to the whole vocabulary, one panel per dataset, groups sorted by the drop: which groups suffer most.
 
 Every variant that ran is a series (`repe` included where the dataset had REPE class weights); a variant a result
-skipped (`details.skipped_variants`, e.g. repe without the retrieve stage's file) is named in both charts' subtitles.
+skipped (`details.skipped_variants`, e.g. repe without the retrieve stage's file) is named in both charts' subtitles,
+and so is the caption corpus each `repe` series retrieved from (`details.repe`; the paper's is CC12M, App. A.5).
 The headline numbers (Acc-C/E/S per variant, `acc_<c|e|s>_<variant>`) reach reports/metrics.json from the results'
 metrics like every analysis's.
 """
@@ -68,6 +69,21 @@ def skipped_notes(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
             skipped.setdefault(variant, []).append(dataset)
     return [f"{v} not run for {', '.join(ds)}: reports/extensibility/<dataset>.json, details.skipped_variants, says why"
             for v, ds in skipped.items()]
+
+
+def repe_notes(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per REPE corpus: which datasets' repe numbers come from it, by which model it was searched, and
+    whether it is the paper's (CC12M, App. A.5)."""
+    by_corpus: dict[tuple[str, str, bool], list[str]] = {}
+    for dataset, result in results.items():
+        for source in ((result.get("details") or {}).get("repe") or {}).values():
+            model = (source.get("retrieval_model") or {}).get("model")
+            key = (str(source.get("corpus")), str(model), bool(source.get("paper_corpus")))
+            if dataset not in by_corpus.setdefault(key, []):
+                by_corpus[key].append(dataset)
+    return [f"repe for {', '.join(ds)}: captions of {corpus}, searched with {model}"
+            f"{'' if paper else ' (not the paper' + chr(39) + 's CC12M)'}"
+            for (corpus, model, paper), ds in by_corpus.items()]
 
 
 def _frame(title: str, rows: list[dict[str, Any]], spec: dict[str, Any], notes: list[str] | None = None
@@ -142,7 +158,8 @@ def write_extensibility_plots(results: Mapping[str, Mapping[str, Any]], out_dir:
     """`extensibility_steps.svg` and `extensibility_drops.svg` in `out_dir` from {dataset: result JSON}; a chart
     without rows is not written."""
     written = []
-    steps, drops, notes = step_rows(results), drop_rows(results), skipped_notes(results)
+    steps, drops = step_rows(results), drop_rows(results)
+    notes = skipped_notes(results) + repe_notes(results)
     if steps:
         written.append(_write(Path(out_dir) / STEPS_FILE, steps_spec(steps, notes)))
     if drops:

@@ -340,3 +340,43 @@ def write_knowledge_variants(results: Mapping[str, Mapping[str, Any]], out_dir: 
     with atomic_path(path) as tmp:
         tmp.write_text(svg if svg.endswith("\n") else svg + "\n", encoding="utf-8")
     return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Toy pretraining: loss per step (data/models/<toy>/train_log.csv, written by vlbench.models.toy)
+
+TRAIN_LOG_PLOT = "train_log.svg"
+
+
+def train_log_rows(log_csv: Path) -> list[dict[str, float]]:
+    """[{step, loss}] of a `step,loss,lr` training log."""
+    import csv
+
+    with open(log_csv, newline="") as f:
+        return [{"step": int(row["step"]), "loss": float(row["loss"])} for row in csv.DictReader(f)]
+
+
+def train_log_spec(model: str, rows: list[dict[str, float]]) -> dict[str, Any]:
+    """One line: the contrastive loss per training step (what DVC's template plot of the CSV drew, but static)."""
+    return {
+        "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
+        "title": {"text": f"pretrain {model}: training loss", "fontSize": 16, "anchor": "start", "offset": 10},
+        "background": "white",
+        "padding": 12,
+        "width": CHART_WIDTH, "height": 240,
+        "data": {"values": rows},
+        "mark": {"type": "line", "color": PALETTE[0], "strokeWidth": 1.5},
+        "encoding": {
+            "x": {"field": "step", "type": "quantitative", "title": "step", "axis": {"format": "d"}},
+            "y": {"field": "loss", "type": "quantitative", "title": "loss", "scale": {"zero": False}},
+        },
+        "config": {"view": {"stroke": "#dddddd"}, "font": "DejaVu Sans, Liberation Sans, Arial, sans-serif"},
+    }
+
+
+def write_train_log_plot(model: str, log_csv: Path, svg_path: Path) -> Path:
+    """`svg_path` (static SVG, viewable offline) from the training log `log_csv`; byte-identical for the same log."""
+    svg = render_svg(train_log_spec(model, train_log_rows(Path(log_csv))))
+    with atomic_path(svg_path) as tmp:
+        tmp.write_text(svg if svg.endswith("\n") else svg + "\n", encoding="utf-8")
+    return Path(svg_path)

@@ -50,6 +50,7 @@ from vlbench.features import (
     read_features,
     read_projection,
 )
+from vlbench.knowledge.variants import VARIANTS as KNOWLEDGE_VARIANTS
 
 HEADS = ("random_2p", "language_2p", "language_1p")
 PRE_PROJECTION_HEADS = ("language_1p",)  # trained on the pre-projection features (embed.pre_projection), as its own search
@@ -63,8 +64,11 @@ BN_EPS, BN_MOMENTUM = 1e-5, 0.1  # torch.nn.BatchNorm1d defaults
 CACHE_BYTES = 256 << 20  # a search keeps its normalised batches when they take at most this much
 LANGUAGE_1P_NOTE = ("on the pre-projection image features (embed.pre_projection), batch norm over them, weight = "
                     "projection x class text embeddings (the toolkit's MERGE_ENCODER_AND_HEAD_PROJ), its own search")
-PE_SIGN_NOTE = ("as printed, the score grows with the trainable-parameter ratio M/M0 (exp(+log10)); "
-                "pe_sign_flipped uses exp(-log10), which rewards fewer trainable parameters")
+PE_NOTE = ("the paper's App. D.2, Eq. 1: score * exp(log10(M / M0 + 1)), M the head's trainable parameters, M0 the "
+           "normalisation constant (the paper's 1e8)")
+LANGUAGE_HEADS = ("language_2p", "language_1p")  # initialised from class text embeddings: knowledge can replace them
+KNOWLEDGE_SUFFIX = "_knowledge"  # <head>_knowledge: the head whose initialisation won on validation (paper App. H)
+WD_REFINEMENTS = ("index", "left")  # the toolkit's WD_SEARCH_LEFT false (since 517fb02, 2022-09-23) | true (first release)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -92,8 +96,9 @@ class Settings:
     logit_scale: str = "none"
     report: str = "last"
     search_subset: Mapping[str, int] = field(default_factory=lambda: {"patch-camelyon": 10000})
-    model_params: int | None = None
-    pe_epsilon: float = 1.0
+    wd_refinement: str = "index"
+    knowledge: tuple = ("wiktionary", "gpt3", "wiktionary_gpt3")
+    pe_m0: float = 1e8
 
     @classmethod
     def from_cfg(cls, cfg: Mapping[str, Any]) -> Settings:
@@ -101,15 +106,15 @@ class Settings:
         pe = dict(cfg.pop("parameter_efficiency", None) or {})
         lr, wd = dict(cfg.pop("lr_grid", None) or {}), dict(cfg.pop("wd_grid", None) or {})
         nested = {"lr_grid": (lr, {"log_lower", "log_upper", "num"}), "wd_grid": (wd, {"log_lower", "log_upper"}),
-                  "parameter_efficiency": (pe, {"model_params", "epsilon"})}
+                  "parameter_efficiency": (pe, {"m0"})}
         unknown = sorted(set(cfg) - set(cls.__dataclass_fields__))
         unknown += [f"{name}.{k}" for name, (given, known) in nested.items() for k in sorted(set(given) - known)]
         if unknown:
             raise AdaptError(f"params.yaml: unknown key(s) adapt.elevater.{', adapt.elevater.'.join(unknown)}")
         extra = {"lr_log_range": (lr.get("log_lower", -6), lr.get("log_upper", -1)), "lr_num": lr.get("num", 6),
                  "wd_log_range": (wd.get("log_lower", -6), wd.get("log_upper", 6)),
-                 "model_params": pe.get("model_params"), "pe_epsilon": pe.get("epsilon", 1.0)}
-        tuples = {k: tuple(cfg[k]) for k in ("shots", "seeds", "heads") if k in cfg}
+                 "pe_m0": float(pe.get("m0", 1e8))}
+        tuples = {k: tuple(cfg[k] or ()) for k in ("shots", "seeds", "heads", "knowledge") if k in cfg}
         settings = cls(**{**cfg, **tuples, **extra})
         settings.check()
         return settings
@@ -119,11 +124,17 @@ class Settings:
         if bad or len(set(self.heads)) < len(self.heads):
             raise AdaptError(f"params.yaml: adapt.elevater.heads {list(self.heads)}: each must be one of {list(HEADS)}, "
                              f"once (language_1p needs the pre-projection image features of embed.pre_projection: true)")
+        unknown = [v for v in self.knowledge if v not in KNOWLEDGE_VARIANTS]
+        if unknown:
+            raise AdaptError(f"params.yaml: adapt.elevater.knowledge {unknown}: unknown knowledge variant(s); known: "
+                             f"{', '.join(KNOWLEDGE_VARIANTS)}")
         for s in self.shots:
             if not (s == "full" or (isinstance(s, int) and s >= 1)):
                 raise AdaptError(f"params.yaml: adapt.elevater.shots entry {s!r} is neither a positive int nor 'full'")
         checks = {"report": (self.report in REPORTS, f"one of {list(REPORTS)}"),
                   "logit_scale": (self.logit_scale in LOGIT_SCALES, f"one of {list(LOGIT_SCALES)}"),
+                  "wd_refinement": (self.wd_refinement in WD_REFINEMENTS, f"one of {list(WD_REFINEMENTS)}"),
+                  "pe_m0": (self.pe_m0 > 0, "> 0 (parameter_efficiency.m0)"),
                   "val_fraction": (0 < self.val_fraction < 1, "in (0, 1)"),
                   "batch_size": (self.batch_size >= 2, ">= 2"),
                   "search_epochs": (self.search_epochs >= 1, ">= 1"),
@@ -345,45 +356,57 @@ class SearchOutcome:
     """Per line (head, learning-rate index): the chosen weight-decay index and its score; every evaluation made."""
 
     peaks: dict[Hashable, tuple[int, float]]
-    trace: list[dict[str, Any]]
+    trace: list[dict[str, Any]]  # one entry per (line, candidate index): its round, the index trained, its score
     toolkit_runs: int  # runs the toolkit would train (it retrains a neighbour clamped onto an evaluated index)
+    runs: int  # runs trained here
 
 
 def weight_decay_search(evaluate: Callable[[list[tuple[Hashable, int]]], Sequence[float]], lines: Sequence[Hashable],
-                        n_grid: int = 97, coarse: int = 7) -> SearchOutcome:
+                        n_grid: int = 97, coarse: int = 7, refinement: str = "index") -> SearchOutcome:
     """`hyperparameter_sweep` of the toolkit for several lines at once, one `evaluate` call per round.
 
     Round 0 evaluates the coarse indices (0, 16, ..., 96) of every line; rounds at spans 8, 4, 2, 1 evaluate
     max(peak - span, 0) and min(peak + span, n - 1) of each line unless equal to its peak. A line's peak starts at
     (-1, 0.0) and moves only on a strictly higher score, in evaluation order (so an all-zero line ends at index
     -1, the largest weight decay, as in the toolkit). Scores are deterministic here, so an index evaluated
-    before is looked up, not retrained."""
+    before is looked up, not retrained. `refinement="left"` is the toolkit's first release (`WD_SEARCH_LEFT`): both
+    neighbours of a round are trained with the left one's weight decay, the score credited to each candidate."""
     step = (n_grid - 1) // (coarse - 1)
     peaks = {line: (-1, 0.0) for line in lines}
     cache: dict[tuple[Hashable, int], float] = {}
     trace: list[dict[str, Any]] = []
-    rounds = [{line: list(range(0, n_grid, step)) for line in lines}]
+    rounds = [{line: [(i, i) for i in range(0, n_grid, step)] for line in lines}]
     span, toolkit_runs = step // 2, 0
     while True:
-        wanted = rounds[-1]
-        todo = [(line, i) for line in lines for i in wanted[line] if (line, i) not in cache]
-        for (line, i), s in zip(todo, evaluate(todo) if todo else []):
-            cache[line, i] = float(s)
-            trace.append({"line": line, "index": i, "score": float(s), "round": len(rounds) - 1})
+        wanted = rounds[-1]  # per line: (candidate index, index trained)
+        todo = list(dict.fromkeys((line, t) for line in lines for _, t in wanted[line] if (line, t) not in cache))
+        for (line, t), score in zip(todo, evaluate(todo) if todo else []):
+            cache[line, t] = float(score)
         for line in lines:
             toolkit_runs += len(wanted[line])
-            for i in wanted[line]:
-                if cache[line, i] > peaks[line][1]:
-                    peaks[line] = (i, cache[line, i])
+            for i, t in wanted[line]:
+                trace.append({"line": line, "index": i, "trained": t, "score": cache[line, t], "round": len(rounds) - 1})
+                if cache[line, t] > peaks[line][1]:
+                    peaks[line] = (i, cache[line, t])
         if span == 0:
-            return SearchOutcome(peaks, trace, toolkit_runs)
-        rounds.append({line: _neighbours(peaks[line][0], span, n_grid) for line in lines})
+            return SearchOutcome(peaks, _unique_candidates(trace), toolkit_runs, len(cache))
+        rounds.append({line: _neighbours(peaks[line][0], span, n_grid, refinement) for line in lines})
         span //= 2
 
 
-def _neighbours(peak: int, span: int, n: int) -> list[int]:
+def _neighbours(peak: int, span: int, n: int, refinement: str = "index") -> list[tuple[int, int]]:
     left, right = max(peak - span, 0), min(peak + span, n - 1)
-    return [i for i in (left, right) if i != peak]
+    return [(i, left if refinement == "left" else i) for i in (left, right) if i != peak]
+
+
+def _unique_candidates(trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trace without repeats of a (line, candidate) pair (a candidate met again was looked up)."""
+    seen, out = set(), []
+    for t in trace:
+        if (t["line"], t["index"]) not in seen:
+            seen.add((t["line"], t["index"]))
+            out.append(t)
+    return out
 
 
 def select_learning_rate(scores: Sequence[float]) -> int | None:
@@ -428,7 +451,8 @@ def search(problem: Problem, init: HeadInit, s: Settings, on) -> tuple[dict[str,
                            problem.multi_label, on)
         return train_epochs(problem, heads, s.search_epochs, s.batch_size, plan).max(axis=1)
 
-    outcome = weight_decay_search(evaluate, [(h, li) for h in s.heads for li in range(len(lrs))])
+    outcome = weight_decay_search(evaluate, [(h, li) for h in s.heads for li in range(len(lrs))],
+                                  refinement=s.wd_refinement)
     chosen = {}
     for head in s.heads:
         per_lr = [outcome.peaks[head, li] for li in range(len(lrs))]
@@ -482,7 +506,7 @@ def run_setting(pool: Pool, init: HeadInit, s: Settings, shots, seed: int, datas
     final = final_run(pool, final_rows, init, chosen, s, on)
     return {"shots": shots, "seed": seed, "sampled": int(rows.size), "train": int(fit.size), "val": int(val.size),
             "final_train": int(final_rows.size), "search_subset": n_search, "chosen": chosen, "final": final,
-            "search_runs": len(outcome.trace), "toolkit_search_runs": outcome.toolkit_runs,
+            "search_runs": outcome.runs, "toolkit_search_runs": outcome.toolkit_runs,
             "search_seconds": searched, "trace": outcome.trace}
 
 
@@ -555,23 +579,58 @@ def load_pre_projection(inputs, s: Settings, pool: Pool) -> tuple[Pool, Projecti
     return replace(pool, x=train.embeddings.astype(np.float32), x_test=test.embeddings.astype(np.float32)), projection
 
 
-def head_init(inputs, pool: Pool, s: Settings, seed: int, projection: Projection | None = None) -> HeadInit:
+def head_init(inputs, pool: Pool, s: Settings, seed: int, projection: Projection | None = None,
+              knowledge: Mapping[str, np.ndarray] | None = None) -> HeadInit:
     """Random-2P: PyTorch's default Linear init (seeded with the run seed, the toolkit's fix_seed); Language-2P:
     the class embeddings of the `prompts` text set (template prompts, each normalised, averaged, renormalised:
     the zero-shot classifier) as weights, zero bias; Language-1P: the Language-2P head merged with the image tower's
-    projection (`language_1p_init`)."""
+    projection (`language_1p_init`). Per knowledge variant v of `knowledge` ({v: class weights [C, d]}), each
+    language head h also gets `h@v`: the same head initialised from the variant's class embeddings."""
     dim, out = pool.x.shape[1], {}
     if "random_2p" in s.heads:
         out["random_2p"] = pytorch_linear_init(dim, pool.num_classes, seed)
-    if {"language_2p", "language_1p"} & set(s.heads):
-        w = text_classifier(inputs, pool)
-        out["language_2p"] = (w.T.astype(np.float32), np.zeros(pool.num_classes, np.float32))
-    if "language_1p" in s.heads:
-        if projection is None:
-            raise AdaptError(f"dataset {inputs.meta.name!r}: language_1p needs the image tower's projection "
-                             "(load_pre_projection)")
-        out["language_1p"] = language_1p_init(*out["language_2p"], projection)
+    classifiers = {"": text_classifier(inputs, pool)} if set(LANGUAGE_HEADS) & set(s.heads) else {}
+    classifiers.update({f"@{v}": w for v, w in (knowledge or {}).items()})
+    for suffix, w in classifiers.items():
+        two_p = (w.T.astype(np.float32), np.zeros(pool.num_classes, np.float32))
+        if "language_2p" in s.heads:
+            out[f"language_2p{suffix}"] = two_p
+        if "language_1p" in s.heads:
+            if projection is None:
+                raise AdaptError(f"dataset {inputs.meta.name!r}: language_1p needs the image tower's projection "
+                                 "(load_pre_projection)")
+            out[f"language_1p{suffix}"] = language_1p_init(*two_p, projection)
     return HeadInit(out, logit_scale_factor(s.logit_scale, pool.num_classes, inputs, s.train_split))
+
+
+def knowledge_classifiers(inputs, pool: Pool, s: Settings) -> dict[str, np.ndarray]:
+    """{variant: class weights [C, d]} of the `knowledge` variants embedded for the dataset (stage embed_knowledge;
+    the dataset must be in suite.knowledge), in the order of `s.knowledge`; none when no language head runs."""
+    from vlbench.analyses.zeroshot import knowledge_variant
+
+    if not set(LANGUAGE_HEADS) & set(s.heads) or not hasattr(inputs, "knowledge_sets"):
+        return {}
+    present = set(inputs.knowledge_sets())
+    out = {v: knowledge_variant(inputs.knowledge(v), pool.num_classes)[0] for v in s.knowledge if v in present}
+    for v, w in out.items():
+        if w.shape[1] != pool.x.shape[1]:
+            raise AdaptError(f"dataset {inputs.meta.name!r}: knowledge set {v!r} has dim {w.shape[1]}, images "
+                             f"{pool.x.shape[1]}")
+    return out
+
+
+def select_knowledge(run: dict[str, Any], heads: Sequence[str], variants: Sequence[str]) -> dict[str, Any]:
+    """The paper's knowledge-augmented adaptation (App. H, Tables 16-17): per language head, the initialisation
+    (knowledge-free or one variant) whose search reached the highest validation score is the one tested, as
+    `<head>_knowledge`; knowledge is used only when it is strictly better on validation (ties keep the first)."""
+    run = {**run, "chosen": dict(run["chosen"]), "final": dict(run["final"]), "knowledge_choice": {}}
+    for head in (h for h in heads if h in LANGUAGE_HEADS):
+        candidates = [head] + [f"{head}@{v}" for v in variants]
+        best = max(candidates, key=lambda c: (run["chosen"][c]["val_score"], -candidates.index(c)))
+        run["chosen"][head + KNOWLEDGE_SUFFIX] = {**run["chosen"][best], "initialisation": best}
+        run["final"][head + KNOWLEDGE_SUFFIX] = run["final"][best]
+        run["knowledge_choice"][head] = best.partition("@")[2] or None
+    return run
 
 
 def logit_scale_factor(name: str, num_classes: int, inputs=None, split: str | None = None) -> float:
@@ -619,20 +678,28 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
     s = Settings.from_cfg(cfg)
     pool = load_pool(inputs, s)
     pre, projection = load_pre_projection(inputs, s, pool) if set(PRE_PROJECTION_HEADS) & set(s.heads) else (None, None)
-    init, on = head_init(inputs, pool, s, seed, projection), pick_device()
-    groups = head_groups(s, pool, pre)
+    knowledge = knowledge_classifiers(inputs, pool, s)
+    init, on = head_init(inputs, pool, s, seed, projection, knowledge), pick_device()
+    reported = s.heads + tuple(h + KNOWLEDGE_SUFFIX for h in s.heads if h in LANGUAGE_HEADS and knowledge)
+    trained = replace(s, heads=tuple(init.weights))
+    groups = head_groups(trained, pool, pre)
     started = time.perf_counter()
     work = s.batch_size * max(p.x.shape[1] for p, _ in groups) * pool.num_classes * len(s.heads) * s.lr_num * 7
     with cpu_threads(on, work):
         runs = [merge_runs([run_setting(p, init, gs, shots, sd, inputs.meta.name, on) for p, gs in groups])
                 for shots in s.shots for sd in (s.seeds if shots != "full" else s.seeds[:1])]
-    summary = summarize(runs, s, {h: p.x.shape[1] for p, gs in groups for h in gs.heads}, pool.num_classes)
     seconds = time.perf_counter() - started
-    details = {"settings": {**settings_details(s, seed), "logit_factor": init.logit_scale}, "summary": summary,
+    if knowledge:
+        runs = [select_knowledge(r, s.heads, list(knowledge)) for r in runs]
+    dims = {h: p.x.shape[1] for p, gs in groups for h in gs.heads}
+    dims.update({h + KNOWLEDGE_SUFFIX: dims[h] for h in s.heads if h in LANGUAGE_HEADS})
+    summary = summarize(runs, replace(s, heads=tuple(init.weights) + reported[len(s.heads):]), dims, pool.num_classes)
+    details = {"settings": {**settings_details(s, seed), "logit_factor": init.logit_scale,
+                            "knowledge_variants": list(knowledge)},
+               "summary": summary,
                "device": str(on), "runs": [{k: v for k, v in r.items() if k not in RUN_ONLY} for r in runs]}
-    metrics = {f"elevater/{h}/{shots}/{s.report}": v["mean"] for h, per in summary.items() if h in s.heads
-               for shots, v in per.items()}
-    metrics.update(pe_metrics(summary, s))
+    metrics = {f"elevater/{h}/{shots}/{s.report}": summary[h][shots]["mean"] for h in reported for shots in summary[h]}
+    metrics.update(pe_metrics(summary, reported))
     timings = {"seconds": seconds, "runs": [{"shots": r["shots"], "seed": r["seed"], "search_seconds": r["search_seconds"]}
                                             for r in runs]}
     return ProtocolResult(metrics, details, {"elevater_search": search_table(runs, s)},
@@ -642,8 +709,8 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
 def head_groups(s: Settings, pool: Pool, pre: Pool | None) -> list[tuple[Pool, Settings]]:
     """The heads on projected embeddings and those on pre-projection features, each with its pool: every group is a
     search of its own (its own features, batch norm and batches), on the same sampled rows."""
-    groups = [(pool, [h for h in s.heads if h not in PRE_PROJECTION_HEADS]),
-              (pre, [h for h in s.heads if h in PRE_PROJECTION_HEADS])]
+    on_pre = [h for h in s.heads if h.partition("@")[0] in PRE_PROJECTION_HEADS]
+    groups = [(pool, [h for h in s.heads if h not in on_pre]), (pre, on_pre)]
     return [(p, replace(s, heads=tuple(names))) for p, names in groups if names]
 
 
@@ -673,24 +740,14 @@ def summarize(runs: list[dict], s: Settings, dims: Mapping[str, int], num_classe
     return out
 
 
-def parameter_efficiency(score: float, trainable: int, s: Settings) -> dict[str, Any]:
-    """ELEVATER's parameter-efficiency number, score * exp(log10(M / M0 + epsilon)) as the paper prints it, and the
-    same with the exponent's sign flipped (see PE_SIGN_NOTE); M = the head's trainable parameters, M0 = the
-    model's parameters (`parameter_efficiency.model_params`; none given, none computed)."""
-    if not s.model_params:
-        return {}
-    r = math.log10(trainable / s.model_params + s.pe_epsilon)
-    return {"pe_as_printed": score * math.exp(r), "pe_sign_flipped": score * math.exp(-r)}
+def parameter_efficiency(score: float, trainable: int, s: Settings) -> dict[str, float]:
+    """ELEVATER's performance-efficiency metric (App. D.2, Eq. 1): PE = score * exp(log10(M / M0 + 1)), M the head's
+    trainable parameters, M0 the normalisation constant (`parameter_efficiency.m0`, the paper's 1e8)."""
+    return {"pe": score * math.exp(math.log10(trainable / s.pe_m0 + 1))}
 
 
-def pe_metrics(summary: dict[str, Any], s: Settings) -> dict[str, float]:
-    out = {}
-    for head in s.heads:
-        for shots, v in summary[head].items():
-            for key in ("pe_as_printed", "pe_sign_flipped"):
-                if key in v:
-                    out[f"elevater/{head}/{shots}/{key}"] = v[key]
-    return out
+def pe_metrics(summary: dict[str, Any], heads: Sequence[str]) -> dict[str, float]:
+    return {f"elevater/{head}/{shots}/pe": v["pe"] for head in heads for shots, v in summary[head].items()}
 
 
 def settings_details(s: Settings, seed: int) -> dict[str, Any]:
@@ -703,16 +760,17 @@ def settings_details(s: Settings, seed: int) -> dict[str, Any]:
             "final_epochs": s.final_epochs, "momentum": s.momentum, "nesterov": s.nesterov,
             "logit_scale": s.logit_scale, "init_seed": seed, "shuffle_seed": SHUFFLE_SEED,
             "search_subset": dict(s.search_subset), "precision": "fp32",
-            "parameter_efficiency": {"model_params": s.model_params, "epsilon": s.pe_epsilon, "note": PE_SIGN_NOTE},
+            "parameter_efficiency": {"m0": s.pe_m0, "note": PE_NOTE}, "wd_refinement": s.wd_refinement,
             "language_1p": LANGUAGE_1P_NOTE if "language_1p" in s.heads else "not run (adapt.elevater.heads)"}
 
 
 def search_table(runs: list[dict], s: Settings) -> pa.Table:
-    """One row per search evaluation: head, shots, seed, learning rate, weight decay (and its grid index), round,
-    validation score (best over the run's epochs)."""
+    """One row per search candidate: head, shots, seed, learning rate, the candidate's weight-decay grid index, the
+    weight decay trained (with wd_refinement left, the round's left neighbour's), round, validation score (best over
+    the run's epochs)."""
     lrs, wds = s.learning_rates(), s.weight_decays()
     rows = [{"head": t["line"][0], "shots": str(r["shots"]), "seed": r["seed"], "lr": lrs[t["line"][1]],
-             "wd_index": t["index"], "wd": wds[t["index"]], "round": t["round"], "val_score": t["score"]}
+             "wd_index": t["index"], "wd": wds[t["trained"]], "round": t["round"], "val_score": t["score"]}
             for r in runs for t in r["trace"]]
     schema = pa.schema([("head", pa.string()), ("shots", pa.string()), ("seed", pa.int64()), ("lr", pa.float64()),
                         ("wd_index", pa.int64()), ("wd", pa.float64()), ("round", pa.int64()),

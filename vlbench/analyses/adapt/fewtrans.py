@@ -8,15 +8,17 @@ drawn as Meta-Dataset does and split over the classes in proportion to their poo
 with FewTrans' cap of 10 images per class (so at most 150 images), support and query drawn without replacement from
 each class's whole pool. Base-to-novel: classes are split once into base and novel classes (FewTrans'
 `gen_rand_split_inds`, RandomState(22)); each episode also draws novel classes with min(15, n) query images each and
-no support set. With `hierarchy: {dataset: dag}` (FewTrans' USE_DAG_HIERARCHY path, its ImageNet-Sketch rule) each
-episode's classes are instead those below one WordNet node drawn uniformly (`fewtrans_dag.py`), and `novel_roots`
-gives Meta-Dataset's hierarchical base/novel split.
+no support set. Each dataset's base/novel counts come from `fewtrans_splits.json` (the paper's Appendix B.1). With
+`hierarchy: {dataset: dag}` (FewTrans' USE_DAG_HIERARCHY path, its ImageNet-Sketch rule) each episode's classes are
+instead those below one WordNet node drawn uniformly (`fewtrans_dag.py`), and `novel_roots` gives Meta-Dataset's
+hierarchical base/novel split.
 
 Methods, all on the cached features: `zeroshot` (the `prompts` text classifier restricted to the episode's classes),
 `prototype` (cosine to the mean of the L2-normalised support features) and `linear` (a linear head on L2-normalised
 features, weights initialised to ones and bias to zero as the code's `FinetuneModel` does, Adam with a per-step
-cosine learning rate, full batch), with FewTrans' hyper-parameter ensemble: a grid of learning rates and epochs
-around a centre (c/5, c, 5c), members combined by summing their logits (the paper) or by majority vote (the code).
+cosine learning rate, full batch), with FewTrans' hyper-parameter ensemble (the paper's Appendix B.2 grid for methods
+with one learning rate: 5 learning rates c/25, c/5, c, 5c, 25c x 3 epoch counts E'/3, 2E'/3, E' with E' = E* + 10),
+members combined by summing their logits (the paper, Section 5.1) or by majority vote (the code).
 Every head of every ensemble member of a chunk of episodes trains as one batched computation.
 
 docs/protocols.md, "Adapt: FewTrans episodes", has every rule with its source and every difference.
@@ -24,8 +26,10 @@ docs/protocols.md, "Adapt: FewTrans episodes", has every rule with its source an
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +44,8 @@ COMBINES = ("sum", "vote")
 EPOCH_MODES = ("grid", "snapshots")
 CLASS_SPLIT_SEED = 22  # FewTrans' dataset_spec.SEED for its base/novel class split
 LOG_WEIGHT = math.log(2.0)  # Meta-Dataset's MIN/MAX_LOG_WEIGHT = -/+ 0.69314718055994529
+SPLITS_FILE = Path(__file__).with_name("fewtrans_splits.json")  # per dataset: base and novel class counts, as data
+EPOCH_SEARCH = (1, 2, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100)  # App. A: the search space of E*
 CHUNK = 64  # episodes per batched linear-head computation (runtime only: results do not depend on it)
 
 DEFAULTS: dict[str, Any] = {
@@ -52,14 +58,15 @@ DEFAULTS: dict[str, Any] = {
     "max_query": 10,  # MAX_NUM_QUERY (base classes)
     "novel_query": 15,  # NUM_QUERY_NOVEL
     "min_examples": 2,  # MIN_EXAMPLES_IN_CLASS (base classes with fewer images never appear)
-    "novel_fraction": 0.2,  # share of classes held out as novel; 0: no base-to-novel evaluation
-    "novel_classes": {},  # {dataset: number of novel classes}, overrides novel_fraction
+    "novel_fraction": None,  # None: the counts of fewtrans_splits.json; a number: round(fraction x classes); 0: none
+    "novel_classes": {},  # {dataset: number of novel classes}, over fewtrans_splits.json and novel_fraction
     "hierarchy": {},  # {dataset: "dag"}: classes from one WordNet node per episode (USE_DAG_HIERARCHY)
     "novel_roots": {},  # {dataset: [wnid, ...]}: novel classes = those below these nodes (Meta-Dataset's ImageNet)
     "max_spanning_leaves": dag.MAX_SPANNING_LEAVES,  # MAX_SPANNING_LEAVES_ELIGIBLE
     "methods": list(METHODS),
     "text_set": "prompts",
-    "linear": {"lr": 0.1, "epochs": 20, "lr_factors": [0.2, 1.0, 5.0], "epoch_factors": [0.2, 1.0, 5.0],
+    # the ensemble (App. B.2): learning rates lr x lr_factors; epochs E'/3, 2E'/3, E' with E' = epochs + epoch_offset
+    "linear": {"lr": 0.1, "epochs": 80, "lr_factors": [0.04, 0.2, 1.0, 5.0, 25.0], "epoch_offset": 10,
                "epoch_mode": "grid", "combine": "sum", "batch_size": 512},
 }
 
@@ -87,10 +94,14 @@ def _check(s: Mapping[str, Any]) -> None:
         "max_ways": s["max_ways"] < s["min_ways"] and "must be at least min_ways",
         "max_support": s["max_support"] < s["max_ways"] and "must allow one support image per way",
         "episodes": s["episodes"] < 2 and "needs at least 2 episodes for a confidence interval",
-        "novel_fraction": not 0 <= s["novel_fraction"] < 1 and "must be in [0, 1)",
+        "novel_fraction": s["novel_fraction"] is not None and not 0 <= s["novel_fraction"] < 1 and (
+            "must be null (the counts of fewtrans_splits.json) or in [0, 1)"),
         "hierarchy": _bad_modes(s["hierarchy"]),
         "novel_roots": _bad_roots(s["novel_roots"], s["hierarchy"], s["novel_classes"]),
         "max_spanning_leaves": s["max_spanning_leaves"] < s["min_ways"] and "must be at least min_ways",
+        "linear.lr_factors": (not lin["lr_factors"] or min(lin["lr_factors"]) <= 0) and "must be positive factors",
+        "linear.epochs": int(lin["epochs"]) < 1 and "must be at least 1 (E*, the best single number of epochs)",
+        "linear.epoch_offset": int(lin["epoch_offset"]) < 0 and "must be at least 0",
         "linear.combine": lin["combine"] not in COMBINES and f"must be one of {list(COMBINES)}",
         "linear.epoch_mode": lin["epoch_mode"] not in EPOCH_MODES and f"must be one of {list(EPOCH_MODES)}",
         "linear.batch_size": lin["batch_size"] < s["max_support"] and (
@@ -129,11 +140,29 @@ def class_split(num_classes: int, num_novel: int, seed: int = CLASS_SPLIT_SEED) 
     return base.astype(np.int64), np.setdiff1d(np.arange(num_classes), base).astype(np.int64)
 
 
+def split_table() -> dict[str, dict[str, Any]]:
+    """{dataset: {"base", "novel", "source"}}: the base/novel class counts of fewtrans_splits.json."""
+    return json.loads(SPLITS_FILE.read_text())["splits"]
+
+
 def num_novel_classes(dataset: str, num_classes: int, s: Mapping[str, Any]) -> int:
-    """Novel classes for `dataset`: `novel_classes[dataset]`, else round(novel_fraction * classes), at least
-    min_ways when base-to-novel is on; the base classes must keep at least min_ways."""
-    n = s["novel_classes"].get(dataset)
+    """Novel classes for `dataset`: `novel_classes[dataset]`, else the count of fewtrans_splits.json (the paper's
+    Appendix B.1), else round(novel_fraction * classes) (at least min_ways) when novel_fraction is set; the base
+    classes must keep at least min_ways. A dataset with none of these is refused."""
+    n, row = s["novel_classes"].get(dataset), split_table().get(dataset)
+    if n is None and row is not None and row.get("novel_roots"):
+        raise AdaptError(f"dataset {dataset!r}: its novel classes are those below {row['novel_roots']} "
+                         f"({SPLITS_FILE.name}); set adapt.fewtrans.hierarchy[{dataset!r}]: dag and "
+                         f"adapt.fewtrans.novel_roots[{dataset!r}]: {row['novel_roots']}")
+    if n is None and row is not None:
+        if row["base"] + row["novel"] != num_classes:
+            raise AdaptError(f"dataset {dataset!r} has {num_classes} classes but {SPLITS_FILE.name} splits "
+                             f"{row['base']} + {row['novel']}; set adapt.fewtrans.novel_classes[{dataset!r}]")
+        n = row["novel"]
     if n is None:
+        if s["novel_fraction"] is None:
+            raise AdaptError(f"dataset {dataset!r} has no base/novel count in {SPLITS_FILE} (FewTrans App. B.1); set "
+                             f"adapt.fewtrans.novel_classes[{dataset!r}], or novel_fraction (e.g. 0.2; 0: no novel)")
         n = round(s["novel_fraction"] * num_classes)
         n = max(n, s["min_ways"]) if s["novel_fraction"] > 0 else 0
     if n and n < s["min_ways"] or num_classes - n < s["min_ways"]:
@@ -300,11 +329,16 @@ def prototype_accuracy(ep: Episode, x: np.ndarray) -> float:
     return episode_accuracy(l2n(x[qrows].astype(np.float64)) @ protos.T, qlabels)
 
 
+def epoch_axis(epochs: int, offset: int) -> list[int]:
+    """The ensemble's epochs (App. B.2): E' = E* + offset and its thirds, floor(k E' / 3) for k = 1, 2, 3 (the paper's
+    13, 26, 40 for E' = 40, App. A on Table 3), at least 1."""
+    top = int(epochs) + int(offset)
+    return sorted({max(1, top * k // 3) for k in (1, 2, 3)})
+
+
 def ensemble_members(lin: Mapping[str, Any]) -> tuple[list[float], list[int]]:
-    """(learning rates, epochs) of the ensemble grid: the centre times each factor; epochs rounded, at least 1."""
-    lrs = [float(lin["lr"]) * f for f in lin["lr_factors"]]
-    epochs = sorted({max(1, round(lin["epochs"] * f)) for f in lin["epoch_factors"]})
-    return lrs, epochs
+    """(learning rates, epochs) of the ensemble grid: the centre lr times each factor, and `epoch_axis`."""
+    return [float(lin["lr"]) * f for f in lin["lr_factors"]], epoch_axis(lin["epochs"], lin["epoch_offset"])
 
 
 def snapshot_epochs(epochs: int) -> list[int]:
@@ -313,17 +347,21 @@ def snapshot_epochs(epochs: int) -> list[int]:
     return sorted({e for e in range(1, epochs + 1) if e % every == 0} | {epochs})
 
 
-def member_plan(lin: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
-    """(learning rate per trained head, epochs per trained head, [(head, epoch at which its scores count)]), heads
-    ordered by decreasing epochs. grid: one head per (lr, epochs), scored at its end; snapshots: one head per lr
-    over the centre's epochs, scored at each snapshot epoch (the code's `epoch_ensemble`)."""
-    lrs, epochs = ensemble_members(lin)
-    if lin["epoch_mode"] == "snapshots":
-        centre = max(1, int(lin["epochs"]))
-        return np.array(lrs), np.full(len(lrs), centre), [(h, e) for h in range(len(lrs))
-                                                           for e in snapshot_epochs(centre)]
+def grid_plan(lrs: list[float], epochs: list[int]) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """One head per (lr, epochs), scored at its end, heads ordered by decreasing epochs."""
     pairs = [(lr, e) for e in sorted(epochs, reverse=True) for lr in lrs]
     return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]), [(h, p[1]) for h, p in enumerate(pairs)]
+
+
+def member_plan(lin: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """(learning rate per trained head, epochs per trained head, [(head, epoch at which its scores count)]), heads
+    ordered by decreasing epochs. grid: one head per (lr, epochs) of `ensemble_members`; snapshots: one head per lr
+    trained for E' epochs, scored at each snapshot epoch (the code's `epoch_ensemble`)."""
+    lrs, epochs = ensemble_members(lin)
+    if lin["epoch_mode"] == "snapshots":
+        top = max(epochs)
+        return np.array(lrs), np.full(len(lrs), top), [(h, e) for h in range(len(lrs)) for e in snapshot_epochs(top)]
+    return grid_plan(lrs, epochs)
 
 
 def _pad(episodes: list[Episode], x: np.ndarray, part: str):
@@ -376,12 +414,14 @@ class _Heads:
         _adam(self.b[:n], grad.sum(2), m_b, v_b, lr[:, None, None], t)
 
 
-def train_linear_heads(episodes: list[Episode], x: np.ndarray, lin: Mapping[str, Any], device: str | None = None):
+def train_linear_heads(episodes: list[Episode], x: np.ndarray, lin: Mapping[str, Any], device: str | None = None,
+                       plan=None):
     """Query logits (E, members, Q, K) of every ensemble member on a chunk of episodes (padded classes -inf).
 
     Cross-entropy on L2-normalised support features, full batch (one step per epoch), Adam with the learning rate
     0.5 * lr * (1 + cos(pi * step / steps)) set before each step, as the code's `Finetuner.forward`. All heads train
-    together; a head whose epochs are done stops (the heads are ordered by decreasing epochs)."""
+    together; a head whose epochs are done stops (the heads are ordered by decreasing epochs). `plan`: a
+    `member_plan`-shaped plan to train instead of the ensemble's (e.g. `centre_grid`'s single heads)."""
     import torch
 
     from vlbench.analyses.adapt.common import cpu_threads
@@ -389,7 +429,7 @@ def train_linear_heads(episodes: list[Episode], x: np.ndarray, lin: Mapping[str,
     from vlbench.analyses.adapt.vtab import exp_shifted, flush_denormals
 
     dev = pick_device(device)
-    lrs, steps, scored = member_plan(lin)
+    lrs, steps, scored = plan if plan is not None else member_plan(lin)
     xs, ys, sm = (torch.as_tensor(a, device=dev) for a in _pad(episodes, x, "support"))
     xq = torch.as_tensor(_pad(episodes, x, "query")[0], device=dev)
     ways = torch.as_tensor([ep.ways for ep in episodes], device=dev)
@@ -431,12 +471,12 @@ def _chunks(episodes: list[Episode]):
 
 
 def linear_accuracies(episodes: list[Episode], x: np.ndarray, lin: Mapping[str, Any],
-                      device: str | None = None, members: bool = False) -> np.ndarray:
+                      device: str | None = None, members: bool = False, plan=None) -> np.ndarray:
     """Per episode, the ensemble's query accuracy (E,), or with members=True each member's (E, members)."""
     out = None
     for idx in _chunks(episodes):
         chunk = [episodes[i] for i in idx]
-        logits = train_linear_heads(chunk, x, lin, device)  # (E, M, Q, K)
+        logits = train_linear_heads(chunk, x, lin, device, plan)  # (E, M, Q, K)
         preds = logits.argmax(axis=-1) if members else combine(logits, lin["combine"])[:, None, :]
         if out is None:
             out = np.zeros((len(episodes), preds.shape[1]))
@@ -446,21 +486,27 @@ def linear_accuracies(episodes: list[Episode], x: np.ndarray, lin: Mapping[str, 
     return out if members else out[:, 0]
 
 
+def lr_search_space(low: float, high: float) -> list[float]:
+    """App. A's learning rates between low and high: 1, 2 and 5 times each power of 10 (the paper's lower limit is
+    1e-8 and it has no upper one)."""
+    powers = range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1)
+    values = sorted({float(f"{m}e{p}") for p in powers for m in (1, 2, 5)})
+    return [v for v in values if low * (1 - 1e-9) <= v <= high * (1 + 1e-9)]
+
+
 def centre_grid(inputs, cfg: Mapping[str, Any], seed: int, lrs: list[float], epochs: list[int],
                 device: str | None = None) -> dict[str, float]:
     """Mean base-episode accuracy of single heads (no ensemble) for each (learning rate, epochs): how the
-    ensemble's centre is chosen on a held-out dataset (FewTrans' auto_find.py climbs to the best single setting).
-    Keys "lr=<lr>,epochs=<n>"."""
+    ensemble's centre (lr*, E*) is found on a held-out dataset (App. A and B.2: the best average single setting over
+    epochs `EPOCH_SEARCH` and learning rates `lr_search_space`). Keys "lr=<lr>,epochs=<n>"."""
     s = settings(cfg)
     pool = load_pool(inputs, list(s["splits"]))
     c = len(inputs.meta.classes)
     base, novel, graph = episode_classes(inputs.meta, s)
     episodes = [b for b, _ in sample_episodes(class_pools(pool.labels, c), base, novel, s, seed, graph)]
-    lin = {**s["linear"], "lr": 1.0, "lr_factors": list(lrs), "epochs": 1, "epoch_factors": list(epochs),
-           "epoch_mode": "grid"}
-    acc = linear_accuracies(episodes, pool.x, lin, device, members=True).mean(axis=0)
-    heads_lr, heads_epochs, _ = member_plan(lin)
-    return {f"lr={lr:g},epochs={int(n)}": float(a) for lr, n, a in zip(heads_lr, heads_epochs, acc)}
+    plan = grid_plan([float(v) for v in lrs], [int(e) for e in epochs])
+    acc = linear_accuracies(episodes, pool.x, s["linear"], device, members=True, plan=plan).mean(axis=0)
+    return {f"lr={lr:g},epochs={int(n)}": float(a) for lr, n, a in zip(plan[0], plan[1], acc)}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -486,11 +532,20 @@ def episode_classes(meta, s: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray,
     if roots:
         by_root = dag.root_split(parents, wnids, roots, meta.name)
         novel = np.sort(np.concatenate(by_root))
+        check_root_count(meta.name, len(novel), num_classes)
         base = np.setdiff1d(np.arange(num_classes), novel)
     else:
         base, novel = class_split(num_classes, num_novel_classes(meta.name, num_classes, s))
         by_root = None
     return base, novel, dag.build(parents, wnids, base, novel, roots, by_root, meta.name)
+
+
+def check_root_count(dataset: str, num_novel: int, num_classes: int) -> None:
+    """A dataset whose counts fewtrans_splits.json gives (ImageNet-Sketch: 712/288) must get them from its roots."""
+    row = split_table().get(dataset)
+    if row is not None and (num_classes - num_novel, num_novel) != (row["base"], row["novel"]):
+        raise AdaptError(f"dataset {dataset!r}: adapt.fewtrans.novel_roots give {num_classes - num_novel} base and "
+                         f"{num_novel} novel classes, {SPLITS_FILE.name} (the paper) {row['base']} and {row['novel']}")
 
 
 def load_pool(inputs, splits: list[str]) -> Pool:

@@ -6,8 +6,10 @@ trained with SGD momentum 0.9, batch 512, no weight decay and no augmentation, i
 30%, 60% and 90% of the steps (`tf.train.piecewise_constant`, the README's `--decay_steps 750,1500,2250` for 2,500
 steps). VTAB's lightweight sweep, learning rate {0.1, 0.01} x steps {2,500, 10,000}, is trained on `train800`
 (the first 800 images of the train split, TFDS `train[:800]`) and scored on `val200` (the first 200 of the
-validation split); the chosen setting is retrained on the 1,000 (`train800val200`) and tested on the whole test split.
-Three runs (seeds), median reported. The heads train batched (`train_heads`): on the CPU the 12 sweep heads (3 runs
+validation split), or with `selection: paper` (the paper's App. I) trained on the 1,000 and scored on the whole
+validation split; the chosen setting is retrained on the 1,000 (`train800val200`) and tested on the whole test split.
+Three runs (seeds), median reported. Every dataset must be prepared with `preprocess: squash` (App. I: "We resize all
+images to 224x224", no centre crop). The heads train batched (`train_heads`): on the CPU the 12 sweep heads (3 runs
 x 4 settings) in one loop of 10,000 steps, then the 3 final heads in another; on the GPU the sweep and every
 setting's final run (24 heads) in one loop.
 
@@ -35,7 +37,8 @@ from vlbench.features import (
 
 GROUPS = ("natural", "specialized", "structured")
 GROUPS_FILE = Path(__file__).with_name("vtab_groups.json")  # VTAB's 19 tasks -> group, as data
-SELECTIONS = ("val200", "full_val")
+SELECTIONS = ("val200", "paper")  # the code's train800 / val200 | the paper's App. I: train on 1,000, select on all of val
+PREPROCESSES = ("squash", "default")  # the prepared dataset's `preprocess`: VTAB resizes to 224 x 224 without a crop
 REPRESENTATIONS = ("projected", "pre_projection")  # the embedding as the model outputs it | before its projection
 BLOCK = 250  # steps of batch indices drawn at a time (runtime only: the stream is the same)
 
@@ -45,7 +48,8 @@ DEFAULTS: dict[str, Any] = {
     "test_split": "test",
     "train_examples": 800,
     "val_examples": 200,
-    "selection": "val200",  # val200 (task_adaptation's code) | full_val (the paper's appendix: the whole split)
+    "selection": "val200",  # val200 (task_adaptation's code) | paper (App. I: sweep on the 1,000, select on all of val)
+    "preprocess": "squash",  # what every dataset must be prepared with (App. I: "resize all images to 224x224")
     "learning_rates": [0.1, 0.01],
     "steps": [2500, 10000],
     "batch_size": 512,
@@ -67,7 +71,9 @@ def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
         raise AdaptError(f"params.yaml: adapt.vtab has unknown key(s) {unknown}; known: {sorted(DEFAULTS)}")
     s = {**DEFAULTS, **cfg}
     problems = {
-        "selection": s["selection"] not in SELECTIONS and f"must be one of {list(SELECTIONS)}",
+        "selection": s["selection"] not in SELECTIONS and f"must be one of {list(SELECTIONS)}" + (
+            " (full_val is now paper: the sweep trains on the 1,000 too)" if s["selection"] == "full_val" else ""),
+        "preprocess": s["preprocess"] not in PREPROCESSES and f"must be one of {list(PREPROCESSES)}",
         "representation": s["representation"] not in REPRESENTATIONS and f"must be one of {list(REPRESENTATIONS)}",
         "runs": s["runs"] < 1 and "must be at least 1",
         "learning_rates": not s["learning_rates"] and "must not be empty",
@@ -218,8 +224,9 @@ class Split:
 
 
 def load_splits(inputs, s: Mapping[str, Any]) -> dict[str, Split]:
-    """train800, val (val200 or the whole split), train800val200 and test, as row ranges of the prepared splits
-    (index lists, never copies of images)."""
+    """train800, the sweep's training set (train800, or with selection `paper` train800val200), the selection set
+    (val200, or with `paper` the whole validation split), train800val200 and test, as row ranges of the prepared
+    splits (index lists, never copies of images)."""
     meta = inputs.meta
     if meta.multi_label:
         raise AdaptError(f"dataset {meta.name!r}: VTAB linear evaluation needs single-label data")
@@ -237,9 +244,19 @@ def load_splits(inputs, s: Mapping[str, Any]) -> dict[str, Split]:
             raise AdaptError(f"dataset {meta.name!r}: adapt.vtab.{key} is {n} but the split has {len(part.y)} images")
     tr = Split(train.x[:s["train_examples"]], train.y[:s["train_examples"]])
     va = Split(val.x[:s["val_examples"]], val.y[:s["val_examples"]])
-    select = va if s["selection"] == "val200" else val
     both = Split(np.concatenate([tr.x, va.x]), np.concatenate([tr.y, va.y]))
-    return {"train800": tr, "select": select, "train800val200": both, "test": got["test_split"]}
+    paper = s["selection"] == "paper"
+    return {"train800": tr, "sweep": both if paper else tr, "select": val if paper else va, "train800val200": both,
+            "test": got["test_split"]}
+
+
+def check_preprocess(meta, s: Mapping[str, Any]) -> None:
+    """VTAB squashes every image to the model's input (App. I: "We resize all images to 224x224"; task_adaptation's
+    `tf.image.resize` to (224, 224), no crop): a dataset prepared otherwise is refused, naming the fix."""
+    if meta.preprocess != s["preprocess"]:
+        raise AdaptError(f"dataset {meta.name!r} is prepared with preprocess {meta.preprocess!r} but "
+                         f"adapt.vtab.preprocess is {s['preprocess']!r}: set `preprocess: {s['preprocess']}` under prepare: in its dataset entry "
+                         f"(conf/dataset/{meta.name}.yaml), or adapt.vtab.preprocess: {meta.preprocess}")
 
 
 def pre_projection_images(inputs, split: str) -> Features:
@@ -286,14 +303,14 @@ def choose(val_acc: np.ndarray) -> list[int]:
 def train_runs(data: Mapping[str, Split], num_classes: int, s: Mapping[str, Any], seed: int,
                device: str | None = None):
     """(plan, sweep heads (R, A), final heads (R, A')), each as (weight, bias). The sweep trains every setting on
-    train800; the final runs train on train800val200 (train800 is its first 800 rows). On the GPU both go in one
+    train800 (selection `paper`: on train800val200); the final runs train on train800val200 (train800 is its first 800 rows). On the GPU both go in one
     loop (2R streams, every setting also trained on the 1,000: launches, not arithmetic, bound a GPU step), A' = A;
     on the CPU the final loop trains the chosen setting only (A' = 1, less arithmetic). Streams and results are
     the same either way."""
     from vlbench.analyses.adapt.common import device as pick_device
 
     plan, runs, both = sweep_plan(s), s["runs"], data["train800val200"]
-    n800, n1000 = len(data["train800"].y), len(both.y)
+    n800, n1000 = len(data["sweep"].y), len(both.y)  # the sweep's rows are the first of train800val200's
     sweep_rngs, final_rngs = run_rngs(seed, runs, "sweep"), run_rngs(seed, runs, "final")
     if pick_device(device).type == "cuda":
         lrs, ends = rate_table([plan] * (2 * runs), s)
@@ -319,9 +336,11 @@ def final_test_accuracy(data: Mapping[str, Split], num_classes: int, plan, chose
 
 
 def evaluate(inputs, cfg: Mapping[str, Any], seed: int, device: str | None = None) -> ProtocolResult:
-    """VTAB-1k on one dataset: sweep on train800 / val200, retrain the chosen setting on the 1,000, test; 3 runs."""
+    """VTAB-1k on one dataset: sweep on train800 / val200 (selection `paper`: on the 1,000 / the whole validation
+    split), retrain the chosen setting on the 1,000, test; 3 runs."""
     s = settings(cfg)
     group = task_group(inputs.meta.name, s["groups"])
+    check_preprocess(inputs.meta, s)
     data, c = load_splits(inputs, s), len(inputs.meta.classes)
     plan, sweep, final, final_rngs = train_runs(data, c, s, seed, device)
     val_acc = accuracies(*sweep, data["select"].x, data["select"].y)
@@ -333,7 +352,8 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int, device: str | None = Non
             for r, k in enumerate(chosen)]
     details = {"group": group, "median": median, "runs": runs, "seed": seed, "settings": s,
                "schedule": {str(n): decay_boundaries(n, s["decay_at"]) for n in s["steps"]}}
-    counts = {"train800": len(data["train800"].y), "selection": len(data["select"].y), "test": len(data["test"].y)}
+    counts = {"train800": len(data["train800"].y), "sweep_train": len(data["sweep"].y), "selection": len(data["select"].y),
+              "final_train": len(data["train800val200"].y), "test": len(data["test"].y)}
     return ProtocolResult({"vtab/median": median}, details, {}, counts)
 
 

@@ -1,0 +1,97 @@
+"""Write vlbench/reference/data/open_clip_results.json from open_clip's published results table.
+
+    python tools/openclip_reference.py CSV [--out FILE]
+
+CSV is open_clip's `docs/openclip_results.csv` (the zero-shot results of every pretrained model, made with
+LAION's CLIP_benchmark). Only the rows of vlbench's registered real models (conf/model/*.yaml: arch and pretrained
+tag, matched exactly) and only the columns below are written, in vlbench's reference schema; nothing else of the
+CSV enters the project, and the project never downloads it. Deterministic: running it twice gives the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+import yaml
+
+MODELS = ("vitb32", "vitb16", "vitl14", "rn50", "vitb32-laion400m", "vitb32-laion2b", "vitl14-laion2b")
+# CSV column -> (vlbench dataset, metric, prompts per class in CLIP_benchmark's run: CLIP's template sets)
+COLUMNS = {
+    "Average perf. on 38 datasets": ("average", "dataset_metric", None),
+    "ImageNet 1k": ("imagenet-1k", "accuracy", 80),
+    "CIFAR-10": ("cifar-10", "accuracy", 18),
+    "CIFAR-100": ("cifar-100", "accuracy", 18),
+}
+SOURCE = ("open_clip (Ilharco et al., OpenCLIP, Zenodo 2021; github.com/mlfoundations/open_clip), "
+          "docs/openclip_results.csv: zero-shot results with LAION's CLIP_benchmark; row = (name, pretrained)")
+
+
+def model_rows(conf: Path) -> dict[tuple[str, str], str]:
+    out = {}
+    for slug in MODELS:
+        cfg = yaml.safe_load((conf / "model" / f"{slug}.yaml").read_text())
+        out[(cfg["arch"], cfg["pretrained"])] = slug
+        if cfg["pretrained"] == "openai":  # OpenAI weights load with QuickGELU whatever the name: the CSV's plain row
+            out.setdefault((cfg["arch"].removesuffix("-quickgelu"), "openai"), slug)
+    return out
+
+
+def build(csv_path: Path, conf: Path) -> dict:
+    wanted = model_rows(conf)
+    rows = []
+    for record in csv.DictReader(csv_path.open(newline="")):
+        slug = wanted.get((record["name"], record["pretrained"]))
+        if slug is None or any(r["model"] == slug for r in rows):  # the first of a quickgelu / plain pair
+            continue
+        for column, (dataset, metric, prompts) in COLUMNS.items():
+            printed = record[column]
+            settings = {} if prompts is None else {"params.prompts_per_class": prompts}
+            if dataset == "average":
+                settings["datasets"] = None
+            rows.append({"model": slug, "model_name": f"{record['name']} {record['pretrained']}",
+                         "analysis": "zeroshot", "dataset": dataset, "metric": metric, "value": float(printed),
+                         "published": printed, "spread": None, "settings": settings,
+                         "row": f"{record['name']},{record['pretrained']}", "column": column})
+    missing = sorted(set(wanted.values()) - {r["model"] for r in rows})
+    if missing:
+        raise SystemExit(f"{csv_path}: no row for {missing} (arch, pretrained as in conf/model/)")
+    rows.sort(key=lambda r: (MODELS.index(r["model"]), list(COLUMNS).index(r["column"])))
+    return {
+        "paper": "open_clip", "table": "openclip_results.csv",
+        "title": "Zero-shot results of open_clip's pretrained models (CLIP_benchmark), registered models only",
+        "source": SOURCE,
+        "settings": {"tool": "CLIP_benchmark zeroshot_classification", "params.split": "test",
+                     "prompts": "CLIP's class names and template sets per dataset (80 for ImageNet-1k, 18 for CIFAR)",
+                     "value": "top-1 accuracy as a fraction; the average is over CLIP_benchmark's 38 datasets"},
+        "how_to_run": ("ImageNet-1k: dvc exp run -S model=<slug> -S suite=granularity (its zeroshot@imagenet-1k; "
+                       "ImageNet's validation tars are a manual download) with imagenet-1k's texts.templates set to "
+                       "CLIP's 80 ImageNet templates: the registry entry uses one template, so the reference applies "
+                       "only once prompts_per_class is 80. CIFAR-10/100: dvc exp run -S model=<slug> -S suite=elevater "
+                       "(ELEVATER's distribution of the same test sets, with CLIP's 18 templates). The 38-dataset "
+                       "average needs datasets vlbench does not register: listed, never compared."),
+        "rows": rows,
+        "notes": ["Rows are the CSV's (name, pretrained) pairs equal to conf/model's (arch, pretrained); "
+                  "vitb32-laion400m is ViT-B-32-quickgelu laion400m_e32 (not the plain ViT-B-32 row); "
+                  "OpenAI models without a -quickgelu row take the plain row (the same weights and activation).",
+                  "Other per-dataset columns are left out: vlbench's entries for them are ELEVATER's distributions "
+                  "with ELEVATER's metrics (mean-per-class, 11-point mAP, ROC-AUC) and templates, which are not "
+                  "CLIP_benchmark's.",
+                  "Values are printed to four decimals as fractions: the tolerance includes half of that last digit."],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", type=Path)
+    ap.add_argument("--conf", type=Path, default=Path("conf"))
+    ap.add_argument("--out", type=Path, default=Path("vlbench/reference/data/open_clip_results.json"))
+    args = ap.parse_args()
+    args.out.write_text(json.dumps(build(args.csv, args.conf), indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
