@@ -1,7 +1,8 @@
 """retrieve@<dataset>: retrieval-enhanced prompts (REPE) from a caption corpus's cached features (no model), mixed
 into the template prompts of the dataset's class text set `retrieve.prompts` (default `prompts`) ->
 features/<model>/<dataset>/retrieval/ (class_weights.parquet, retrieved.parquet, index.json) and
-reports/retrieve/<dataset>.json (index build and query times, recall vs exact search, counts)."""
+reports/retrieve/<dataset>.json (recall vs exact search, counts); index build and query times in
+runs/retrieve/<dataset>.json."""
 
 from pathlib import Path
 
@@ -57,9 +58,8 @@ def main() -> None:
                                      retrieval.class_text_sets(target, class_sets), cfg, args.device)
     fingerprint = retrieval.weights_fingerprint(prompts.fingerprint, corpus, cfg, result.query_sources)
     retrieval.write_outputs(retrieval.retrieval_dir(target.features_dir), names, corpus, result, fingerprint)
-    metrics, counts, used = retrieval.summary(result, cfg, corpus)
-    write_result("retrieve", args.dataset, Result(metrics, counts, used), fingerprint)
-    timings = used["timings"]
+    metrics, counts, used, timings = retrieval.summary(result, cfg, corpus)
+    write_result("retrieve", args.dataset, Result(metrics, counts, used, run=timings), fingerprint)
     print(f"retrieve {args.dataset}: {result.info.kind} index over {result.info.vectors} {cfg.modality} vectors of "
           f"{cfg.corpus!r} built in {timings['index_build_seconds']:.3f} s, {len(names)} queries in "
           f"{timings['query_seconds']:.3f} s; kept {counts['kept']} captions, {counts['fallback']} class(es) fell back; "

@@ -7,11 +7,20 @@ zeroshot's `knowledge_best_variant`), the one file declared as DVC metrics so `d
 `reports/model.json`: the model fingerprint behind those numbers; `reports/reference.json`: those numbers against
 the papers' published ones (vlbench.reference.compare).
 Paths never contain the model slug, so any two experiments are comparable.
+
+Results hold only what the inputs determine, so a rerun of the same inputs on the same machine type writes them
+byte-identical (DESIGN.md "Reruns"). Timings and other facts of one run (host, time, threads) go to
+`runs/<stage>/<key>.json` instead (`write_run_facts`): git-ignored, no stage's output or dependency, so neither git
+nor dvc.lock sees them; `write_result` refuses a result with a key that names a timing (`RUN_FACT_KEY`).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
+import re
+from datetime import datetime, timezone
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -28,7 +37,10 @@ METRICS_FILE = REPORTS / "metrics.json"
 MODEL_FILE = REPORTS / "model.json"
 PLOTS_DIR = REPORTS / "plots"
 REFERENCE_FILE = REPORTS / "reference.json"  # the run's headline numbers against the papers' (vlbench.reference)
+RUNS = Path("runs")  # run facts (timings, host): git-ignored, no stage's output or dependency
 MODEL_KEYS = ("model", "arch", "pretrained", "weights_sha256", "precision", "vlbench_version")
+# keys of run facts, never of results: a timing differs on every run and would make committed results change
+RUN_FACT_KEY = re.compile(r"(^|_)(seconds|elapsed|duration|timestamp|hostname|per_second|per_s)($|_)")
 
 
 @dataclass
@@ -38,6 +50,7 @@ class Result:
     params: dict[str, Any]  # what was used, including choices made on the way (e.g. a chosen C)
     tables: dict[str, pa.Table] = field(default_factory=dict)  # written as reports/<analysis>/<dataset>.<name>.parquet
     details: dict[str, Any] = field(default_factory=dict)  # JSON-able breakdowns (per level, chance levels); "details"
+    run: dict[str, Any] = field(default_factory=dict)  # timings and other facts of this run: runs/<analysis>/<dataset>.json
 
 
 class MissingResultError(VlbenchError):
@@ -53,19 +66,49 @@ def _metric(value: Any) -> float | str:
     return value if isinstance(value, str) else float(value)
 
 
+def run_fact_keys(obj: Any, where: str = "") -> list[str]:
+    """The dotted paths of the keys in `obj` (nested dicts and lists) that name a run fact (`RUN_FACT_KEY`)."""
+    if isinstance(obj, Mapping):
+        return [f"{where}{k}" for k in obj if RUN_FACT_KEY.search(str(k))] + [
+            found for k, v in obj.items() for found in run_fact_keys(v, f"{where}{k}.")]
+    if isinstance(obj, (list, tuple)):
+        return [found for i, v in enumerate(obj) for found in run_fact_keys(v, f"{where}{i}.")]
+    return []
+
+
 def write_result(analysis: str, dataset: str, result: Result, fingerprint: Mapping[str, Any]) -> Path:
-    """Write the tables, then the JSON (atomically, each): the JSON is there only when everything is."""
-    for name, table in result.tables.items():
-        with atomic_path(result_path(analysis, dataset, f".{check_name('table', name)}.parquet")) as tmp:
-            pq.write_table(table, tmp)
-    path = result_path(analysis, dataset)
-    write_json(path, {
+    """Write the tables, then the JSON (atomically, each): the JSON is there only when everything is; then the run
+    facts (`result.run`) to runs/<analysis>/<dataset>.json."""
+    doc = {
         "analysis": analysis, "dataset": dataset, "metrics": {k: _metric(v) for k, v in result.metrics.items()},
         "counts": dict(result.counts), "params": dict(result.params),
         **({"details": dict(result.details)} if result.details else {}),
         "fingerprint": dict(fingerprint),
         "vlbench_version": __version__,
-    })
+    }
+    timings = run_fact_keys(doc)
+    if timings:
+        raise ValueError(f"result {analysis}/{dataset}: {', '.join(timings[:5])} look like run facts (timings); "
+                         f"put them in Result.run, which goes to {run_facts_path(analysis, dataset)}")
+    for name, table in result.tables.items():
+        with atomic_path(result_path(analysis, dataset, f".{check_name('table', name)}.parquet")) as tmp:
+            pq.write_table(table, tmp)
+    path = result_path(analysis, dataset)
+    write_json(path, doc)
+    write_run_facts(analysis, dataset, result.run)
+    return path
+
+
+def run_facts_path(stage: str, key: str) -> Path:
+    return RUNS / check_name("stage", stage) / f"{check_name('key', key)}.json"
+
+
+def write_run_facts(stage: str, key: str, facts: Mapping[str, Any]) -> Path:
+    """runs/<stage>/<key>.json: `facts` (timings, throughput) and where and when the run happened. Overwritten by
+    the next run; not committed, not tracked by DVC (.gitignore)."""
+    path = run_facts_path(stage, key)
+    write_json(path, {"stage": stage, "key": key, "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                      "host": platform.node(), "cpu_count": os.cpu_count(), **dict(facts)})
     return path
 
 

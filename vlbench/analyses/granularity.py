@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from vlbench.analyses.zeroshot import class_weights, l2_normalize
+from vlbench.analyses.zeroshot import class_weights, l2_normalize, similarities
 from vlbench.errors import VlbenchError
 
 HIERARCHY_SET = "hierarchy"  # vlbench.knowledge.coarse_texts.HIERARCHY_SET
@@ -105,7 +105,7 @@ def cosine(image_emb: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """(n, K) raw cosine similarities of images with unit class weights."""
     if image_emb.shape[1] != weights.shape[1]:
         raise GranularityError(f"image embeddings have dim {image_emb.shape[1]}, text embeddings {weights.shape[1]}")
-    return (l2_normalize(image_emb.astype(np.float32)) @ weights.T.astype(np.float32)).astype(np.float32)
+    return similarities(l2_normalize(image_emb.astype(np.float32)), weights)
 
 
 def group_max(scores: np.ndarray, groups: Sequence[np.ndarray]) -> np.ndarray:

@@ -34,6 +34,7 @@ import numpy as np
 
 from vlbench.analyses import extensibility as ex
 from vlbench.analyses.extensibility import ExtensibilityError
+from vlbench.analyses.zeroshot import similarities
 
 PROTOCOLS = ("paper", "authors")
 DUPLICATES = ("first", "remove", "merge")
@@ -472,7 +473,7 @@ def pair_statistics(x: np.ndarray) -> dict[str, float | None]:
     total_cos, total_exp = 0.0, 0.0
     step = max(1, _CHUNK // n)
     for a in range(0, n, step):
-        g = (x[a:a + step] @ x.T).astype(np.float64)  # (q, n)
+        g = similarities(x[a:a + step], x).astype(np.float64)  # (q, n)
         upper = np.arange(n)[None, :] > np.arange(a, min(a + step, n))[:, None]
         total_cos += float(g[upper].sum())
         total_exp += float(np.exp(-UNIFORMITY_T * (2.0 - 2.0 * g[upper])).sum())
@@ -535,7 +536,7 @@ def geometry(scores: np.ndarray, vocab: Vocabulary, weights: np.ndarray, s: Sett
     same = _same_group(vocab, C)
     m = image_class_margins(scores, vocab.labels, same)
     text = pair_statistics(weights)
-    text_cos = weights @ weights.T
+    text_cos = similarities(weights, weights)
     np.fill_diagonal(text_cos, -np.inf)
     pair = np.triu(np.ones((C, C), dtype=bool), 1)
     images = pair_statistics(vocab.images[sample_rows(n, s.max_images, seed)])
@@ -558,7 +559,7 @@ def geometry(scores: np.ndarray, vocab: Vocabulary, weights: np.ndarray, s: Sett
 
 def evaluate_variant(vocab: Vocabulary, variant: str, s: Settings, seed: int) -> dict[str, Any]:
     weights = vocab.weights[variant]
-    scores = vocab.images @ weights.T
+    scores = similarities(vocab.images, weights)
     if len(vocab.groups) < 2:
         raise ExtensibilityError(f"extensibility needs at least two groups of classes, got {vocab.group_names}")
     values = paper_metrics(scores, vocab, s, seed) if s.protocol == "paper" else authors_metrics(scores, vocab, s)
@@ -585,23 +586,23 @@ def scan_vocabulary(images: np.ndarray, labels: np.ndarray, weights: np.ndarray,
     added as one extra class, and which images are right without it. The candidate comes after every class (the
     authors' `torch.cat([text_features, adv_text_features])`), so it wins only with a strictly higher score. One
     chunked product of the right images with all candidates."""
-    scores = images @ weights.T
+    scores = similarities(images, weights)
     correct = scores.argmax(axis=1) == labels
     x = images[correct]
     true = scores[np.flatnonzero(correct), labels[correct]][:, None]
     harmed = np.zeros(candidates.shape[0], dtype=np.int64)
     step = max(1, _CHUNK // max(1, x.shape[0]))
     for a in range(0, candidates.shape[0], step):
-        harmed[a:a + step] = ((x @ candidates[a:a + step].T) > true).sum(axis=0)
+        harmed[a:a + step] = (similarities(x, candidates[a:a + step]) > true).sum(axis=0)
     return harmed, correct
 
 
 def combined_harm(images: np.ndarray, labels: np.ndarray, weights: np.ndarray, candidates: np.ndarray) -> int:
     """Images right without the candidates and wrong once all of them are added together."""
-    scores = images @ weights.T
+    scores = similarities(images, weights)
     correct = scores.argmax(axis=1) == labels
     true = scores[np.arange(labels.size), labels]
-    best = (images @ candidates.T).max(axis=1) if candidates.shape[0] else np.full(labels.size, -np.inf)
+    best = similarities(images, candidates).max(axis=1) if candidates.shape[0] else np.full(labels.size, -np.inf)
     return int((correct & (best > true)).sum())
 
 

@@ -36,6 +36,19 @@ ELEVATER_LOGIT_SCALE = 100.0  # the toolkit's fixed `100. * image @ text` before
 SCORINGS = ("logits", "elevater")
 
 
+def similarities(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(n, m) float32 products a @ b.T of the rows of `a` (n, d) and `b` (m, d), on one BLAS thread.
+
+    OpenBLAS's sgemm rounds differently with one thread and with two (same inputs, same CPU), and a ranking metric
+    turns such last-bit differences into other numbers wherever two scores (nearly) tie: the demo's hierarchy mAP of
+    a knowledge variant moved at the fifth decimal between two runs (issue 25). With one thread the scores, and every
+    number computed from them, are the same whatever the core count or OMP_NUM_THREADS / OPENBLAS_NUM_THREADS."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return np.asarray(a, dtype=np.float32) @ np.asarray(b, dtype=np.float32).T
+
+
 def l2_normalize(x: np.ndarray, axis: int = -1) -> np.ndarray:
     norm = np.linalg.norm(x, axis=axis, keepdims=True)
     return x / np.maximum(norm, 1e-12)
@@ -72,7 +85,7 @@ WEIGHTINGS = {"normalized_mean": class_weights, "mean_similarity": mean_similari
 def zeroshot_logits(image_embeddings: np.ndarray, weights: np.ndarray, scale: float = LOGIT_SCALE) -> np.ndarray:
     if image_embeddings.shape[1] != weights.shape[1]:
         raise ValueError(f"image embeddings have dim {image_embeddings.shape[1]}, class weights {weights.shape[1]}")
-    return (scale * l2_normalize(image_embeddings.astype(np.float32)) @ weights.T).astype(np.float32)
+    return similarities(scale * l2_normalize(image_embeddings.astype(np.float32)), weights)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -658,8 +658,9 @@ def write_outputs(out_dir: Path, class_names: Sequence[str], corpus: Corpus, run
             save_index(run.index, tmp / INDEX_FILE)
 
 
-def summary(run: RetrievalRun, cfg: RetrievalConfig, corpus: Corpus) -> tuple[dict, dict, dict]:
-    """(metrics, counts, params) of one run for reports/retrieve/<dataset>.json."""
+def summary(run: RetrievalRun, cfg: RetrievalConfig, corpus: Corpus) -> tuple[dict, dict, dict, dict]:
+    """(metrics, counts, params) of one run for reports/retrieve/<dataset>.json, and its timings for
+    runs/retrieve/<dataset>.json (never in the report: it is byte-identical on a rerun)."""
     kept = np.array([r.kept.sum() for r in run.found])
     fallback = int(sum(r.fallback for r in run.found))
     metrics = {f"recall_at_{run.k}": run.recall, "classes_with_captions": float(np.mean(kept > 0)) if len(kept) else 0.0,
@@ -669,10 +670,10 @@ def summary(run: RetrievalRun, cfg: RetrievalConfig, corpus: Corpus) -> tuple[di
               "passed": int(sum(r.passed.sum() for r in run.found)), "kept": int(kept.sum()), "fallback": fallback,
               "query_from_text": run.query_sources.count("text"), "recall_queries": run.recall_queries}
     qps = len(run.found) / run.query_seconds if run.query_seconds > 0 else None
-    params = {**cfg.as_dict(), "k": run.k, "index_built": {k: v for k, v in asdict(run.info).items() if k != "build_seconds"},
-              "timings": {"index_build_seconds": run.info.build_seconds, "query_seconds": run.query_seconds,
-                          "queries_per_second": qps}}
-    return metrics, counts, params
+    params = {**cfg.as_dict(), "k": run.k, "index_built": {k: v for k, v in asdict(run.info).items() if k != "build_seconds"}}
+    timings = {"index_build_seconds": run.info.build_seconds, "query_seconds": run.query_seconds,
+               "queries_per_second": qps}
+    return metrics, counts, params, timings
 
 
 def read_repe_class_weights(features_dir: str | Path, identity: Mapping[str, Any], dataset: str,

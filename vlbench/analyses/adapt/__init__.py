@@ -53,6 +53,7 @@ def run(inputs, cfg: Mapping[str, Any], seed: int):
     metrics: dict[str, float] = {}
     counts: dict[str, int] = {"classes": len(inputs.meta.classes)}
     details: dict[str, Any] = {}
+    facts: dict[str, Any] = {}
     tables = {t: placeholder_table(p) for p, names in PROTOCOL_TABLES.items() for t in names}
     chosen = protocols(cfg)
     for name in chosen:
@@ -61,5 +62,7 @@ def run(inputs, cfg: Mapping[str, Any], seed: int):
         counts.update({f"{name}/{k}": int(v) for k, v in result.counts.items()})
         details[name] = result.details
         tables.update(result.tables)
+        if result.run:
+            facts[name] = result.run
     params = {"protocols": chosen, **{p: dict(cfg.get(p) or {}) for p in chosen}, "seed": seed}
-    return Result(metrics, counts, params, tables, details)
+    return Result(metrics, counts, params, tables, details, facts)

@@ -47,12 +47,15 @@ class ProtocolResult:
         details[<protocol>] of reports/adapt/<dataset>.json.
     tables: per-row tables (e.g. "episodes"), written as reports/adapt/<dataset>.<name>.parquet.
     counts: sample counts worth reporting (optional), merged into the Result's counts with the protocol prefix.
+    run: timings and other facts of this run (never in details: results are byte-identical on a rerun); they go to
+        runs/adapt/<dataset>.json under the protocol's name.
     """
 
     metrics: dict[str, float]
     details: dict[str, Any] = field(default_factory=dict)
     tables: dict[str, pa.Table] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    run: dict[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------

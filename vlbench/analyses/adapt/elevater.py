@@ -485,6 +485,9 @@ class Pool:
         return np.asarray([self.labels[i][0] for i in rows], dtype=np.int64)
 
 
+RUN_ONLY = ("trace", "search_seconds")  # a run's keys kept out of the result: the trace is a table, the time a run fact
+
+
 def run_setting(pool: Pool, init: HeadInit, s: Settings, shots, seed: int, dataset: str, on) -> dict[str, Any]:
     """Sample, search and train the final heads for one (shots, seed); every number of the run."""
     per_class, merge = toolkit_shots(shots)
@@ -685,6 +688,7 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
     with cpu_threads(on, work):
         runs = [merge_runs([run_setting(p, init, gs, shots, sd, inputs.meta.name, on) for p, gs in groups])
                 for shots in s.shots for sd in (s.seeds if shots != "full" else s.seeds[:1])]
+    seconds = time.perf_counter() - started
     if knowledge:
         runs = [select_knowledge(r, s.heads, list(knowledge)) for r in runs]
     dims = {h: p.x.shape[1] for p, gs in groups for h in gs.heads}
@@ -692,12 +696,14 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
     summary = summarize(runs, replace(s, heads=tuple(init.weights) + reported[len(s.heads):]), dims, pool.num_classes)
     details = {"settings": {**settings_details(s, seed), "logit_factor": init.logit_scale,
                             "knowledge_variants": list(knowledge)},
-               "summary": summary, "seconds": time.perf_counter() - started,
-               "device": str(on), "runs": [{k: v for k, v in r.items() if k != "trace"} for r in runs]}
+               "summary": summary,
+               "device": str(on), "runs": [{k: v for k, v in r.items() if k not in RUN_ONLY} for r in runs]}
     metrics = {f"elevater/{h}/{shots}/{s.report}": summary[h][shots]["mean"] for h in reported for shots in summary[h]}
     metrics.update(pe_metrics(summary, reported))
+    timings = {"seconds": seconds, "runs": [{"shots": r["shots"], "seed": r["seed"], "search_seconds": r["search_seconds"]}
+                                            for r in runs]}
     return ProtocolResult(metrics, details, {"elevater_search": search_table(runs, s)},
-                          {"pool": len(pool.labels), "test": int(pool.x_test.shape[0])})
+                          {"pool": len(pool.labels), "test": int(pool.x_test.shape[0])}, timings)
 
 
 def head_groups(s: Settings, pool: Pool, pre: Pool | None) -> list[tuple[Pool, Settings]]:
