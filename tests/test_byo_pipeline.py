@@ -123,3 +123,17 @@ def test_an_input_that_does_not_cover_the_data_is_refused(byo, tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"does not contain {str(pets)!r}" in lines[0] and "set `input:`" in lines[0]
+
+
+def test_dvc_exp_run_with_a_misspelled_suite_key_fails_at_its_first_stage(tmp_path):
+    """DVC composes params.yaml itself for `dvc exp run -S`: the stages' own check of it stops the run."""
+    repo = make_repo(tmp_path / "repo")
+    (repo / "conf/suite/typo.yaml").write_text(SUITE.replace("zeroshot:", "zershot:").replace(
+        "  - /dataset@datasets.xray: xray\n", "").replace("/dataset@datasets.pets: pets", "/dataset@datasets.shapes: shapes")
+        .replace("[pets]", "[shapes]"))
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "typo suite")
+    proc = run(repo, *DVC, "exp", "run", "-S", "suite=typo", check=False)
+    assert proc.returncode != 0
+    assert "unknown key 'zershot'; did you mean 'zeroshot'?" in proc.stdout + proc.stderr
+    assert not (repo / "data/prepared/shapes").exists()  # nothing ran before the check

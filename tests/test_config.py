@@ -135,3 +135,49 @@ def test_datasets_catalogue_json(monkeypatch):
     assert rows["hierarchy"]["metric"] == "map_11point" and rows["hierarchy"]["classes"] == 22
     table = CliRunner().invoke(cli, ["datasets"]).output
     assert "shape_color" in table and "108" in table
+
+
+def _conf_with_suite(tmp_path, text: str) -> Path:
+    import shutil
+
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    (conf / "suite/typo.yaml").write_text(text)
+    return conf
+
+
+def test_a_misspelled_suite_key_fails_compose_with_the_allowed_keys_and_a_suggestion(tmp_path, monkeypatch):
+    conf = _conf_with_suite(tmp_path, "defaults:\n  - /dataset@datasets.shapes: shapes\n  - _self_\n"
+                                      "slug: typo\nembed: [shapes]\nzershot: [shapes]\n")
+    with pytest.raises(ParamsError) as err:
+        compose(["suite=typo"], conf)
+    message = str(err.value)
+    assert "'zershot'" in message and "did you mean 'zeroshot'" in message and "suite 'typo'" in message
+    assert "linear_probe" in message and "extensibility_sets" in message  # the allowed keys are listed
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["compose", "suite=typo", "-o", str(tmp_path / "p.yaml")])
+    assert result.exit_code != 0 and "did you mean 'zeroshot'" in result.output
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_dataset_missing_from_the_suite_fails_compose_naming_analysis_dataset_and_suite(tmp_path):
+    conf = _conf_with_suite(tmp_path, "defaults:\n  - /dataset@datasets.shapes: shapes\n  - _self_\n"
+                                      "slug: typo\nembed: [shapes]\nzeroshot: [shapes, nosuch]\n")
+    with pytest.raises(ParamsError, match=r"suite 'typo': zeroshot lists dataset 'nosuch', which is not among "
+                                          r"the suite's datasets \['shapes'\]"):
+        compose(["suite=typo"], conf)
+    conf = _conf_with_suite(tmp_path / "b", "defaults:\n  - /dataset@datasets.shapes: shapes\n"
+                                            "  - /dataset@datasets.colors: colors\n  - _self_\n"
+                                            "slug: typo\nextensibility_sets: {pair: [shapes, colours]}\n")
+    with pytest.raises(ParamsError, match=r"extensibility_sets.pair lists dataset 'colours'.*did you mean 'colors'"):
+        compose(["suite=typo"], conf)
+
+
+def test_every_stage_refuses_params_with_a_misspelled_suite_key(tmp_path):
+    """`dvc exp run` composes params.yaml itself (no `vlbench compose`): the stages' common loader checks it."""
+    params = compose()
+    params["suite"]["zershot"] = ["shapes"]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    with pytest.raises(ParamsError, match=r"'zershot'.*did you mean 'zeroshot'"):
+        load_params(path)

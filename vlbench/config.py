@@ -6,6 +6,7 @@ digits, `-` and `_`), so a key can never point a stage at a folder it does not o
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -40,7 +41,41 @@ def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
         raise ParamsError(f"{path}: not valid YAML ({err})") from err
     if not isinstance(params, dict):
         raise ParamsError(f"{path}: expected a mapping at the top level")
+    if isinstance(params.get("suite"), Mapping):
+        check_suite(params["suite"])  # `dvc exp run` composes params.yaml itself: every stage checks what it got
     return params
+
+
+def suite_keys(config_dir: str | Path | None = None) -> list[str]:
+    """The keys a suite may set: those conf/config.yaml declares under `suite:`, plus `slug` and `datasets`."""
+    declared = yaml.safe_load((conf_dir(config_dir) / "config.yaml").read_text()).get("suite") or {}
+    return sorted({"slug", "datasets", *declared})
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def check_suite(suite: Mapping[str, Any], config_dir: str | Path | None = None) -> None:
+    """Refuse a suite key no stage reads (a misspelled analysis would silently run nothing) and a dataset named
+    by an analysis but absent from the suite's `datasets` (it would fail later inside DVC, without context)."""
+    slug = suite.get("slug")
+    allowed = suite_keys(config_dir)
+    for key in suite:
+        if key not in allowed:
+            raise ParamsError(f"suite {slug!r}: unknown key {key!r}; {_did_you_mean(key, allowed)}"
+                              f"a suite sets only {allowed} (conf/config.yaml declares the analyses under `suite:`)")
+    datasets = sorted(suite.get("datasets") or {})
+    lists = [(k, v) for k, v in suite.items() if isinstance(v, list)]
+    lists += [(f"{k}.{name}", members) for k, v in suite.items() if k != "datasets" and isinstance(v, Mapping)
+              for name, members in v.items() if isinstance(members, list)]
+    for analysis, names in lists:
+        for name in names:
+            if name not in datasets:
+                raise ParamsError(f"suite {slug!r}: {analysis} lists dataset {name!r}, which is not among the suite's "
+                                  f"datasets {datasets}; {_did_you_mean(str(name), datasets)}add "
+                                  f"`- /dataset@datasets.{name}: {name}` to the suite's defaults or remove it from {analysis}")
 
 
 def get(params: Mapping[str, Any], dotted: str, kind: type | tuple[type, ...] | None = None) -> Any:
@@ -146,10 +181,12 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
     try:
         with initialize_config_dir(config_dir=str(conf_dir(config_dir).resolve()), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=overrides or [])
-        return OmegaConf.to_container(cfg, resolve=True)
+        params = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ParamsError(f"cannot compose conf/ with overrides {overrides or []}: {first}") from err
+    check_suite(params["suite"], config_dir)
+    return params
 
 
 def available(group: str, config_dir: str | Path | None = None) -> list[str]:
