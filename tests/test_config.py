@@ -9,6 +9,7 @@ from vlbench.config import (
     ParamsError,
     available,
     compose,
+    dataset_entry,
     dataset_spec,
     get,
     load_params,
@@ -44,16 +45,25 @@ def test_required_model_slugs_are_registered():
     assert len(laion) >= 2
 
 
-def test_get_names_missing_and_mistyped_keys():
-    params = {"suite": {"datasets": {"shapes": {"source": "synthetic"}}}, "seed": "zero"}
+def test_get_names_missing_and_mistyped_keys(tmp_path):
+    params = {"suite": {"datasets": {"shapes": "x"}}, "seed": "zero"}
     with pytest.raises(ParamsError, match=r"key 'suite.zeroshot' not found .*known: \['datasets'\]"):
         get(params, "suite.zeroshot")
     with pytest.raises(ParamsError, match=r"key 'seed' must be a int, got str 'zero'"):
         get(params, "seed", int)
+    params = {**params, "suite": {**params["suite"], "slug": "demo"}}
     with pytest.raises(ParamsError, match=r"unknown dataset 'cifar10'.*\['shapes'\]"):
-        dataset_spec({**params, "suite": {**params["suite"], "slug": "demo"}}, "cifar10")
-    with pytest.raises(ParamsError, match=r"dataset 'shapes' lacks key\(s\) \['prepare', 'input', 'texts'\]"):
-        dataset_spec({**params, "suite": {**params["suite"], "slug": "demo"}}, "shapes")
+        dataset_spec(params, "cifar10")
+    (tmp_path / "dataset").mkdir()
+    (tmp_path / "config.yaml").write_text("suite: {}\n")
+    with pytest.raises(ParamsError, match=r"dataset 'shapes' has no registry entry"):
+        dataset_entry(params, "shapes", tmp_path)
+    (tmp_path / "dataset/shapes.yaml").write_text("prepare: {source: synthetic}\n")
+    with pytest.raises(ParamsError, match=r"dataset 'shapes' lacks key\(s\) \['input', 'texts'\]"):
+        dataset_entry(params, "shapes", tmp_path)
+    (tmp_path / "dataset/shapes.yaml").write_text("prepare: {source: synthetic}\ninput: y\ntexts: {}\n")
+    with pytest.raises(ParamsError, match=r"datasets.shapes is 'x' but .* has input 'y'.*set `shapes: y`"):
+        dataset_entry(params, "shapes", tmp_path)
 
 
 def test_malformed_params_file(tmp_path):
@@ -102,7 +112,7 @@ def test_a_suite_that_leaves_out_an_analysis_runs_none_of_it(tmp_path):
 
     conf = tmp_path / "conf"
     shutil.copytree(ROOT / "conf", conf)
-    (conf / "suite/mini.yaml").write_text("defaults:\n  - /dataset@datasets.shapes: shapes\n  - _self_\nslug: mini\nembed: [shapes]\nzeroshot: [shapes]\n")
+    (conf / "suite/mini.yaml").write_text("datasets: {shapes: vlbench/datasets/synthetic.py}\nslug: mini\nembed: [shapes]\nzeroshot: [shapes]\n")
     suite = compose(["suite=mini"], conf)["suite"]
     assert suite["linear_probe"] == [] and suite["zeroshot"] == ["shapes"] and list(suite["datasets"]) == ["shapes"]
 
@@ -147,7 +157,7 @@ def _conf_with_suite(tmp_path, text: str) -> Path:
 
 
 def test_a_misspelled_suite_key_fails_compose_with_the_allowed_keys_and_a_suggestion(tmp_path, monkeypatch):
-    conf = _conf_with_suite(tmp_path, "defaults:\n  - /dataset@datasets.shapes: shapes\n  - _self_\n"
+    conf = _conf_with_suite(tmp_path, "datasets: {shapes: vlbench/datasets/synthetic.py}\n"
                                       "slug: typo\nembed: [shapes]\nzershot: [shapes]\n")
     with pytest.raises(ParamsError) as err:
         compose(["suite=typo"], conf)
@@ -161,13 +171,13 @@ def test_a_misspelled_suite_key_fails_compose_with_the_allowed_keys_and_a_sugges
 
 
 def test_a_dataset_missing_from_the_suite_fails_compose_naming_analysis_dataset_and_suite(tmp_path):
-    conf = _conf_with_suite(tmp_path, "defaults:\n  - /dataset@datasets.shapes: shapes\n  - _self_\n"
+    conf = _conf_with_suite(tmp_path, "datasets: {shapes: vlbench/datasets/synthetic.py}\n"
                                       "slug: typo\nembed: [shapes]\nzeroshot: [shapes, nosuch]\n")
     with pytest.raises(ParamsError, match=r"suite 'typo': zeroshot lists dataset 'nosuch', which is not among "
                                           r"the suite's datasets \['shapes'\]"):
         compose(["suite=typo"], conf)
-    conf = _conf_with_suite(tmp_path / "b", "defaults:\n  - /dataset@datasets.shapes: shapes\n"
-                                            "  - /dataset@datasets.colors: colors\n  - _self_\n"
+    conf = _conf_with_suite(tmp_path / "b", "datasets: {shapes: vlbench/datasets/synthetic.py, "
+                                            "colors: vlbench/datasets/synthetic.py}\n"
                                             "slug: typo\nextensibility_sets: {pair: [shapes, colours]}\n")
     with pytest.raises(ParamsError, match=r"extensibility_sets.pair lists dataset 'colours'.*did you mean 'colors'"):
         compose(["suite=typo"], conf)
