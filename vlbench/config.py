@@ -7,6 +7,7 @@ digits, `-` and `_`), so a key can never point a stage at a folder it does not o
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,6 +24,8 @@ KNOWLEDGE = Path("data/knowledge")
 MODELS = Path("data/models")
 FEATURES = Path("features")
 REPORTS = Path("reports")
+OWN_DATA = Path("data/own")  # your own data: a link to VLBENCH_DATA_ROOT (`vlbench data-root`), or a plain folder
+DATA_ROOT_VARIABLE = "VLBENCH_DATA_ROOT"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 DATASET_KEYS = ("prepare", "input", "texts")
 
@@ -72,6 +75,11 @@ def check_suite(suite: Mapping[str, Any], config_dir: str | Path | None = None) 
                               f"a suite sets only {allowed} (conf/config.yaml declares the analyses under `suite:`)")
     datasets = sorted(suite.get("datasets") or {})
     for name, value in (suite.get("datasets") or {}).items():
+        if isinstance(value, str) and (Path(value).is_absolute() or ".." in Path(value).parts):
+            raise ParamsError(f"suite {slug!r}: dataset {name!r} has input {value!r}, a path outside the project: "
+                              f"dvc.lock would record it, and a teammate whose data lives elsewhere would see every stage "
+                              f"changed; put your data under {OWN_DATA}/ (`vlbench data-root /your/data/root` links it) and "
+                              f"use e.g. `{name}: {OWN_DATA}/{name}` here and in the entry's input")
         if not isinstance(value, str):
             raise ParamsError(f"suite {slug!r}: datasets.{name} must be the dataset's input path (its entry's `input`, "
                               f"e.g. `{name}: data/own/{name}`), got {value!r}; the entry itself lives in "
@@ -202,6 +210,36 @@ def image_features_path(model_slug: str, dataset: str, split: str) -> Path:
 
 def text_features_path(model_slug: str, dataset: str, text_set: str) -> Path:
     return features_dir(model_slug, dataset) / "text" / f"{check_name('text set', text_set)}.parquet"
+
+
+def link_data_root(target: str | Path | None = None, link: Path = OWN_DATA) -> Path:
+    """Make `link` (data/own, git-ignored) point at your data root: `target`, else $VLBENCH_DATA_ROOT. Entries name
+    your data as data/own/<...>, so params.yaml and dvc.lock hold the same relative paths in every clone while DVC
+    hashes the data itself through the link (a changed image still makes prepare@ stale)."""
+    target = target or os.environ.get(DATA_ROOT_VARIABLE)
+    if not target:
+        raise ParamsError(f"no data root given: pass its path or set {DATA_ROOT_VARIABLE}")
+    target = Path(target).expanduser().resolve()
+    if not target.is_dir():
+        raise ParamsError(f"data root {str(target)!r} is not a folder")
+    if link.exists() and not link.is_symlink():
+        raise ParamsError(f"{str(link)!r} is a real folder, not a link: keep your data there, or move it away and "
+                          f"run `vlbench data-root {target}` again")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target, target_is_directory=True)
+    tmp.replace(link)  # atomic: a concurrent reader sees the old link or the new one
+    return target
+
+
+def check_data_root(path: str | Path, name: str) -> None:
+    """A dataset whose input lies under data/own needs the link made first; say how instead of 'not found'."""
+    path = Path(path)
+    if path.parts[:2] == OWN_DATA.parts and not OWN_DATA.exists():
+        raise ParamsError(f"dataset {name!r} reads {str(path)!r} but {str(OWN_DATA)!r} does not exist in this clone: "
+                          f"run `vlbench data-root /path/to/your/data` (or set {DATA_ROOT_VARIABLE} and run "
+                          f"`vlbench data-root`) once per clone")
 
 
 def conf_dir(path: str | Path | None = None) -> Path:
