@@ -191,3 +191,34 @@ def test_every_stage_refuses_params_with_a_misspelled_suite_key(tmp_path):
     path.write_text(yaml.safe_dump(params))
     with pytest.raises(ParamsError, match=r"'zershot'.*did you mean 'zeroshot'"):
         load_params(path)
+
+
+def test_dvc_exp_show_has_a_column_per_suite_dataset_not_per_registry_leaf(tmp_path):
+    """`dvc exp show` lists every leaf of params.yaml: registry entries stay in conf/dataset/ (file dependencies), so
+    the demo suite adds one column per dataset (its input) and one per analysis list, not its entries' 80+ leaves."""
+    import csv
+    import io
+    import sys
+
+    from tests.pipeline_repo import make_repo, run
+
+    repo = make_repo(tmp_path / "repo")
+    run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=demo", "model=toy")
+    run(repo, "git", "commit", "-qam", "demo")
+    header = next(csv.reader(io.StringIO(run(repo, sys.executable, "-m", "dvc", "exp", "show", "--csv").stdout)))
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    suite = params["suite"]
+    expected = ({f"suite.datasets.{d}" for d in suite["datasets"]} | {f"suite.extensibility_sets.{s}" for s in
+                suite["extensibility_sets"]} | {f"suite.{k}" for k, v in suite.items()
+                                                if k not in ("datasets", "extensibility_sets") and v != {}})
+    assert {c for c in header if c.startswith("suite.")} == expected and len(expected) == 19
+    assert not [c for c in header if c.startswith("suite.datasets.shapes.")]
+    # each entry is one dependency column instead (its file hash)
+    assert {c for c in header if c.startswith("conf/dataset/")} == {f"conf/dataset/{d}.yaml" for d in suite["datasets"]}
+    def leaves(node, prefix=""):
+        if isinstance(node, dict) and node:
+            return [leaf for k, v in node.items() for leaf in leaves(v, f"{prefix}{k}.")]
+        return [prefix[:-1]]
+
+    param_columns = set(header) & set(leaves(params))
+    assert len(param_columns) < 170  # 242 on the demo when the entries were params (158 now: adapt alone has 65)
