@@ -10,7 +10,7 @@ import sys
 def parser(description: str, dataset: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     if dataset:
-        p.add_argument("--dataset", required=True, help="dataset name, a key of suite.datasets")
+        p.add_argument("--dataset", required=True, help="dataset name, a key of suite.datasets (its entry: conf/dataset/<name>.yaml)")
     p.add_argument("--params", default="params.yaml")
     return p
 

@@ -37,6 +37,24 @@ def smoke_model(slug: str, arch: str) -> dict:
             "weights_file": f"data/models/{slug}/checkpoint.pt", "precision": "fp32", "pretrain": [slug], "train": train}
 
 
+def write_suite(repo: Path, suite: dict, name: str | None = None) -> None:
+    """conf/suite/<name>.yaml from a suite whose `datasets` may hold whole entries (as these tests write them): each
+    such entry goes to conf/dataset/<dataset>.yaml and the suite names its input, as a suite file does."""
+    suite = {**suite, "datasets": dict(suite.get("datasets") or {})}
+    for dataset, entry in suite["datasets"].items():
+        if isinstance(entry, dict):
+            (repo / "conf/dataset" / f"{dataset}.yaml").write_text(yaml.safe_dump(entry))
+            suite["datasets"][dataset] = entry["input"]
+    (repo / "conf/suite" / f"{name or suite['slug']}.yaml").write_text(yaml.safe_dump(suite))
+
+
+def read_suite(repo: Path, name: str) -> dict:
+    """conf/suite/<name>.yaml with each dataset's entry (conf/dataset/<dataset>.yaml) in place of its input."""
+    suite = yaml.safe_load((repo / "conf/suite" / f"{name}.yaml").read_text())
+    suite["datasets"] = {d: yaml.safe_load((repo / "conf/dataset" / f"{d}.yaml").read_text()) for d in suite["datasets"]}
+    return suite
+
+
 def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a command with this interpreter's bin first on PATH (so `dvc` and `python` are the venv's)."""
     full_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -56,7 +74,7 @@ def make_repo(dest: Path) -> Path:
         if (ROOT / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, dest / name)
-    (dest / "conf/suite/smoke.yaml").write_text(yaml.safe_dump(SMOKE_SUITE))
+    write_suite(dest, SMOKE_SUITE)
     (dest / "conf/model/toy-smoke.yaml").write_text(yaml.safe_dump(smoke_model("toy-smoke", "vlbench-toy")))
     (dest / "conf/model/toy-wide-smoke.yaml").write_text(yaml.safe_dump(smoke_model("toy-wide-smoke", "vlbench-toy-wide")))
     config = (dest / "conf/config.yaml").read_text().replace("model: toy\n", "model: toy-smoke\n").replace("suite: demo\n", "suite: smoke\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,24 +16,21 @@ DVC = (sys.executable, "-m", "dvc")
 
 PETS = """prepare:
   source: imagefolder
-  root: {root}
-  splits: {{train: train, test: test}}
+  root: data/own/pets
+  splits: {train: train, test: test}
   skip_corrupt: true
-input: ${{.prepare.root}}
-texts: {{templates: ['a photo of a {{c}}.']}}
+input: ${.prepare.root}
+texts: {templates: ['a photo of a {c}.']}
 """
-XRAY = """input: {folder}
+XRAY = """input: data/own/xray
 prepare:
   source: manifest
-  path: ${{..input}}/manifest.csv
+  path: ${..input}/manifest.csv
   split_column: split
   classnames: [red, green]
-texts: {{templates: ['an x-ray of {{c}}.']}}
+texts: {templates: ['an x-ray of {c}.']}
 """
-SUITE = """defaults:
-  - /dataset@datasets.pets: pets
-  - /dataset@datasets.xray: xray
-  - _self_
+SUITE = """datasets: {pets: data/own/pets, xray: data/own/xray}
 slug: byo
 embed: [pets]
 zeroshot: [pets]
@@ -43,30 +41,39 @@ def status(repo: Path) -> set[str]:
     return set(json.loads(run(repo, *DVC, "status", "--json").stdout))
 
 
-@pytest.fixture(scope="module")
-def byo(tmp_path_factory):
-    base = tmp_path_factory.mktemp("byo")
-    pets = base / "pets"
+def own_data(root: Path) -> tuple[Path, Path]:
+    """An ImageFolder tree (one corrupt image) and a manifest folder under the data root `root`."""
+    pets = root / "pets"
     for split in ("train", "test"):
         for label, (name, rgb) in enumerate(list(COLORS.items())[:2]):
             (pets / split / name).mkdir(parents=True)
             for k in range(2):
                 (pets / split / name / f"{k}.png").write_bytes(png(rgb, seed=k + 10 * label))
     (pets / "train" / "red" / "broken.png").write_bytes(png(COLORS["red"])[:60])
-    xray = base / "xray"
+    xray = root / "xray"
     (xray / "img").mkdir(parents=True)
     lines = ["path,label,split"]
     for k in range(4):
         (xray / "img" / f"{k}.png").write_bytes(png(list(COLORS.values())[k % 2], seed=100 + k))
         lines.append(f"img/{k}.png,{k % 2},{'train' if k < 2 else 'test'}")
     (xray / "manifest.csv").write_text("\n".join(lines) + "\n")
+    return pets, xray
+
+
+@pytest.fixture(scope="module")
+def byo(tmp_path_factory):
+    base = tmp_path_factory.mktemp("byo")
+    pets, xray = own_data(base / "data")
     repo = make_repo(base / "repo")
-    (repo / "conf/dataset/pets.yaml").write_text(PETS.format(root=pets))
-    (repo / "conf/dataset/xray.yaml").write_text(XRAY.format(folder=xray))
+    (repo / "conf/dataset/pets.yaml").write_text(PETS)
+    (repo / "conf/dataset/xray.yaml").write_text(XRAY)
     (repo / "conf/suite/byo.yaml").write_text(SUITE)
+    run(repo, sys.executable, "-m", "vlbench.cli", "data-root", str(base / "data"))
     run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=byo")
     run(repo, *DVC, "repro")
     assert status(repo) == set()
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "byo results")
     return repo, pets, xray
 
 
@@ -115,14 +122,59 @@ def test_a_changed_manifest_or_named_image_makes_prepare_stale(byo):
 
 
 def test_an_input_that_does_not_cover_the_data_is_refused(byo, tmp_path):
-    repo, pets, _ = byo
+    repo, _, _ = byo
     params = tmp_path / "params.yaml"
-    run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=byo", f"suite.datasets.pets.input={tmp_path}",
-        "-o", str(params))
+    run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=byo", "suite.datasets.pets=data/own/xray",
+        "+suite.entries.pets.input=data/own/xray", "-o", str(params))
     proc = run(repo, sys.executable, "-m", "stages.prepare", "--dataset", "pets", "--params", str(params), check=False)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"does not contain {str(pets)!r}" in lines[0] and "set `input:`" in lines[0]
+    assert len(lines) == 1 and "does not contain 'data/own/pets'" in lines[0] and "set `input:`" in lines[0]
+
+
+def test_an_input_outside_the_project_is_refused_at_compose(byo, tmp_path):
+    repo, pets, _ = byo
+    proc = run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=byo", f"suite.datasets.pets={pets}",
+               "-o", str(tmp_path / "params.yaml"), check=False)
+    assert proc.returncode != 0 and "a path outside the project" in proc.stderr and "vlbench data-root" in proc.stderr
+
+
+def test_a_second_clone_with_its_data_elsewhere_sees_the_same_lock_and_nothing_changed(byo, tmp_path):
+    """dvc.lock names data/own/<...>, never where the data lives: a teammate links their own copy and is clean."""
+    repo, _, _ = byo
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-q", "--allow-empty", "-m", "results after the earlier tests' changes")
+    lock = (repo / "dvc.lock").read_text()
+    assert str(repo.parent) not in lock and "path: data/own/pets" in lock and "path: data/own/xray" in lock
+    clone = tmp_path / "clone"
+    run(tmp_path, "git", "clone", "-q", str(repo), str(clone))
+    elsewhere = tmp_path / "somewhere" / "else"
+    shutil.copytree(repo / "data/own", elsewhere, symlinks=False)  # the same files at another path
+    proc = run(clone, *DVC, "status", check=False)
+    assert "data/own/pets" in proc.stdout  # before linking: the data is missing, not silently something else
+    proc = run(clone, sys.executable, "-m", "stages.prepare", "--dataset", "pets", check=False)
+    assert proc.returncode == 2 and "run `vlbench data-root /path/to/your/data`" in proc.stderr
+    run(clone, sys.executable, "-m", "vlbench.cli", "data-root", str(elsewhere))
+    run(clone, *DVC, "cache", "dir", "--local", str(repo / ".dvc/cache"))  # as `dvc pull` from a shared remote would
+    run(clone, *DVC, "checkout")
+    assert status(clone) == set()
+    assert (clone / "dvc.lock").read_text() == lock
+    run(clone, *DVC, "repro")  # nothing to run
+    assert (clone / "dvc.lock").read_text() == lock and run(clone, "git", "status", "--porcelain").stdout == ""
+
+
+def test_dvc_exp_run_with_a_misspelled_suite_key_fails_at_its_first_stage(tmp_path):
+    """DVC composes params.yaml itself for `dvc exp run -S`: the stages' own check of it stops the run."""
+    repo = make_repo(tmp_path / "repo")
+    (repo / "conf/suite/typo.yaml").write_text("datasets: {shapes: vlbench/datasets/synthetic.py}\nslug: typo\n"
+                                               "embed: [shapes]\nzershot: [shapes]\n")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "typo suite")
+    proc = run(repo, *DVC, "exp", "run", "-S", "suite=typo", check=False)
+    assert proc.returncode != 0
+    assert "unknown key 'zershot'; did you mean 'zeroshot'?" in proc.stdout + proc.stderr
+    assert not (repo / "data/prepared/shapes").exists()  # nothing ran before the check
+
 
 
 def test_a_folder_link_inside_the_root_fails_prepare_naming_the_link(byo):

@@ -9,6 +9,7 @@ from vlbench.config import (
     ParamsError,
     available,
     compose,
+    dataset_entry,
     dataset_spec,
     get,
     load_params,
@@ -44,16 +45,25 @@ def test_required_model_slugs_are_registered():
     assert len(laion) >= 2
 
 
-def test_get_names_missing_and_mistyped_keys():
-    params = {"suite": {"datasets": {"shapes": {"source": "synthetic"}}}, "seed": "zero"}
+def test_get_names_missing_and_mistyped_keys(tmp_path):
+    params = {"suite": {"datasets": {"shapes": "x"}}, "seed": "zero"}
     with pytest.raises(ParamsError, match=r"key 'suite.zeroshot' not found .*known: \['datasets'\]"):
         get(params, "suite.zeroshot")
     with pytest.raises(ParamsError, match=r"key 'seed' must be a int, got str 'zero'"):
         get(params, "seed", int)
+    params = {**params, "suite": {**params["suite"], "slug": "demo"}}
     with pytest.raises(ParamsError, match=r"unknown dataset 'cifar10'.*\['shapes'\]"):
-        dataset_spec({**params, "suite": {**params["suite"], "slug": "demo"}}, "cifar10")
-    with pytest.raises(ParamsError, match=r"dataset 'shapes' lacks key\(s\) \['prepare', 'input', 'texts'\]"):
-        dataset_spec({**params, "suite": {**params["suite"], "slug": "demo"}}, "shapes")
+        dataset_spec(params, "cifar10")
+    (tmp_path / "dataset").mkdir()
+    (tmp_path / "config.yaml").write_text("suite: {}\n")
+    with pytest.raises(ParamsError, match=r"dataset 'shapes' has no registry entry"):
+        dataset_entry(params, "shapes", tmp_path)
+    (tmp_path / "dataset/shapes.yaml").write_text("prepare: {source: synthetic}\n")
+    with pytest.raises(ParamsError, match=r"dataset 'shapes' lacks key\(s\) \['input', 'texts'\]"):
+        dataset_entry(params, "shapes", tmp_path)
+    (tmp_path / "dataset/shapes.yaml").write_text("prepare: {source: synthetic}\ninput: y\ntexts: {}\n")
+    with pytest.raises(ParamsError, match=r"datasets.shapes is 'x' but .* has input 'y'.*set `shapes: y`"):
+        dataset_entry(params, "shapes", tmp_path)
 
 
 def test_malformed_params_file(tmp_path):
@@ -102,7 +112,7 @@ def test_a_suite_that_leaves_out_an_analysis_runs_none_of_it(tmp_path):
 
     conf = tmp_path / "conf"
     shutil.copytree(ROOT / "conf", conf)
-    (conf / "suite/mini.yaml").write_text("defaults:\n  - /dataset@datasets.shapes: shapes\n  - _self_\nslug: mini\nembed: [shapes]\nzeroshot: [shapes]\n")
+    (conf / "suite/mini.yaml").write_text("datasets: {shapes: vlbench/datasets/synthetic.py}\nslug: mini\nembed: [shapes]\nzeroshot: [shapes]\n")
     suite = compose(["suite=mini"], conf)["suite"]
     assert suite["linear_probe"] == [] and suite["zeroshot"] == ["shapes"] and list(suite["datasets"]) == ["shapes"]
 
@@ -135,3 +145,80 @@ def test_datasets_catalogue_json(monkeypatch):
     assert rows["hierarchy"]["metric"] == "map_11point" and rows["hierarchy"]["classes"] == 22
     table = CliRunner().invoke(cli, ["datasets"]).output
     assert "shape_color" in table and "108" in table
+
+
+def _conf_with_suite(tmp_path, text: str) -> Path:
+    import shutil
+
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    (conf / "suite/typo.yaml").write_text(text)
+    return conf
+
+
+def test_a_misspelled_suite_key_fails_compose_with_the_allowed_keys_and_a_suggestion(tmp_path, monkeypatch):
+    conf = _conf_with_suite(tmp_path, "datasets: {shapes: vlbench/datasets/synthetic.py}\n"
+                                      "slug: typo\nembed: [shapes]\nzershot: [shapes]\n")
+    with pytest.raises(ParamsError) as err:
+        compose(["suite=typo"], conf)
+    message = str(err.value)
+    assert "'zershot'" in message and "did you mean 'zeroshot'" in message and "suite 'typo'" in message
+    assert "linear_probe" in message and "extensibility_sets" in message  # the allowed keys are listed
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["compose", "suite=typo", "-o", str(tmp_path / "p.yaml")])
+    assert result.exit_code != 0 and "did you mean 'zeroshot'" in result.output
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_dataset_missing_from_the_suite_fails_compose_naming_analysis_dataset_and_suite(tmp_path):
+    conf = _conf_with_suite(tmp_path, "datasets: {shapes: vlbench/datasets/synthetic.py}\n"
+                                      "slug: typo\nembed: [shapes]\nzeroshot: [shapes, nosuch]\n")
+    with pytest.raises(ParamsError, match=r"suite 'typo': zeroshot lists dataset 'nosuch', which is not among "
+                                          r"the suite's datasets \['shapes'\]"):
+        compose(["suite=typo"], conf)
+    conf = _conf_with_suite(tmp_path / "b", "datasets: {shapes: vlbench/datasets/synthetic.py, "
+                                            "colors: vlbench/datasets/synthetic.py}\n"
+                                            "slug: typo\nextensibility_sets: {pair: [shapes, colours]}\n")
+    with pytest.raises(ParamsError, match=r"extensibility_sets.pair lists dataset 'colours'.*did you mean 'colors'"):
+        compose(["suite=typo"], conf)
+
+
+def test_every_stage_refuses_params_with_a_misspelled_suite_key(tmp_path):
+    """`dvc exp run` composes params.yaml itself (no `vlbench compose`): the stages' common loader checks it."""
+    params = compose()
+    params["suite"]["zershot"] = ["shapes"]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    with pytest.raises(ParamsError, match=r"'zershot'.*did you mean 'zeroshot'"):
+        load_params(path)
+
+
+def test_dvc_exp_show_has_a_column_per_suite_dataset_not_per_registry_leaf(tmp_path):
+    """`dvc exp show` lists every leaf of params.yaml: registry entries stay in conf/dataset/ (file dependencies), so
+    the demo suite adds one column per dataset (its input) and one per analysis list, not its entries' 80+ leaves."""
+    import csv
+    import io
+    import sys
+
+    from tests.pipeline_repo import make_repo, run
+
+    repo = make_repo(tmp_path / "repo")
+    run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=demo", "model=toy")
+    run(repo, "git", "commit", "-qam", "demo")
+    header = next(csv.reader(io.StringIO(run(repo, sys.executable, "-m", "dvc", "exp", "show", "--csv").stdout)))
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    suite = params["suite"]
+    expected = ({f"suite.datasets.{d}" for d in suite["datasets"]} | {f"suite.extensibility_sets.{s}" for s in
+                suite["extensibility_sets"]} | {f"suite.{k}" for k, v in suite.items()
+                                                if k not in ("datasets", "extensibility_sets") and v != {}})
+    assert {c for c in header if c.startswith("suite.")} == expected and len(expected) == 19
+    assert not [c for c in header if c.startswith("suite.datasets.shapes.")]
+    # each entry is one dependency column instead (its file hash)
+    assert {c for c in header if c.startswith("conf/dataset/")} == {f"conf/dataset/{d}.yaml" for d in suite["datasets"]}
+    def leaves(node, prefix=""):
+        if isinstance(node, dict) and node:
+            return [leaf for k, v in node.items() for leaf in leaves(v, f"{prefix}{k}.")]
+        return [prefix[:-1]]
+
+    param_columns = set(header) & set(leaves(params))
+    assert len(param_columns) < 170  # 242 on the demo when the entries were params (158 now: adapt alone has 65)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.pipeline_repo import make_repo, run, synthetic_entry
+from tests.pipeline_repo import make_repo, run, synthetic_entry, write_suite
 from vlbench.knowledge.variants import VARIANTS
 
 DVC = (sys.executable, "-m", "dvc")
@@ -43,7 +43,7 @@ def random_model(repo: Path) -> None:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     repo = make_repo(tmp_path_factory.mktemp("knowledge") / "repo")
-    (repo / "conf/suite/knowledge-smoke.yaml").write_text(yaml.safe_dump(SUITE))
+    write_suite(repo, SUITE)
     random_model(repo)
     run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=knowledge-smoke", "model=toy-random")
     run(repo, *DVC, "repro")
@@ -94,10 +94,12 @@ def test_knowledge_params_rerun_the_knowledge_stage_only(repo):
     try:
         params.write_text(before.replace("gpt3_items: 1", "gpt3_items: 2"))
         assert status(repo) == {"knowledge@shapes"}
-        changed = yaml.safe_load(before)
-        changed["suite"]["datasets"]["shapes"]["texts"]["templates"][1] = "a sketch of a {c}."
-        params.write_text(yaml.safe_dump(changed))
-        assert status(repo) == {"texts@shapes", "knowledge@shapes"}
+        params.write_text(before)
+        entry = repo / "conf/dataset/shapes.yaml"  # the registry entry: a file dependency, not a param
+        entry_before = entry.read_text()
+        entry.write_text(entry_before.replace("a drawing of a {c}.", "a sketch of a {c}."))
+        assert status(repo) == {"prepare@shapes", "texts@shapes", "knowledge@shapes"}
+        entry.write_text(entry_before)
     finally:
         params.write_text(before)
     assert status(repo) == set()

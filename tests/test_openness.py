@@ -476,8 +476,7 @@ def test_run_union_removes_shared_names_and_merges_them_like_the_authors(tmp_pat
 
 
 def test_set_members_are_checked():
-    params = {"suite": {"datasets": {"a": {"prepare": {}, "input": "x", "texts": {}}, "b": {"prepare": {}, "input": "x",
-                                                                                             "texts": {}}},
+    params = {"suite": {"datasets": {"a": "x", "b": "x"},
                         "extensibility_sets": {"ab": ["a", "b"], "one": ["a"], "a": ["a", "b"], "bad": ["a", "q"]}}}
     assert op.set_members(params, "ab") == ["a", "b"]
     for name, message in [("one", "at least two distinct"), ("a", "has the name of a dataset"),
@@ -634,9 +633,8 @@ def test_the_stages_on_feature_files(tmp_path):
     _write_dataset(tmp_path, "p", ["red x", "blue x", "red y", "blue y"], ["x", "x", "y", "y"], 3, rng, identity)
     _write_dataset(tmp_path, "q", ["red", "blue", "x"], [None, None, None], 3, rng, identity)
     write_repe(tmp_path / "features/m/p", "p", rng.normal(size=(4, 12)))  # p is in suite.retrieve, q is not
-    entry = {"prepare": {"source": "synthetic"}, "input": "x", "texts": {}}
     params = {"seed": 0, "model": {"slug": "m", "arch": "a", "pretrained": "openai"},
-              "suite": {"datasets": {"p": entry, "q": entry}, "extensibility_sets": {"pq": ["p", "q"]}},
+              "suite": {"datasets": {"p": "x", "q": "x"}, "extensibility_sets": {"pq": ["p", "q"]}},
               "extensibility": {"variants": ["single", "repe"], "orders": 5}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -661,4 +659,6 @@ def test_the_stages_on_feature_files(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     proc = subprocess.run([sys.executable, "-m", "stages.extensibility_sets", "--name", "bad"], cwd=tmp_path,
                           capture_output=True, text=True, env=env, check=False)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: params.yaml: unknown dataset 'nope'")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: suite None: extensibility_sets.bad lists dataset "
+                                                           "'nope', which is not among the suite's datasets ['p', 'q']")
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -306,12 +306,14 @@ def test_the_openness_suite_runs_repe_on_the_single_prompt_over_coco_captions():
     code = rt.parse_config(config.compose(["suite=openness", "retrieve.prompts=prompts_ensemble"])["retrieve"])
     assert code.prompts == "prompts_ensemble"
     assert cfg.corpus in suite["embed"] and cfg.corpus not in suite["zeroshot"] and cfg.corpus in suite["datasets"]
-    assert cfg.split in suite["datasets"][cfg.corpus]["prepare"]["splits"]
+    entries = {name: config.dataset_entry(params, name) for name in suite["datasets"]}
+    assert cfg.split in entries[cfg.corpus]["prepare"]["splits"]
+    assert entries[cfg.corpus]["texts"]["specificity"] is None  # the suite's override: no altered captions to embed
     members = {d for ds in suite["extensibility_sets"].values() for d in ds}
     assert set(suite["retrieve"]) == set(suite["extensibility"]) | members and len(suite["retrieve"]) == 10
     for name in suite["retrieve"]:
-        assert suite["datasets"][name]["texts"]["prompt_sets"]["single"], name  # the set prompts_single exists
-        assert suite["datasets"][name]["texts"]["prompt_sets"]["ensemble"], name  # and prompts_ensemble
+        assert entries[name]["texts"]["prompt_sets"]["single"], name  # the set prompts_single exists
+        assert entries[name]["texts"]["prompt_sets"]["ensemble"], name  # and prompts_ensemble
         assert name in suite["embed"]
     assert params["retrieve"]["shift_lambda"] == 0.25 and params["retrieve"]["keep"] == 100  # the authors' 0.25, 100
 
@@ -325,14 +327,14 @@ ENSEMBLE = ["a {c}.", "a picture of a {c}.", "a {c} shape."]  # no "a photo of a
 
 @pytest.fixture(scope="module")
 def retrieved(tmp_path_factory):
-    from tests.pipeline_repo import make_repo, run, synthetic_entry
+    from tests.pipeline_repo import make_repo, read_suite, run, synthetic_entry, write_suite
 
     repo = make_repo(tmp_path_factory.mktemp("retrieve") / "repo")
-    suite = yaml.safe_load((repo / "conf/suite/smoke.yaml").read_text())
+    suite = read_suite(repo, "smoke")
     suite["datasets"]["corpus"] = synthetic_entry("corpus", {"train": 200}, ["a {c}."])
     suite["datasets"]["shapes"]["texts"]["prompt_sets"] = {"ensemble": ENSEMBLE}  # for retrieve.prompts
     suite.update(embed=suite["embed"] + ["corpus"], retrieve=["shapes"])
-    (repo / "conf/suite/smoke.yaml").write_text(yaml.safe_dump(suite))
+    write_suite(repo, suite)
     run(repo, sys.executable, "-m", "vlbench.cli", "compose")
     run(repo, *DVC, "repro", "retrieve@shapes")
     return repo

@@ -364,17 +364,17 @@ def test_heatmap_rows_and_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    from tests.pipeline_repo import make_repo, run, synthetic_entry
+    from tests.pipeline_repo import make_repo, read_suite, run, synthetic_entry, write_suite
 
     repo = make_repo(tmp_path_factory.mktemp("specificity") / "repo")
-    suite = yaml.safe_load((repo / "conf/suite/smoke.yaml").read_text())
+    suite = read_suite(repo, "smoke")
     entry = synthetic_entry("captions", {"test": 30}, ["a {c}."])
     entry["texts"]["specificity"] = {"altered": 5, "nouns": "vocabulary", "classes_from": "labels_and_captions",
                                      "groups": {"colour": ["red", "orange", "yellow", "green", "cyan", "blue",
                                                            "purple", "pink", "brown"]}}
     suite["datasets"] = {"captions": entry}
     suite.update(embed=["captions"], zeroshot=[], linear_probe=[], specificity=["captions"])
-    (repo / "conf/suite/smoke.yaml").write_text(yaml.safe_dump(suite))
+    write_suite(repo, suite)
     run(repo, sys.executable, "-m", "vlbench.cli", "compose")
     run(repo, *DVC, "repro", "report")
     return repo

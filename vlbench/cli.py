@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import yaml
 
-from vlbench.config import available, compose, conf_dir
+from vlbench.config import OWN_DATA, available, compose, conf_dir, link_data_root
 from vlbench.errors import VlbenchError
 
 PARAMS_HEADER = "# Composed from conf/ by Hydra; regenerate with `vlbench compose` (dvc exp run -S ... does the same).\n"
@@ -93,6 +93,17 @@ def compose_cmd(ctx: click.Context, overrides: tuple[str, ...], output: str) -> 
         raise click.ClickException(str(err)) from err
     Path(output).write_text(PARAMS_HEADER + yaml.safe_dump(params, sort_keys=False))
     click.echo(f"wrote {output}")
+
+
+@main.command("data-root")
+@click.argument("path", required=False)
+def data_root(path: str | None) -> None:
+    """Link data/own to your data root PATH (default: $VLBENCH_DATA_ROOT); once per clone."""
+    try:
+        target = link_data_root(path)
+    except VlbenchError as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(f"{OWN_DATA} -> {target}")
 
 
 @main.command("check-weights")

@@ -6,6 +6,8 @@ digits, `-` and `_`), so a key can never point a stage at a folder it does not o
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,6 +24,8 @@ KNOWLEDGE = Path("data/knowledge")
 MODELS = Path("data/models")
 FEATURES = Path("features")
 REPORTS = Path("reports")
+OWN_DATA = Path("data/own")  # your own data: a link to VLBENCH_DATA_ROOT (`vlbench data-root`), or a plain folder
+DATA_ROOT_VARIABLE = "VLBENCH_DATA_ROOT"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 DATASET_KEYS = ("prepare", "input", "texts")
 
@@ -40,7 +44,56 @@ def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
         raise ParamsError(f"{path}: not valid YAML ({err})") from err
     if not isinstance(params, dict):
         raise ParamsError(f"{path}: expected a mapping at the top level")
+    if isinstance(params.get("suite"), Mapping):
+        check_suite(params["suite"])  # `dvc exp run` composes params.yaml itself: every stage checks what it got
     return params
+
+
+def suite_keys(config_dir: str | Path | None = None) -> list[str] | None:
+    """The keys a suite may set: those conf/config.yaml declares under `suite:`, plus `slug`; None outside a
+    project checkout (no conf/)."""
+    config = (Path(config_dir) if config_dir else CONF) / "config.yaml"
+    if not config.is_file():
+        return None
+    declared = yaml.safe_load(config.read_text()).get("suite") or {}
+    return sorted({"slug", *declared})
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def check_suite(suite: Mapping[str, Any], config_dir: str | Path | None = None) -> None:
+    """Refuse a suite key no stage reads (a misspelled analysis would silently run nothing) and a dataset named
+    by an analysis but absent from the suite's `datasets` (it would fail later inside DVC, without context)."""
+    slug = suite.get("slug")
+    allowed = suite_keys(config_dir)
+    for key in suite if allowed is not None else ():
+        if key not in allowed:
+            raise ParamsError(f"suite {slug!r}: unknown key {key!r}; {_did_you_mean(key, allowed)}"
+                              f"a suite sets only {allowed} (conf/config.yaml declares the analyses under `suite:`)")
+    datasets = sorted(suite.get("datasets") or {})
+    for name, value in (suite.get("datasets") or {}).items():
+        if isinstance(value, str) and (Path(value).is_absolute() or ".." in Path(value).parts):
+            raise ParamsError(f"suite {slug!r}: dataset {name!r} has input {value!r}, a path outside the project: "
+                              f"dvc.lock would record it, and a teammate whose data lives elsewhere would see every stage "
+                              f"changed; put your data under {OWN_DATA}/ (`vlbench data-root /your/data/root` links it) and "
+                              f"use e.g. `{name}: {OWN_DATA}/{name}` here and in the entry's input")
+        if not isinstance(value, str):
+            raise ParamsError(f"suite {slug!r}: datasets.{name} must be the dataset's input path (its entry's `input`, "
+                              f"e.g. `{name}: data/own/{name}`), got {value!r}; the entry itself lives in "
+                              f"conf/dataset/{name}.yaml (a suite changes it under `entries: {{{name}: ...}}`)")
+    lists = [(k, v) for k, v in suite.items() if isinstance(v, list)]
+    lists += [(f"{k}.{name}", members) for k, v in suite.items() if k != "datasets" and isinstance(v, Mapping)
+              for name, members in v.items() if isinstance(members, list)]
+    lists.append(("entries", list(suite.get("entries") or {})))
+    for analysis, names in lists:
+        for name in names:
+            if name not in datasets:
+                raise ParamsError(f"suite {slug!r}: {analysis} lists dataset {name!r}, which is not among the suite's "
+                                  f"datasets {datasets}; {_did_you_mean(str(name), datasets)}add "
+                                  f"`{name}: <its input>` to the suite's datasets or remove it from {analysis}")
 
 
 def get(params: Mapping[str, Any], dotted: str, kind: type | tuple[type, ...] | None = None) -> Any:
@@ -64,16 +117,49 @@ def check_name(kind: str, name: Any) -> str:
     return name
 
 
-def dataset_entry(params: Mapping[str, Any], name: str) -> dict[str, Any]:
-    """The registry entry of dataset `name` in the composed suite: {prepare: spec, input: path, texts: {...}}."""
+def load_entry(path: Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A registry entry file (conf/dataset/<name>.yaml) with a suite's overrides merged in, interpolations resolved."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        entry = OmegaConf.merge(OmegaConf.load(path), OmegaConf.create(dict(overrides or {})))
+        return OmegaConf.to_container(entry, resolve=True)
+    except (OmegaConfBaseException, yaml.YAMLError) as err:
+        raise ParamsError(f"{path}: not a valid dataset entry ({str(err).strip().splitlines()[0]})") from err
+
+
+def check_suite_dataset(params: Mapping[str, Any], name: str) -> str:
+    """`name` if it is a dataset of the suite (a key of suite.datasets); an error listing them otherwise."""
     check_name("dataset", name)
     datasets = get(params, "suite.datasets", Mapping)
     if name not in datasets:
-        raise ParamsError(f"params.yaml: unknown dataset {name!r} in suite {params['suite'].get('slug')!r}; known: {sorted(datasets)}")
-    entry = dict(get(params, f"suite.datasets.{name}", Mapping))
+        slug = get(params, "suite", Mapping).get("slug")
+        raise ParamsError(f"params.yaml: unknown dataset {name!r} in suite {slug!r}; known: {sorted(datasets)}")
+    return name
+
+
+def dataset_entry(params: Mapping[str, Any], name: str, config_dir: str | Path | None = None) -> dict[str, Any]:
+    """The registry entry of dataset `name` of the suite: conf/dataset/<name>.yaml (a file dependency of the stages
+    that read it) with the suite's `entries.<name>` overrides: {prepare: spec, input: path, texts: {...}}.
+
+    params.yaml names only the datasets and their inputs (`suite.datasets: {name: input}`), so that the registry
+    entries' leaves are not params (`dvc exp show` would list each as a column)."""
+    slug = get(params, "suite", Mapping).get("slug")
+    datasets = get(params, "suite.datasets", Mapping)
+    check_suite_dataset(params, name)
+    path = conf_dir(config_dir) / "dataset" / f"{name}.yaml"
+    if not path.is_file():
+        raise ParamsError(f"suite {slug!r}: dataset {name!r} has no registry entry {str(path)!r}; add one (README, "
+                          f"'Your own data') or remove it from the suite")
+    entry = load_entry(path, (params["suite"].get("entries") or {}).get(name))
     missing = [k for k in DATASET_KEYS if k not in entry]
     if missing:
-        raise ParamsError(f"params.yaml: dataset {name!r} lacks key(s) {missing}; an entry has {list(DATASET_KEYS)} (see conf/dataset/)")
+        raise ParamsError(f"{path}: dataset {name!r} lacks key(s) {missing}; an entry has {list(DATASET_KEYS)} (see conf/dataset/)")
+    if str(entry["input"]) != str(datasets[name]):
+        raise ParamsError(f"suite {slug!r}: datasets.{name} is {datasets[name]!r} but {str(path)!r} has input "
+                          f"{entry['input']!r}; the suite names each dataset's input (what DVC hashes for prepare@{name}): "
+                          f"set `{name}: {entry['input']}` under the suite's datasets")
     return entry
 
 
@@ -81,7 +167,7 @@ def dataset_spec(params: Mapping[str, Any], name: str) -> dict[str, Any]:
     """What `prepare` builds from: the entry's `prepare` mapping (source + source-specific keys)."""
     spec = dataset_entry(params, name)["prepare"]
     if not isinstance(spec, Mapping):
-        raise ParamsError(f"params.yaml: key 'suite.datasets.{name}.prepare' must be a mapping, got {spec!r}")
+        raise ParamsError(f"conf/dataset/{name}.yaml: key 'prepare' must be a mapping, got {spec!r}")
     return dict(spec)
 
 
@@ -126,6 +212,36 @@ def text_features_path(model_slug: str, dataset: str, text_set: str) -> Path:
     return features_dir(model_slug, dataset) / "text" / f"{check_name('text set', text_set)}.parquet"
 
 
+def link_data_root(target: str | Path | None = None, link: Path = OWN_DATA) -> Path:
+    """Make `link` (data/own, git-ignored) point at your data root: `target`, else $VLBENCH_DATA_ROOT. Entries name
+    your data as data/own/<...>, so params.yaml and dvc.lock hold the same relative paths in every clone while DVC
+    hashes the data itself through the link (a changed image still makes prepare@ stale)."""
+    target = target or os.environ.get(DATA_ROOT_VARIABLE)
+    if not target:
+        raise ParamsError(f"no data root given: pass its path or set {DATA_ROOT_VARIABLE}")
+    target = Path(target).expanduser().resolve()
+    if not target.is_dir():
+        raise ParamsError(f"data root {str(target)!r} is not a folder")
+    if link.exists() and not link.is_symlink():
+        raise ParamsError(f"{str(link)!r} is a real folder, not a link: keep your data there, or move it away and "
+                          f"run `vlbench data-root {target}` again")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target, target_is_directory=True)
+    tmp.replace(link)  # atomic: a concurrent reader sees the old link or the new one
+    return target
+
+
+def check_data_root(path: str | Path, name: str) -> None:
+    """A dataset whose input lies under data/own needs the link made first; say how instead of 'not found'."""
+    path = Path(path)
+    if path.parts[:2] == OWN_DATA.parts and not OWN_DATA.exists():
+        raise ParamsError(f"dataset {name!r} reads {str(path)!r} but {str(OWN_DATA)!r} does not exist in this clone: "
+                          f"run `vlbench data-root /path/to/your/data` (or set {DATA_ROOT_VARIABLE} and run "
+                          f"`vlbench data-root`) once per clone")
+
+
 def conf_dir(path: str | Path | None = None) -> Path:
     """The project's conf/: `path` if given, else ./conf (the checkout you run in, with your own suites)."""
     conf = Path(path) if path else CONF
@@ -146,10 +262,14 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
     try:
         with initialize_config_dir(config_dir=str(conf_dir(config_dir).resolve()), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=overrides or [])
-        return OmegaConf.to_container(cfg, resolve=True)
+        params = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ParamsError(f"cannot compose conf/ with overrides {overrides or []}: {first}") from err
+    check_suite(params["suite"], config_dir)
+    for name in params["suite"]["datasets"]:
+        dataset_entry(params, name, config_dir)  # each entry exists and names the suite's input
+    return params
 
 
 def available(group: str, config_dir: str | Path | None = None) -> list[str]:

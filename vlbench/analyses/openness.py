@@ -711,7 +711,7 @@ def run_union(members: Sequence[tuple[str, Any]], cfg: Mapping[str, Any], seed: 
 def set_members(params: Mapping[str, Any], name: str) -> list[str]:
     """The member datasets of `suite.extensibility_sets.<name>`: at least two distinct datasets of the suite; the
     set's name may not be a dataset's (both write reports/extensibility/<name>.json)."""
-    from vlbench.config import check_name, dataset_entry, get
+    from vlbench.config import check_name, check_suite_dataset, get
 
     sets = get(params, "suite.extensibility_sets", Mapping)
     check_name("dataset-level vocabulary", name)
@@ -725,5 +725,5 @@ def set_members(params: Mapping[str, Any], name: str) -> list[str]:
         raise ExtensibilityError(f"params.yaml: suite.extensibility_sets.{name} has the name of a dataset; its "
                                  f"result would overwrite extensibility@{name}'s: rename it")
     for member in members:
-        dataset_entry(params, member)
+        check_suite_dataset(params, member)
     return list(members)

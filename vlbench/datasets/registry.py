@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vlbench.config import ParamsError, compose, prepared_dir
+from vlbench.config import ParamsError, compose, dataset_entry, prepared_dir
 from vlbench.datasets.canonical import DatasetError, DatasetMeta
 
 SOURCES = {
@@ -95,7 +95,8 @@ def entries(suite: str | None = None, config_dir: str | Path | None = None) -> d
     from vlbench.config import conf_dir
 
     if suite is not None:
-        return dict(compose([f"suite={suite}"], config_dir)["suite"]["datasets"])
+        params = compose([f"suite={suite}"], config_dir)
+        return {name: dataset_entry(params, name, config_dir) for name in params["suite"]["datasets"]}
     files = sorted((conf_dir(config_dir) / "dataset").glob("*.yaml"))
     return {f.stem: OmegaConf.to_container(OmegaConf.load(f), resolve=True) for f in files}
 

@@ -1,4 +1,4 @@
-"""Validation shared by every dataset source's spec (the `prepare` mapping of a dataset entry, `suite.datasets.<name>.prepare`).
+"""Validation shared by every dataset source's spec (the `prepare` mapping of a dataset entry, `conf/dataset/<name>.yaml`).
 
 Each source lists its allowed keys and calls `check_keys` first, so a typo is refused the same way everywhere:
 one line naming the dataset, the source, the unknown key(s), the closest allowed key and the allowed keys.
