@@ -398,7 +398,7 @@ def test_protocol_end_to_end_reports_every_setting():
     assert summary["std"] == pytest.approx(np.std(summary["per_seed"], ddof=1))
     m, m0 = 8 * 3 + 3, 10_000  # App. D.2: PE = score * exp(log10(#trainable / M0 + 1))
     assert summary["pe"] == pytest.approx(summary["mean"] * math.exp(math.log10(m / m0 + 1.0)))
-    assert result.metrics["elevater/random_2p/5/pe"] == summary["pe"]
+    assert not any(key.endswith("/pe") for key in result.metrics)  # in the details only: dvc exp show stays narrow
     table = result.tables["elevater_search"]
     assert table.num_rows == sum(r["search_runs"] for r in runs)
     assert set(table.column("head").to_pylist()) == set(elevater.DEFAULT_HEADS)

@@ -699,7 +699,6 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
                "summary": summary,
                "device": str(on), "runs": [{k: v for k, v in r.items() if k not in RUN_ONLY} for r in runs]}
     metrics = {f"elevater/{h}/{shots}/{s.report}": summary[h][shots]["mean"] for h in reported for shots in summary[h]}
-    metrics.update(pe_metrics(summary, reported))
     timings = {"seconds": seconds, "runs": [{"shots": r["shots"], "seed": r["seed"], "search_seconds": r["search_seconds"]}
                                             for r in runs]}
     return ProtocolResult(metrics, details, {"elevater_search": search_table(runs, s)},
@@ -744,10 +743,6 @@ def parameter_efficiency(score: float, trainable: int, s: Settings) -> dict[str,
     """ELEVATER's performance-efficiency metric (App. D.2, Eq. 1): PE = score * exp(log10(M / M0 + 1)), M the head's
     trainable parameters, M0 the normalisation constant (`parameter_efficiency.m0`, the paper's 1e8)."""
     return {"pe": score * math.exp(math.log10(trainable / s.pe_m0 + 1))}
-
-
-def pe_metrics(summary: dict[str, Any], heads: Sequence[str]) -> dict[str, float]:
-    return {f"elevater/{head}/{shots}/pe": v["pe"] for head in heads for shots, v in summary[head].items()}
 
 
 def settings_details(s: Settings, seed: int) -> dict[str, Any]:
