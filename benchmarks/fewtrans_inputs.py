@@ -66,7 +66,7 @@ def prompt_features(loaded, meta, templates: list[str]):
 
 def main() -> None:
     from vlbench.analyses.adapt import fewtrans
-    from vlbench.config import load_params
+    from vlbench.config import dataset_entry, load_params
     from vlbench.datasets.canonical import load_meta
     from vlbench.models.loading import load_model
 
@@ -82,7 +82,7 @@ def main() -> None:
     for name in args.datasets:
         dataset_dir = Path("data/prepared") / name
         meta = load_meta(dataset_dir)
-        templates = list(params["suite"]["datasets"][name]["texts"]["templates"])
+        templates = list(dataset_entry(params, name)["texts"]["templates"])
         images = {"paper": {s: image_features(loaded, dataset_dir, meta, s) for s in cfg["splits"]},
                   "code": {s: image_features(loaded, dataset_dir, replace(meta, preprocess="fewtrans"), s)
                            for s in cfg["splits"]}}
