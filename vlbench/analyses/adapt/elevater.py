@@ -66,7 +66,8 @@ LANGUAGE_1P_NOTE = ("on the pre-projection image features (embed.pre_projection)
                     "projection x class text embeddings (the toolkit's MERGE_ENCODER_AND_HEAD_PROJ), its own search")
 PE_NOTE = ("the paper's App. D.2, Eq. 1: score * exp(log10(M / M0 + 1)), M the head's trainable parameters, M0 the "
            "normalisation constant (the paper's 1e8)")
-LANGUAGE_HEADS = ("language_2p", "language_1p")  # initialised from class text embeddings: knowledge can replace them
+LANGUAGE_HEADS = ("language_2p", "language_1p")  # initialised from class text embeddings
+KNOWLEDGE_HEADS = ("language_2p",)  # App. H adapts the paper's default head ("two-projection ... as the default", Sec. 5.1)
 KNOWLEDGE_SUFFIX = "_knowledge"  # <head>_knowledge: the head whose initialisation won on validation (paper App. H)
 WD_REFINEMENTS = ("index", "left")  # the toolkit's WD_SEARCH_LEFT false (since 517fb02, 2022-09-23) | true (first release)
 
@@ -585,7 +586,7 @@ def head_init(inputs, pool: Pool, s: Settings, seed: int, projection: Projection
     the class embeddings of the `prompts` text set (template prompts, each normalised, averaged, renormalised:
     the zero-shot classifier) as weights, zero bias; Language-1P: the Language-2P head merged with the image tower's
     projection (`language_1p_init`). Per knowledge variant v of `knowledge` ({v: class weights [C, d]}), each
-    language head h also gets `h@v`: the same head initialised from the variant's class embeddings."""
+    head h of KNOWLEDGE_HEADS also gets `h@v`: the same head initialised from the variant's class embeddings."""
     dim, out = pool.x.shape[1], {}
     if "random_2p" in s.heads:
         out["random_2p"] = pytorch_linear_init(dim, pool.num_classes, seed)
@@ -593,22 +594,20 @@ def head_init(inputs, pool: Pool, s: Settings, seed: int, projection: Projection
     classifiers.update({f"@{v}": w for v, w in (knowledge or {}).items()})
     for suffix, w in classifiers.items():
         two_p = (w.T.astype(np.float32), np.zeros(pool.num_classes, np.float32))
-        if "language_2p" in s.heads:
-            out[f"language_2p{suffix}"] = two_p
-        if "language_1p" in s.heads:
-            if projection is None:
+        for head in (h for h in LANGUAGE_HEADS if h in s.heads and (not suffix or h in KNOWLEDGE_HEADS)):
+            if head == "language_1p" and projection is None:
                 raise AdaptError(f"dataset {inputs.meta.name!r}: language_1p needs the image tower's projection "
                                  "(load_pre_projection)")
-            out[f"language_1p{suffix}"] = language_1p_init(*two_p, projection)
+            out[head + suffix] = two_p if head == "language_2p" else language_1p_init(*two_p, projection)
     return HeadInit(out, logit_scale_factor(s.logit_scale, pool.num_classes, inputs, s.train_split))
 
 
 def knowledge_classifiers(inputs, pool: Pool, s: Settings) -> dict[str, np.ndarray]:
     """{variant: class weights [C, d]} of the `knowledge` variants embedded for the dataset (stage embed_knowledge;
-    the dataset must be in suite.knowledge), in the order of `s.knowledge`; none when no language head runs."""
+    the dataset must be in suite.knowledge), in the order of `s.knowledge`; none when no head of KNOWLEDGE_HEADS runs."""
     from vlbench.analyses.zeroshot import knowledge_variant
 
-    if not set(LANGUAGE_HEADS) & set(s.heads) or not hasattr(inputs, "knowledge_sets"):
+    if not set(KNOWLEDGE_HEADS) & set(s.heads) or not hasattr(inputs, "knowledge_sets"):
         return {}
     present = set(inputs.knowledge_sets())
     out = {v: knowledge_variant(inputs.knowledge(v), pool.num_classes)[0] for v in s.knowledge if v in present}
@@ -620,11 +619,11 @@ def knowledge_classifiers(inputs, pool: Pool, s: Settings) -> dict[str, np.ndarr
 
 
 def select_knowledge(run: dict[str, Any], heads: Sequence[str], variants: Sequence[str]) -> dict[str, Any]:
-    """The paper's knowledge-augmented adaptation (App. H, Tables 16-17): per language head, the initialisation
-    (knowledge-free or one variant) whose search reached the highest validation score is the one tested, as
+    """The paper's knowledge-augmented adaptation (App. H, Tables 16-17): per head of KNOWLEDGE_HEADS, the
+    initialisation (knowledge-free or one variant) whose search reached the highest validation score is tested, as
     `<head>_knowledge`; knowledge is used only when it is strictly better on validation (ties keep the first)."""
     run = {**run, "chosen": dict(run["chosen"]), "final": dict(run["final"]), "knowledge_choice": {}}
-    for head in (h for h in heads if h in LANGUAGE_HEADS):
+    for head in (h for h in heads if h in KNOWLEDGE_HEADS):
         candidates = [head] + [f"{head}@{v}" for v in variants]
         best = max(candidates, key=lambda c: (run["chosen"][c]["val_score"], -candidates.index(c)))
         run["chosen"][head + KNOWLEDGE_SUFFIX] = {**run["chosen"][best], "initialisation": best}
@@ -680,7 +679,7 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
     pre, projection = load_pre_projection(inputs, s, pool) if set(PRE_PROJECTION_HEADS) & set(s.heads) else (None, None)
     knowledge = knowledge_classifiers(inputs, pool, s)
     init, on = head_init(inputs, pool, s, seed, projection, knowledge), pick_device()
-    reported = s.heads + tuple(h + KNOWLEDGE_SUFFIX for h in s.heads if h in LANGUAGE_HEADS and knowledge)
+    reported = s.heads + tuple(h + KNOWLEDGE_SUFFIX for h in s.heads if h in KNOWLEDGE_HEADS and knowledge)
     trained = replace(s, heads=tuple(init.weights))
     groups = head_groups(trained, pool, pre)
     started = time.perf_counter()
@@ -692,7 +691,7 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
     if knowledge:
         runs = [select_knowledge(r, s.heads, list(knowledge)) for r in runs]
     dims = {h: p.x.shape[1] for p, gs in groups for h in gs.heads}
-    dims.update({h + KNOWLEDGE_SUFFIX: dims[h] for h in s.heads if h in LANGUAGE_HEADS})
+    dims.update({h + KNOWLEDGE_SUFFIX: dims[h] for h in s.heads if h in KNOWLEDGE_HEADS})
     summary = summarize(runs, replace(s, heads=tuple(init.weights) + reported[len(s.heads):]), dims, pool.num_classes)
     details = {"settings": {**settings_details(s, seed), "logit_factor": init.logit_scale,
                             "knowledge_variants": list(knowledge)},
