@@ -11,10 +11,9 @@ setup: $(STAMP) wordnet
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch from this machine's disk where available; plain pip elsewhere picks the right wheel. --no-compile: Python
-	# compiles the few modules it imports on first use instead of all of torch's files at install time
-	$(PY) -m pip install --quiet --no-compile "torch==2.14.1" "torchvision==0.29.1" || $(PY) -m pip install --quiet --no-compile torch torchvision
-	$(PY) -m pip install --quiet --no-compile -e ".[dev]"
+	# torch from this machine's disk where available; plain pip elsewhere picks the right wheel
+	$(PY) -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1" || $(PY) -m pip install --quiet torch torchvision
+	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
 # WordNet for the demo world's class hierarchy: Debian's wordnet-base when we are root and it is missing.
