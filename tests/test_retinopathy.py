@@ -59,3 +59,23 @@ def test_btgraham_jpeg_round_trip_and_bad_input():
         btgraham_jpeg(b"not a jpeg", name="eye_17.jpeg")
     with pytest.raises(RetinopathyError, match="H x W x 3 uint8"):
         btgraham(np.zeros((10, 10), np.uint8))
+
+
+def test_btgraham_equals_tfds_steps_with_a_float_mask():
+    """TFDS masks with a float H x W x 3 mask (image * mask + (1 - mask) * 128) and lets imencode convert the
+    float image; the uint8 mask here must give the same pixels, on a textured eye where the blur matters."""
+    import cv2
+    from scipy.ndimage import gaussian_filter
+
+    texture = gaussian_filter(np.random.default_rng(0).normal(size=(H, W, 3)), sigma=(4, 4, 0))
+    image = fundus().astype(float)
+    image[image.sum(axis=2) > 0] += 40 * texture[image.sum(axis=2) > 0] / texture.std()
+    image = np.clip(image, 0, 255).astype(np.uint8)
+    s = 300 / eye_radius(image)
+    scaled = cv2.resize(image, dsize=None, fx=s, fy=s)
+    sharp = cv2.addWeighted(scaled, 4, cv2.GaussianBlur(scaled, (0, 0), 10), -4, 128)
+    mask = np.zeros(sharp.shape)
+    h, w = sharp.shape[:2]
+    cv2.circle(mask, center=(w // 2, h // 2), radius=270, color=(1, 1, 1), thickness=-1)
+    expected = (sharp * mask + (1 - mask) * 128)[h // 2 - 270:h // 2 + 270, w // 2 - 270:w // 2 + 270]
+    assert np.array_equal(btgraham(image), np.rint(expected).astype(np.uint8))
