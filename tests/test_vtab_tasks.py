@@ -202,3 +202,17 @@ def test_clip_benchmark_names_are_the_upstream_files():
         if t.class_source.startswith("CLIP_benchmark"):
             key = t.class_source.split("[")[1].split("]")[0].strip("'")
             assert list(t.classes) == upstream[key], t.name
+
+
+def test_2019_percent_slices_fall_where_the_2020_counts_do():
+    """task_adaptation 2019 sliced "train[:90%]" (TFDS rounds a percent boundary to the closest row); the 2020
+    code slices at P * n // 100. At the pinned sizes both give the same rows for every task."""
+    cases = {"caltech101": (90,), "cifar100": (90,), "svhn": (90,), "oxford_iiit_pet": (80,), "clevr_count": (90,),
+             "eurosat": (60, 80), "resisc45": (60, 80), "dsprites_location": (80, 90), "smallnorb_azimuth": (50,)}
+    for name, percents in cases.items():
+        task = TASKS[name]
+        n = task.tfds_sizes["test" if name == "smallnorb_azimuth" else "train"]
+        boundaries = {stop for slices in task.splits.values() for _, _, stop in slices} | {
+            start for slices in task.splits.values() for _, start, _ in slices}
+        for p in percents:
+            assert round(p * n / 100) == p * n // 100 and p * n // 100 in boundaries, (name, p)
