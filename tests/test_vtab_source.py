@@ -1,9 +1,13 @@
 """The `vtab` source on miniature TFDS-prepared folders that the tests write (real TFRecord bytes)."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from vlbench.analyses.adapt import vtab as adapt_vtab
 from vlbench.datasets import vtab_tasks
@@ -167,3 +171,48 @@ def test_unknown_task_and_missing_root_are_refused(task, tmp_path):
         prepare_dataset("vtab-x", {"source": "vtab", "task": "nope", "root": "x"}, tmp_path / "out")
     with pytest.raises(DatasetError, match="'root' .* is required"):
         prepare_dataset("vtab-x", {"source": "vtab", "task": TASK.name}, tmp_path / "out")
+
+
+# ------------------------------------------------------------------------------------------- registry and suite
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUPS = json.loads((ROOT / "vlbench/analyses/adapt/vtab_groups.json").read_text())["groups"]
+
+
+def test_entries_and_suite_are_what_the_tool_generates():
+    templates = ROOT.parent / "shared/reference/clip_benchmark/en_zeroshot_classification_templates.json"
+    if not templates.is_file():
+        pytest.skip("CLIP_benchmark's templates file (shared/reference) is not here")
+    proc = subprocess.run([sys.executable, "tools/vtab_conf.py", "--check", "--templates", str(templates)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_suite_composes_with_the_19_tasks_and_vtab_adaptation():
+    from vlbench.config import compose
+
+    params = compose(["suite=vtab"])
+    names = [f"vtab-{t}" for t in GROUPS]
+    assert list(params["suite"]["datasets"]) == names
+    assert params["suite"]["embed"] == params["suite"]["zeroshot"] == params["suite"]["adapt"] == names
+    assert params["adapt"]["protocols"] == ["vtab"]
+    for task in GROUPS:
+        entry = yaml.safe_load((ROOT / f"conf/dataset/vtab-{task}.yaml").read_text())
+        assert entry["prepare"] == {"source": "vtab", "task": task, "root": "data/tfds"}
+
+
+@pytest.mark.skipif(not vtab_tasks.TASKS, reason="vtab_tasks.TASKS is filled on branch vtab-tasks")
+def test_catalogue_lists_the_19_tasks_with_group_without_any_file(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "vlbench.cli", "datasets", "--suite", "vtab", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["name"] for r in rows] == [f"vtab-{t}" for t in GROUPS]
+    for row in rows:
+        task = vtab_tasks.TASKS[row["name"].removeprefix("vtab-")]
+        assert row["source"] == "vtab" and row["metric"] == "accuracy"
+        assert row["group"] == GROUPS[task.name] == task.group
+        assert row["classes"] == len(task.classes) > 1
+        assert {"train", "val", "test", "train800", "val200", "train800val200"} <= set(row["splits"])
+        assert row["splits"]["train800"] == 800 and row["splits"]["val200"] == 200
+        assert row["splits"]["train800val200"] == 1000
