@@ -216,3 +216,16 @@ def test_catalogue_lists_the_19_tasks_with_group_without_any_file(tmp_path):
         assert {"train", "val", "test", "train800", "val200", "train800val200"} <= set(row["splits"])
         assert row["splits"]["train800"] == 800 and row["splits"]["val200"] == 200
         assert row["splits"]["train800val200"] == 1000
+
+
+def test_1k_splits_that_are_not_prefixes_are_refused(tmp_path, root, monkeypatch):
+    import dataclasses
+
+    shifted = dataclasses.replace(TASK, splits={**TASK.splits, "val200": (("train", 6, 8),)})
+    monkeypatch.setitem(vtab_tasks.TASKS, TASK.name, shifted)
+    with pytest.raises(DatasetError, match="VTAB split 'val200' of task 'mini_task' is not the first rows of 'val'"):
+        prepare_dataset("vtab-mini", spec(root), tmp_path / "out")
+    mixed = dataclasses.replace(TASK, splits={**TASK.splits, "train800val200": (("train", 5, 7), ("train", 0, 2))})
+    monkeypatch.setitem(vtab_tasks.TASKS, TASK.name, mixed)
+    with pytest.raises(DatasetError, match="'train800val200' of task 'mini_task' is not train800 \\+ val200"):
+        prepare_dataset("vtab-mini", spec(root), tmp_path / "out")

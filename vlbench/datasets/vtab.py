@@ -24,8 +24,8 @@ its slices in order; `sample_id` is `<TFDS split>/<row, 7 digits>`. Images as st
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Mapping
+from itertools import islice
 from pathlib import Path
 
 from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, write_dataset
@@ -174,6 +174,28 @@ def check_slices(name: str, task: VtabTask, shards: Mapping[str, list[tuple[Path
                                    f"TFDS's {tfds_split} split has {total} records")
 
 
+# The 1k splits are the first rows of train and val (task_adaptation: train800 = train[:800], val200 = the validation
+# slice's first 200); adapt.vtab relies on it, taking train800 / val200 as the first rows of train / val.
+PREFIXES = {"train800": ("train",), "val200": ("val",), "train800val200": ("train800", "val200")}
+
+
+def check_prefixes(name: str, task: VtabTask) -> None:
+    for split, parts in PREFIXES.items():
+        if split not in task.splits or not all(p in task.splits for p in parts):
+            continue
+        n = task.split_sizes()[split]
+        want = list(islice((row for p in parts for row in _rows_of(task.splits[p])), n + 1))
+        want = want[:n] if len(parts) == 1 else want  # a prefix of train / val; train800 + val200 whole
+        if list(_rows_of(task.splits[split])) != want:
+            raise DatasetError(f"dataset {name!r}: VTAB split {split!r} of task {task.name!r} is not "
+                               f"{' + '.join(parts) if len(parts) > 1 else f'the first rows of {parts[0]!r}'}; "
+                               f"adapt.vtab takes it so")
+
+
+def _rows_of(slices) -> Iterator[tuple[str, int]]:
+    return ((s, i) for s, a, b in slices for i in range(a, b))
+
+
 def split_rows(name: str, task: VtabTask, shards: Mapping[str, list[tuple[Path, int]]], split: str) -> Iterator[dict]:
     """The canonical rows of one VTAB split: its slices' records in order, each labelled by the task's rule."""
     for tfds_split, start, stop in task.splits[split]:
@@ -208,6 +230,7 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
     shards = read_info(name, task, root)
     check_shard_lengths(shards)
     check_slices(name, task, shards)
+    check_prefixes(name, task)
     provenance = {
         "source": "vtab", "task": task.name, "group": task.group,
         "upstream": "VTAB (Zhai et al. 2019), google-research/task_adaptation; TFDS-prepared files read without TensorFlow",
