@@ -75,11 +75,14 @@ def expected(split):
 
 def test_prepare_gives_each_vtab_split_in_tfds_order_across_shards(tmp_path, root):
     meta = prepare_dataset("vtab-mini", spec(root), tmp_path / "out")
-    assert meta.splits == {"train": 5, "val": 4, "test": 3, "train800": 2, "val200": 2, "train800val200": 4}
-    for split in TASK.splits:
+    assert meta.splits == {"train": 5, "val": 4, "test": 3}  # the 1k splits are train's / val's first rows
+    assert not (tmp_path / "out" / "splits" / "train800.parquet").exists()
+    for split in meta.splits:
         table = pq.read_table(tmp_path / "out" / "splits" / f"{split}.parquet")
         got = list(zip(table["sample_id"].to_pylist(), table["label"].to_pylist(), table["image"].to_pylist()))
         assert got == expected(split), split
+        if split in ("train", "val"):  # adapt.vtab's train800 / val200: the first rows
+            assert got[:2] == expected({"train": "train800", "val": "val200"}[split])
     # rows 4..6 sit in the second shard, row 7 in the third: the val split crosses a shard boundary
     assert [sid for sid, _, _ in expected("val")] == ["train/0000005", "train/0000006", "train/0000007", "train/0000008"]
     classes = json.loads((tmp_path / "out" / "classes.json").read_text())
@@ -87,6 +90,8 @@ def test_prepare_gives_each_vtab_split_in_tfds_order_across_shards(tmp_path, roo
     assert classes["preprocess"] == "squash"
     assert classes["provenance"]["group"] == "structured"
     assert classes["provenance"]["tfds_version"] == "1.2.0"
+    assert classes["provenance"]["subsets"] == {"train800": "the first 2 rows of train", "val200": "the first 2 rows of val",
+                                                "train800val200": "train800 + val200"}
     assert classes["provenance"]["files"]["train"][1] == {
         "file": "minids-train.tfrecord-00001-of-00003", "records": 3,
         "bytes": (root / "minids/cfg/1.2.0/minids-train.tfrecord-00001-of-00003").stat().st_size}

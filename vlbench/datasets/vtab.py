@@ -17,8 +17,10 @@ absolute position from `shardLengths`), so "the first 800" (`train[:800]`) is ex
 reader (core/reader.py) may interleave shards when a slice spans several (cycle length 16 unless the builder
 disables shuffling), which changes the order inside a split, never its rows; vlbench keeps the prepared order.
 
-Canonical splits: the task's VTAB splits (train, val, test, train800, val200, train800val200), each the rows of
-its slices in order; `sample_id` is `<TFDS split>/<row, 7 digits>`. Images as stored (no re-encoding).
+Canonical splits: the task's VTAB splits train, val and test, each the rows of its slices in order; `sample_id`
+is `<TFDS split>/<row, 7 digits>`. The 1k splits (train800, val200, train800val200) are not copied: they must be
+the first rows of train / val (checked), which is how adapt.vtab takes them (DESIGN.md: "VTAB-1k subsets are index
+lists over these rows, never copies of images"); classes.json `provenance.subsets` says so. Images as stored.
 """
 
 from __future__ import annotations
@@ -238,11 +240,13 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
         "slices": {split: [f"{s}[{a}:{b}]" for s, a, b in slices] for split, slices in task.splits.items()},
         "files": {split: [{"file": path.name, "records": n, "bytes": path.stat().st_size} for path, n in files]
                   for split, files in shards.items()},
+        "subsets": {split: f"the first {task.split_sizes()[split]} rows of {parts[0]}" if len(parts) == 1 else
+                    " + ".join(parts) for split, parts in PREFIXES.items() if split in task.splits},
         "class_source": task.class_source,
         "image_encoding": "as stored in the TFDS records (not re-encoded)",
     }
     classes = [ClassInfo(index=i, name=c) for i, c in enumerate(task.classes)]
     meta = DatasetMeta(name=name, task="single-label", metric="accuracy", classes=classes, provenance=provenance,
                        preprocess=spec.get("preprocess", "squash"))
-    rows = {split: split_rows(name, task, shards, split) for split in task.splits}
+    rows = {split: split_rows(name, task, shards, split) for split in task.splits if split not in PREFIXES}
     return write_dataset(out_dir, meta, rows)
