@@ -234,3 +234,12 @@ def test_1k_splits_that_are_not_prefixes_are_refused(tmp_path, root, monkeypatch
     monkeypatch.setitem(vtab_tasks.TASKS, TASK.name, mixed)
     with pytest.raises(DatasetError, match="'train800val200' of task 'mini_task' is not train800 \\+ val200"):
         prepare_dataset("vtab-mini", spec(root), tmp_path / "out")
+
+
+def test_entry_input_must_contain_the_tfds_root(task):
+    from vlbench.config import ParamsError
+    from vlbench.datasets.registry import check_input
+
+    check_input("vtab-mini", {"prepare": spec("data/tfds"), "input": "data/tfds"})
+    with pytest.raises(ParamsError, match="does not contain 'data/tfds'"):
+        check_input("vtab-mini", {"prepare": spec("data/tfds"), "input": "data/other"})
