@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vlbench.datasets.tfrecord import serialize_example  # noqa: E402
+from vlbench.datasets.tfrecord import serialize_example, write_records  # noqa: E402
 from vlbench.datasets.vtab_tasks import VtabTask  # noqa: E402
 
 
@@ -62,20 +61,20 @@ def image(index: int) -> tuple[bytes, int, int]:
     return buffer.getvalue(), x, orientation
 
 
+def examples(start: int, stop: int):
+    for i in range(start, stop):
+        png, x, orientation = image(i)
+        yield serialize_example({"image": [png], "label_x_position": [x], "label_orientation": [orientation]})
+
+
 def write_stand_in(root: Path, task: VtabTask, n: int, shards: int) -> None:
     from vlbench.datasets.vtab import INFO, TEMPLATE, shard_name, tfds_folder
-    from vlbench.datasets.tfrecord import masked_crc
 
     folder = tfds_folder(root, task)
     folder.mkdir(parents=True, exist_ok=True)
     bounds = [n * i // shards for i in range(shards + 1)]
-    for s in range(shards):
-        with open(folder / shard_name(task, "train", s, shards), "wb") as f:  # streamed: one record at a time
-            for i in range(bounds[s], bounds[s + 1]):
-                png, x, orientation = image(i)
-                data = serialize_example({"image": [png], "label_x_position": [x], "label_orientation": [orientation]})
-                head = len(data).to_bytes(8, "little")
-                f.write(head + masked_crc(head).to_bytes(4, "little") + data + masked_crc(data).to_bytes(4, "little"))
+    for s in range(shards):  # streamed: one record at a time
+        write_records(folder / shard_name(task, "train", s, shards), examples(bounds[s], bounds[s + 1]))
     info = {"name": "dsprites", "version": task.version, "fileFormat": "tfrecord",
             "splits": [{"name": "train", "filepathTemplate": TEMPLATE,
                         "shardLengths": [str(bounds[s + 1] - bounds[s]) for s in range(shards)]}]}

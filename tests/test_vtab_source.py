@@ -243,3 +243,15 @@ def test_entry_input_must_contain_the_tfds_root(task):
     check_input("vtab-mini", {"prepare": spec("data/tfds"), "input": "data/tfds"})
     with pytest.raises(ParamsError, match="does not contain 'data/tfds'"):
         check_input("vtab-mini", {"prepare": spec("data/tfds"), "input": "data/other"})
+
+
+def test_malformed_dataset_info_is_refused_naming_it(tmp_path, root):
+    info_path = root / "minids/cfg/1.2.0/dataset_info.json"
+    info = json.loads(info_path.read_text())
+    info["splits"][0]["shardLengths"] = ["Unknown"]
+    info_path.write_text(json.dumps(info))
+    with pytest.raises(DatasetError, match=r"dataset_info.json: split 'train' has shardLengths \['Unknown'\], not counts"):
+        prepare_dataset("vtab-mini", spec(root), tmp_path / "out")
+    info_path.write_text("{not json")
+    with pytest.raises(DatasetError, match=r"dataset_info.json: not a TFDS dataset_info.json"):
+        prepare_dataset("vtab-mini", spec(root), tmp_path / "out")

@@ -18,7 +18,7 @@ np.ndarray int64 | np.ndarray float32}.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -103,8 +103,8 @@ def count_records(path: str | Path, verify_data: bool = True) -> int:
     return n
 
 
-def write_records(path: str | Path, records: Sequence[bytes]) -> None:
-    """A TFRecord file of `records` (used to build TFDS-prepared miniatures)."""
+def write_records(path: str | Path, records: Iterable[bytes]) -> None:
+    """A TFRecord file of `records`, streamed (used to build TFDS-prepared miniatures and stand-ins)."""
     with open(path, "wb") as f:
         for data in records:
             head = struct.pack("<Q", len(data))

@@ -124,7 +124,10 @@ def _split_shards(info_path: Path, task: VtabTask, splits: Mapping, split: str) 
     if "shardLengths" not in entry:
         raise DatasetError(f"{info_path}: split {split!r} has no shardLengths (a TFDS too old to record them); "
                            f"rebuild it with a newer tensorflow-datasets release")
-    lengths = [int(n) for n in entry["shardLengths"]]
+    try:
+        lengths = [int(n) for n in entry["shardLengths"]]
+    except (TypeError, ValueError) as err:
+        raise DatasetError(f"{info_path}: split {split!r} has shardLengths {entry['shardLengths']!r}, not counts") from err
     return [(info_path.parent / shard_name(task, split, i, len(lengths)), n) for i, n in enumerate(lengths)]
 
 
