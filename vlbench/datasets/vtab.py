@@ -12,10 +12,11 @@ The version in dataset_info.json must be the pinned one; every shard's record co
 must equal its `shardLengths` entry; each record read has its data checksum verified.
 
 Order: a split's prepared order is its shards in index order, each shard's records in file order. A TFDS slice
-`train[a:b]` is the rows a..b-1 of that order (TFDS's file instructions, core/utils/shard_utils.py get_file_instructions,
-cut the split by absolute position from `shardLengths`, shards in order), so "the first 800" (`train[:800]`) is exactly the rows here. TFDS's
-reader (core/reader.py) may interleave shards when a slice spans several (cycle length 16 unless the builder
-disables shuffling), which changes the order inside a split, never its rows; vlbench keeps the prepared order.
+`train[a:b]` is the rows a..b-1 of that order (TFDS's file instructions, core/utils/shard_utils.py
+get_file_instructions, cut the split by absolute position from `shardLengths`, shards in order), so "the first
+800" (`train[:800]`) is exactly the rows here. TFDS's reader (core/reader.py) may interleave shards when a slice
+spans several (cycle length 16 unless the builder disables shuffling), which changes the order inside a split,
+never its rows; vlbench keeps the prepared order.
 
 Canonical splits: the task's VTAB splits train, val and test, each the rows of its slices in order; `sample_id`
 is `<TFDS split>/<row, 7 digits>`. The 1k splits (train800, val200, train800val200) are not copied: they must be
