@@ -4,9 +4,9 @@ A TFRecord file is a sequence of records, each
 
     uint64 length (little-endian) | uint32 masked CRC32C of those 8 bytes | data | uint32 masked CRC32C of data
 
-where mask(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8 (mod 2**32) (TensorFlow's
-`crc32c::Mask`, tensorflow/core/lib/hash/crc32c.h; the record layout of tensorflow/core/lib/io/record_writer.cc). Both checksums are
-verified: a damaged or truncated record is a `TfRecordError` naming the file and the record's index.
+where mask(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8 (mod 2**32) (TensorFlow's `crc32c::Mask`,
+tensorflow/core/lib/hash/crc32c.h; the record layout of tensorflow/core/lib/io/record_writer.cc). Both checksums
+are verified: a damaged or truncated record is a `TfRecordError` naming the file and the record's index.
 CRC32C (Castagnoli) comes from `google-crc32c` (Google's C implementation).
 
 `tf.train.Example` (tensorflow/core/example/example.proto, feature.proto) is decoded with a small protobuf
