@@ -255,3 +255,19 @@ def test_malformed_dataset_info_is_refused_naming_it(tmp_path, root):
     info_path.write_text("{not json")
     with pytest.raises(DatasetError, match=r"dataset_info.json: not a TFDS dataset_info.json"):
         prepare_dataset("vtab-mini", spec(root), tmp_path / "out")
+
+
+def test_catalogue_of_the_vtab_suite_has_group_classes_and_sizes(monkeypatch):
+    """The suite's catalogue through the registry, with a stand-in table (the real one is vtab_tasks.TASKS)."""
+    import dataclasses
+
+    from vlbench.datasets.registry import catalogue
+
+    for i, (name, group) in enumerate(GROUPS.items()):
+        classes = tuple(f"c{k}" for k in range(2 + i))
+        monkeypatch.setitem(vtab_tasks.TASKS, name, dataclasses.replace(TASK, name=name, group=group, classes=classes))
+    rows = catalogue("vtab", ROOT / "conf")
+    assert [r["name"] for r in rows] == [f"vtab-{t}" for t in GROUPS]
+    for i, row in enumerate(rows):
+        assert row["group"] == GROUPS[row["name"].removeprefix("vtab-")] and row["classes"] == 2 + i
+        assert row["splits"] == TASK.split_sizes() and row["metric"] == "accuracy" and row["source"] == "vtab"
