@@ -30,9 +30,10 @@ SOURCES = {
     "cifar": "vlbench.datasets.cifar:build",
     "coop": "vlbench.datasets.coop:build",
     "coco": "vlbench.datasets.coco:build",
+    "vtab": "vlbench.datasets.vtab:build",  # TFDS-prepared TFRecord files, read without TensorFlow
 }
 # Spec keys that name the user's files: they must lie inside the entry's `input`, which DVC hashes.
-DATA_KEYS = {"imagefolder": ("root",), "manifest": ("path", "splits")}
+DATA_KEYS = {"imagefolder": ("root",), "manifest": ("path", "splits"), "vtab": ("root",)}
 
 
 def _source(name: str, spec: Mapping[str, Any]) -> str:

@@ -87,9 +87,10 @@ def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
     return s
 
 
-def task_group(dataset: str, groups: Mapping[str, str]) -> str:
-    """The dataset's VTAB group: `adapt.vtab.groups` first, then vtab_groups.json (VTAB's own tasks)."""
-    known = {**json.loads(GROUPS_FILE.read_text())["groups"], **groups}
+def task_group(dataset: str, groups: Mapping[str, str], own: str | None = None) -> str:
+    """The dataset's VTAB group: `adapt.vtab.groups` first, then the group its prepared data records (`own`: the
+    `vtab` source's classes.json provenance), then vtab_groups.json (VTAB's own task names)."""
+    known = {**json.loads(GROUPS_FILE.read_text())["groups"], **({dataset: own} if own else {}), **groups}
     if dataset not in known:
         raise AdaptError(f"dataset {dataset!r} has no VTAB group; add it to params adapt.vtab.groups "
                          f"(one of {list(GROUPS)})")
@@ -339,7 +340,7 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int, device: str | None = Non
     """VTAB-1k on one dataset: sweep on train800 / val200 (selection `paper`: on the 1,000 / the whole validation
     split), retrain the chosen setting on the 1,000, test; 3 runs."""
     s = settings(cfg)
-    group = task_group(inputs.meta.name, s["groups"])
+    group = task_group(inputs.meta.name, s["groups"], inputs.meta.provenance.get("group"))
     check_preprocess(inputs.meta, s)
     data, c = load_splits(inputs, s), len(inputs.meta.classes)
     plan, sweep, final, final_rngs = train_runs(data, c, s, seed, device)
