@@ -185,10 +185,7 @@ GROUPS = json.loads((ROOT / "vlbench/analyses/adapt/vtab_groups.json").read_text
 
 
 def test_entries_and_suite_are_what_the_tool_generates():
-    templates = ROOT.parent / "shared/reference/clip_benchmark/en_zeroshot_classification_templates.json"
-    if not templates.is_file():
-        pytest.skip("CLIP_benchmark's templates file (shared/reference) is not here")
-    proc = subprocess.run([sys.executable, "tools/vtab_conf.py", "--check", "--templates", str(templates)],
+    proc = subprocess.run([sys.executable, "tools/vtab_conf.py", "--check"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
