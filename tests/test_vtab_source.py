@@ -268,3 +268,32 @@ def test_catalogue_of_the_vtab_suite_has_group_classes_and_sizes(monkeypatch):
     for i, row in enumerate(rows):
         assert row["group"] == GROUPS[row["name"].removeprefix("vtab-")] and row["classes"] == 2 + i
         assert row["splits"] == TASK.split_sizes() and row["metric"] == "accuracy" and row["source"] == "vtab"
+
+
+def test_dsprites_pixels_are_scaled_to_255_losslessly(tmp_path, monkeypatch):
+    """dSprites stores 0/1 pixels; the model must see 0/255 (task_adaptation multiplies by 255)."""
+    import dataclasses
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    masks = [rng.integers(0, 2, (8, 8), dtype=np.uint8) for _ in range(9)]
+
+    def png(mask):
+        out = io.BytesIO()
+        Image.fromarray(mask, mode="L").save(out, format="PNG")
+        return out.getvalue()
+
+    task = dataclasses.replace(TASK, name="mini_sprites", pixel_scale=255)
+    monkeypatch.setitem(vtab_tasks.TASKS, task.name, task)
+    shards = [[serialize_example({"image": [png(masks[r])], "n": [r]}) for r in rows] for rows in ((0, 1, 2, 3), (4, 5, 6, 7, 8))]
+    write_folder(tmp_path / "tfds", task, {"train": shards, "test": [shards[0][:3]]})
+    prepare_dataset("vtab-sprites", {**spec(tmp_path / "tfds"), "task": task.name}, tmp_path / "out")
+    table = pq.read_table(tmp_path / "out" / "splits" / "train.parquet")
+    for sample_id, data in zip(table["sample_id"].to_pylist(), table["image"].to_pylist()):
+        got = np.asarray(Image.open(io.BytesIO(data)))
+        assert np.array_equal(got, masks[int(sample_id.split("/")[1])] * 255), sample_id
+    provenance = json.loads((tmp_path / "out" / "classes.json").read_text())["provenance"]
+    assert "times 255" in provenance["image_encoding"]

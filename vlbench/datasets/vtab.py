@@ -21,15 +21,20 @@ never its rows; vlbench keeps the prepared order.
 Canonical splits: the task's VTAB splits train, val and test, each the rows of its slices in order; `sample_id`
 is `<TFDS split>/<row, 7 digits>`. The 1k splits (train800, val200, train800val200) are not copied: they must be
 the first rows of train / val (checked), which is how adapt.vtab takes them (DESIGN.md: "VTAB-1k subsets are index
-lists over these rows, never copies of images"); classes.json `provenance.subsets` says so. Images as stored.
+lists over these rows, never copies of images"); classes.json `provenance.subsets` says so. Images as stored,
+except where the task scales pixels (dSprites' 0/1 pixels times 255, as task_adaptation does: a lossless PNG).
 """
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator, Mapping
 from itertools import islice
 from pathlib import Path
+
+import numpy as np
+from PIL import Image
 
 from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, write_dataset
 from vlbench.datasets.download import ManualDownloadError
@@ -224,7 +229,22 @@ def _sample(name: str, task: VtabTask, path: Path, index: int, record: bytes) ->
     except (KeyError, IndexError, ValueError, TypeError) as err:
         raise DatasetError(f"{where}: the label rule of VTAB task {task.name!r} failed "
                            f"({type(err).__name__}: {err}); features present: {sorted(features)}") from err
-    return {"label": label, "image": image[0]}
+    return {"label": label, "image": image[0] if task.pixel_scale == 1 else scaled_png(where, image[0], task.pixel_scale)}
+
+
+def scaled_png(where: str, data: bytes, scale: int) -> bytes:
+    """The image's pixels times `scale`, as a PNG: dSprites stores 0/1 pixels, which task_adaptation multiplies by 255
+    before the model sees them. Lossless, so the stored image is recoverable exactly (divide by `scale`)."""
+    try:
+        pixels = np.asarray(Image.open(io.BytesIO(data)))
+    except OSError as err:
+        raise DatasetError(f"{where}: cannot decode the image to scale its pixels ({err})") from err
+    if pixels.max(initial=0) * scale > 255:
+        raise DatasetError(f"{where}: pixel values up to {pixels.max()} times {scale} exceed 255; is this the TFDS "
+                           f"version the task pins?")
+    out = io.BytesIO()
+    Image.fromarray((pixels * scale).astype(np.uint8)).save(out, format="PNG")
+    return out.getvalue()
 
 
 def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
@@ -247,7 +267,8 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
         "subsets": {split: f"the first {task.split_sizes()[split]} rows of {parts[0]}" if len(parts) == 1 else
                     " + ".join(parts) for split, parts in PREFIXES.items() if split in task.splits},
         "class_source": task.class_source,
-        "image_encoding": "as stored in the TFDS records (not re-encoded)",
+        "image_encoding": "as stored in the TFDS records (not re-encoded)" if task.pixel_scale == 1 else
+                          f"PNG of the stored pixels times {task.pixel_scale} (task_adaptation's scaling), lossless",
     }
     classes = [ClassInfo(index=i, name=c) for i, c in enumerate(task.classes)]
     meta = DatasetMeta(name=name, task="single-label", metric="accuracy", classes=classes, provenance=provenance,
