@@ -367,20 +367,21 @@ def leaf_wnids(classes: Iterable[Any]) -> list[str]:
 def dataset_leaves(name: str, entry: Mapping[str, Any], prepared: Path | None = None, *,
                    cache: Path | None = None, mirror: Path | None = None) -> LeafSet:
     """Leaf wnids of registered dataset `name`: from its prepared classes.json (`prepared`, default
-    data/prepared/<name>), else from the demo's class list (synthetic source), else ImageNet's list through
-    the download layer (imagenet source). Errors say which dataset and what to do."""
+    data/prepared/<name>), else as its source lists them before prepare (`leaf_classes` of the source module, through
+    vlbench.datasets.registry: the demo's class list, ImageNet's list through the download layer). Errors say which
+    dataset and what to do."""
     from vlbench.config import prepared_dir
+    from vlbench.datasets.registry import leaf_classes
 
     classes_json = (prepared or prepared_dir(name)) / "classes.json"
     if classes_json.is_file():
         return _with_wnids(name, leaf_wnids(_read_classes(classes_json)), str(classes_json))
-    source = (entry.get("prepare") or {}).get("source") if isinstance(entry, Mapping) else None
-    if source == "synthetic":
-        return _with_wnids(name, leaf_wnids(_synthetic_classes(name, entry["prepare"])), "the demo world's class list")
-    if source == "imagenet":
-        return LeafSet(tuple(imagenet_wnids(name, cache=cache, mirror=mirror)), "ImageNet-1k class list (BREEDS copy)")
+    spec = entry.get("prepare") if isinstance(entry, Mapping) else None
+    listed = leaf_classes(name, spec, cache=cache, mirror=mirror) if isinstance(spec, Mapping) else None
+    if listed is not None:
+        return _with_wnids(name, *listed)
     raise HierarchyError(
-        f"dataset {name!r} (source {source!r}): its classes are known only once prepared; "
+        f"dataset {name!r} (source {(spec or {}).get('source')!r}): its classes are known only once prepared; "
         f"run `dvc repro prepare@{name}` first (no {classes_json})"
     )
 
@@ -399,13 +400,6 @@ def _read_classes(path: Path) -> list[dict]:
     if not isinstance(classes, list) or not all(isinstance(c, Mapping) for c in classes):
         raise HierarchyError(f"{path}: key 'classes' must be a list of objects")
     return classes
-
-
-def _synthetic_classes(name: str, spec: Mapping[str, Any]) -> list:
-    from vlbench.datasets import synthetic
-
-    task = synthetic.parse_spec(name, dict(spec))["task"]
-    return synthetic._classes(task)  # the demo's classes are known without generating anything
 
 
 def imagenet_wnids(dataset: str = "imagenet", resource: Mapping[str, Any] | None = None, *,
