@@ -16,12 +16,12 @@ from click.testing import CliRunner
 from tests.http_server import serve
 from vlbench.cli import main
 from vlbench.datasets import synthetic
+from vlbench.datasets.leaves import dataset_leaves
 from vlbench.knowledge.hierarchy import (
     Graph,
     HierarchyError,
     build_from_graph,
     build_hierarchy,
-    dataset_leaves,
     imagenet_wnids,
     leaf_wnids,
     longest_paths,
