@@ -317,3 +317,19 @@ def test_chromium_draws_every_chart_and_fetches_nothing(built):
         (work / "leak" / "leak.html").write_text('<html><body><img src="http://example.invalid/x.png"></body></html>')
         _, requests = render(work / "leak" / "leak.html", work / "leak")
         assert requests == ["http://example.invalid/x.png"]
+
+
+def test_every_table_entry_names_charts_and_a_summary_that_exist():
+    """The report calls what the ANALYSES table names: a misspelt "module:function" fails here, not in a repro."""
+    import inspect
+
+    from vlbench.analyses import ANALYSES
+    from vlbench.report.aggregate import _function
+
+    for entry in ANALYSES.values():
+        assert entry.explain and entry.headline and entry.charts, entry.name
+        for chart in entry.charts:
+            assert list(inspect.signature(_function(chart)).parameters) == ["analysis", "results", "metrics",
+                                                                             "out_dir"], chart
+        if entry.summary:
+            assert list(inspect.signature(_function(entry.summary)).parameters) == ["metrics", "results"]
