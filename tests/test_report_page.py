@@ -265,8 +265,9 @@ const boxes = [...document.querySelectorAll('figure')].map(f => {
     const b = m.getBBox(); return b.width > 0 || b.height > 0; });
   return {id: f.id, width: r.width, height: r.height, marks: marks.length}; });
 const cells = document.querySelectorAll('td').length;
+const winners = [...document.querySelectorAll('td.winner')].map(td => getComputedStyle(td).backgroundColor);
 const out = document.createElement('pre'); out.id = 'vlbench-probe';
-out.textContent = JSON.stringify({boxes, cells}); document.body.appendChild(out);
+out.textContent = JSON.stringify({boxes, cells, winners}); document.body.appendChild(out);
 </script>"""
 
 
@@ -305,12 +306,12 @@ def test_chromium_draws_every_chart_and_fetches_nothing(built):
         assert {b["id"] for b in seen["boxes"]} == expected and len(expected) >= 10
         for box in seen["boxes"]:
             assert box["width"] > 100 and box["height"] > 100 and box["marks"] > 10, box
-        assert seen["cells"] > 100
+        assert seen["cells"] > 100 and seen["winners"] == []
 
         (work / "compare").mkdir()
         (work / "compare" / "compare.html").write_text(render_comparison(COMPARISON))
         seen, requests = render(work / "compare" / "compare.html", work / "compare")
-        assert requests == [] and seen == {"boxes": [], "cells": 2 * 7}
+        assert requests == [] and seen == {"boxes": [], "cells": 2 * 7, "winners": ["rgb(227, 244, 232)"]}
 
         # the same check does see a page that fetches: an image from elsewhere
         (work / "leak").mkdir()
@@ -333,3 +334,26 @@ def test_every_table_entry_names_charts_and_a_summary_that_exist():
                                                                              "out_dir"], chart
         if entry.summary:
             assert list(inspect.signature(_function(entry.summary)).parameters) == ["metrics", "results"]
+
+
+def test_the_page_gives_each_reference_verdict(tmp_path, monkeypatch):
+    """A run with published numbers (CLIP ViT-B/32 on CIFAR, ELEVATER Table 15: 89.8 and 65.2): reproduced, or off
+    by how much, one row per comparison in reports/reference.json."""
+    from vlbench.report.aggregate import write_report
+    from vlbench.results import Result, write_result
+
+    monkeypatch.chdir(tmp_path)
+    for dataset, value in {"cifar-10": 0.9, "cifar-100": 0.5}.items():
+        write_result("zeroshot", dataset, Result({"accuracy": value}, {"samples": 10},
+                                                 {"scoring": "elevater", "split": "test"}),
+                     {"model": "vitb32", "precision": "fp32"})
+    write_report({"zeroshot": ["cifar-10", "cifar-100"]}, {"model": "vitb32", "suite": "elevater", "commit": None})
+    reference = json.loads((tmp_path / "reports" / "reference.json").read_text())
+    page = Tables((tmp_path / "reports" / "index.html").read_text())
+    shown = [r for r in page.rows if len(r) == 10 and r[0] == "zeroshot"]
+    assert len(shown) == len(reference["comparisons"]) >= 2
+    table15 = {r[1]: r for r in shown if r[9].startswith("elevater, Table 15,")}
+    tolerance = next(c["tolerance"] for c in reference["comparisons"]
+                     if c["dataset"] == "cifar-10" and c["source"]["table"] == "Table 15")
+    assert table15["cifar-10"][3:8] == ["0.9000", "0.8980", "0.0020", f"{tolerance:.4f}", "reproduced"]
+    assert table15["cifar-100"][7] == "off" and table15["cifar-100"][8].startswith("off by -15.20 points")
