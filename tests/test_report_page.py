@@ -208,6 +208,11 @@ COMPARISON = {
          "differences": [{"a": "base", "b": "exp-<b>&", "delta": 0.0042, "low": -0.01, "high": 0.019,
                           "p_bootstrap": 0.47, "p_mcnemar": None, "n": 400, "paired": True}],
          "winner": None},
+        {"analysis": "adapt", "dataset": "shapes", "metric": "vtab/median",  # no per-sample results: unpaired
+         "values": {"base": {"value": 0.4, "low": 0.38, "high": 0.42}},
+         "differences": [{"a": "base", "b": "exp-<b>&", "delta": -0.01, "low": None, "high": None,
+                          "p_bootstrap": None, "p_mcnemar": None, "n": 0, "paired": False}],
+         "winner": None},
     ],
 }
 
@@ -219,12 +224,15 @@ def test_comparison_page_rows_intervals_p_values_and_winner():
     page = Tables(text)
     assert page.rows[0] == ["analysis", "dataset", "metric", "base", "exp-<b>&", "differences (95% interval)",
                             "winner"]
-    first, second = page.rows[1], page.rows[2]
+    first, second, third = page.rows[1:4]
     assert first[:5] == ["zeroshot", "shapes", "accuracy", "0.7680 [0.7410, 0.7930]", "0.8010 [0.7760, 0.8250]"]
     assert first[5] == ("exp-<b>& − base: 0.0330 [0.0110, 0.0550], pbootstrap = 0.0042, pMcNemar = 0.0061, "
                         "n = 1000, paired")
     assert first[6] == "exp-<b>&" and page.cell_classes[1][4] == "num winner" and page.cell_classes[1][3] == "num"
     assert second[3:5] == ["0.3859", "0.3901"] and "McNemar" not in second[5] and second[6] == "none"
+    assert second[5] == "exp-<b>& − base: 0.0042 [-0.0100, 0.0190], pbootstrap = 0.4700, n = 400, paired"
+    assert third[5] == "exp-<b>& − base: -0.0100 [n/a, n/a], p = n/a, unpaired (from the two intervals)"
+    assert third[3:5] == ["0.4000 [0.3800, 0.4200]", "n/a"]
     assert "winner" not in " ".join(page.cell_classes[2])
     assert "HEAD~1" in text and "refs/exps/ab/cd" in text
 
@@ -311,7 +319,7 @@ def test_chromium_draws_every_chart_and_fetches_nothing(built):
         (work / "compare").mkdir()
         (work / "compare" / "compare.html").write_text(render_comparison(COMPARISON))
         seen, requests = render(work / "compare" / "compare.html", work / "compare")
-        assert requests == [] and seen == {"boxes": [], "cells": 2 * 7, "winners": ["rgb(227, 244, 232)"]}
+        assert requests == [] and seen == {"boxes": [], "cells": 3 * 7, "winners": ["rgb(227, 244, 232)"]}
 
         # the same check does see a page that fetches: an image from elsewhere
         (work / "leak").mkdir()

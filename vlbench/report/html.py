@@ -184,13 +184,16 @@ def index_page(*, model: Mapping[str, Any], metrics: Mapping[str, Any], results:
 
 
 def _difference_text(d: Mapping[str, Any]) -> str:
-    p = [f"p<sub>bootstrap</sub> = {number(d.get('p_bootstrap'))}"]
-    p += [f"p<sub>McNemar</sub> = {number(d.get('p_mcnemar'))}"] if d.get("p_mcnemar") is not None else []
-    facts = [f"n = {_e(d['n'])}"] if d.get("n") is not None else []
-    facts += ["paired" if d.get("paired") else "unpaired"]
+    """b - a with its interval and p-values: paired (per-sample bootstrap, McNemar for accuracy) or, where the runs kept
+    no per-sample results, from the two intervals."""
+    if d.get("paired"):
+        p = [f"p<sub>bootstrap</sub> = {number(d.get('p_bootstrap'))}"]
+        p += [f"p<sub>McNemar</sub> = {number(d.get('p_mcnemar'))}"] if d.get("p_mcnemar") is not None else []
+        p += [f"n = {_e(d['n'])}, paired"] if d.get("n") is not None else ["paired"]
+    else:
+        p = [f"p = {number(d.get('p_bootstrap'))}, unpaired (from the two intervals)"]
     return (f"{_e(d['b'])} &minus; {_e(d['a'])}: {number(d.get('delta'))} "
-            f"<span class=\"interval\">[{number(d.get('low'))}, {number(d.get('high'))}]</span>, "
-            + ", ".join(p + facts))
+            f"<span class=\"interval\">[{number(d.get('low'))}, {number(d.get('high'))}]</span>, " + ", ".join(p))
 
 
 def comparison_rows(data: Mapping[str, Any]) -> list[list[str]]:
