@@ -108,8 +108,9 @@ def _headline_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[
             for a, d, m, v, i in headline_rows(metrics, results)]
     return ["<h2 id=\"headline\">Headline numbers</h2>",
             "<p>Every analysis on every dataset (reports/metrics.json), with its 95% interval where the result has "
-            "one (its <code>intervals</code>); all other numbers are in reports/&lt;analysis&gt;/&lt;dataset&gt;.json."
-            "</p>",
+            "one (its <code>intervals</code>: <em>bootstrap</em> resamples the test samples, <em>seeds</em> spans the "
+            "protocol's seeds, <em>episodes</em> its few-shot episodes); all other numbers are in "
+            "reports/&lt;analysis&gt;/&lt;dataset&gt;.json.</p>",
             _table(["analysis", "dataset", "metric", "value", "95% interval"], rows)]
 
 
@@ -224,7 +225,8 @@ def render_comparison(data: Mapping[str, Any]) -> str:
     head = ["analysis", "dataset", "metric", *(x["name"] for x in experiments), "differences (95% interval)",
             "winner"]
     body = [f"<ul>{listing}</ul>",
-            "<p>Each value with its 95% interval; each difference with its paired bootstrap p-value (and McNemar's "
-            "exact test where the metric is an accuracy); the winner's cell is highlighted.</p>",
+            "<p>Each value with its 95% interval; each difference (b &minus; a) with its paired bootstrap p-value "
+            "(and McNemar's exact test where the metric is an accuracy), or, where a run kept no per-sample results, "
+            "a p-value from the two intervals; the winner's cell is highlighted.</p>",
             _table(head, comparison_rows(data))]
     return _page("vlbench compare: " + ", ".join(str(x["name"]) for x in experiments), body)
