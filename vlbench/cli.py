@@ -138,7 +138,8 @@ def hierarchy(ctx: click.Context, dataset: str, as_json: bool, dag: bool) -> Non
     """The WordNet hierarchy above DATASET's classes: coarse classes, count per level, depth."""
     from omegaconf import OmegaConf
 
-    from vlbench.knowledge.hierarchy import build_hierarchy, dataset_leaves
+    from vlbench.datasets.leaves import dataset_leaves
+    from vlbench.knowledge.hierarchy import build_hierarchy
 
     conf = _conf(ctx)
     if dataset not in available("dataset", conf):
