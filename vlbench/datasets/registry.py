@@ -30,6 +30,7 @@ SOURCES = {
     "cifar": "vlbench.datasets.cifar:build",
     "coop": "vlbench.datasets.coop:build",
     "coco": "vlbench.datasets.coco:build",
+    "fewtrans": "vlbench.datasets.fewtrans:build",
 }
 # Spec keys that name the user's files: they must lie inside the entry's `input`, which DVC hashes.
 DATA_KEYS = {"imagefolder": ("root",), "manifest": ("path", "splits")}
@@ -85,7 +86,16 @@ def describe(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
         prepared = json.loads(classes_json.read_text())
         row.update(classes=prepared["num_classes"], splits=prepared["splits"], metric=prepared["metric"])
     row["metric"] = row["metric"] or "accuracy"
+    row.update(base_novel(name))
     return row
+
+
+def base_novel(name: str) -> dict[str, int]:
+    """`base` and `novel` class counts of a dataset FewTrans' split table knows (the paper's App. B.1), else {}."""
+    from vlbench.analyses.adapt.fewtrans import split_table
+
+    row = split_table().get(name)
+    return {"base": row["base"], "novel": row["novel"]} if row else {}
 
 
 def entries(suite: str | None = None, config_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
