@@ -190,11 +190,11 @@ def read_cifar(name: str, spec: Mapping, paths: Mapping[str, Path]) -> Pools:
     from vlbench.datasets.cifar import _unpickle
 
     folder = _root(name, spec, paths["archive"])
-    names = [n.decode() if isinstance(n, bytes) else n for n in _unpickle(name, folder / "meta")["fine_label_names"]]
+    names = list(_unpickle(name, folder / "meta")["fine_label_names"])
     batch = _unpickle(name, folder / "test")
     files: dict[str, dict[str, Any]] = {n: {} for n in names}
     for pixels, label, filename in zip(batch["data"], batch["fine_labels"], batch["filenames"]):
-        files[names[label]][filename.decode() if isinstance(filename, bytes) else filename] = pixels
+        files[names[label]][filename] = pixels
     keys = sorted(names)
     pools = [[(f"{key}/{f}", _png(files[key][f])) for f in sorted(files[key])] for key in keys]
     return Pools([ClassInfo(index=i, name=key) for i, key in enumerate(keys)], pools)
