@@ -358,7 +358,18 @@ def test_cifar_test_batch_sorted_folders_and_file_names(dirs):
         (0, "apple/a_s_000009.png"), (0, "apple/a_s_000010.png"), (1, "aquarium_fish/q_s_000001.png"),
         (2, "maple_tree/m_s_000001.png"), (2, "maple_tree/m_s_000002.png")]
     pixels = np.asarray(Image.open(io.BytesIO(got[4]["image"])).convert("RGB"))
-    assert np.array_equal(pixels, test["data"][5].reshape(3, 32, 32).transpose(1, 2, 0))  # the later duplicate
+    original = test["data"][5].reshape(3, 32, 32).transpose(1, 2, 0)
+    assert np.array_equal(pixels, original)  # the later duplicate, lossless
+    assert load_meta(out).preprocess == "default"
+
+    # the code's converter: 84 x 84 LANCZOS, and the code's test transform
+    spec.update(converter_resize=True, preprocess="fewtrans")
+    with serve(www) as base_url:
+        meta = prepare_dataset("fewtrans-cifar100", served(spec, base_url), out.with_name("code"))
+    image = Image.open(io.BytesIO(rows(out.with_name("code"))[4]["image"]))
+    assert image.size == (84, 84) and meta.preprocess == "fewtrans"
+    assert np.array_equal(np.asarray(image.convert("RGB")),
+                          np.asarray(Image.fromarray(original).resize((84, 84), resample=Image.LANCZOS)))
 
 
 # ------------------------------------------------------------------------------------------------ catalogue
@@ -376,6 +387,25 @@ def test_suite_catalogue_lists_the_ten_datasets_with_base_and_novel_without_down
     assert listed["quickdraw"]["splits"] == {"test": 172500} and listed["fungi"]["splits"] == {"test": 89760}
     assert listed["plant-disease"]["splits"] == {}  # its image count is not known without the files
     assert not (tmp_path / "cache").exists()
+
+
+REFERENCE = ROOT.parent / "shared" / "reference" / "breeds" / "modified" / "dataset_class_info.json"
+
+
+@pytest.mark.skipif(not REFERENCE.exists(), reason="needs ImageNet's 1,000 wnids from ../shared/reference (BREEDS)")
+def test_imagenet_sketch_split_under_the_suite_params_is_meta_datasets_712_288():
+    """The suite's adapt params on ImageNet-Sketch's classes as the source names them: carnivore's 158 and device's 130
+    classes (Meta-Dataset's ILSVRC validation and test splits) are novel."""
+    from vlbench.analyses.adapt.fewtrans import episode_classes, settings
+    from vlbench.config import compose
+    from vlbench.datasets.canonical import DatasetMeta
+
+    wnids = sorted(row[1] for row in json.loads(REFERENCE.read_text()))
+    meta = DatasetMeta("imagenet-sketch", "single-label", "accuracy", fewtrans.class_names("imagenet-sketch", "imagenet", wnids))
+    base, novel, graph = episode_classes(meta, settings(compose(["suite=fewtrans"])["adapt"]["fewtrans"]))
+    assert (len(base), len(novel)) == (712, 288)
+    roots = {n.wnid: len(n.classes) for n in graph.novel_nodes if n.wnid in ("n02075296", "n03183080")}
+    assert roots == {"n02075296": 158, "n03183080": 130}
 
 
 def test_cli_json_catalogue(tmp_path):

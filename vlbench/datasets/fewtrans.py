@@ -19,6 +19,8 @@ Spec (a registry entry's `prepare`):
     classes: 47            # checked; the catalogue's count
     images: 5640           # checked where given (a wrong manual file is refused); the catalogue's split size
     variant_folders: paper # aircraft only: paper (100 variants) | code (the class folders the code's converter makes)
+    converter_resize: false  # cifar only: true stores the code converter's 84x84 LANCZOS resize of each image
+    preprocess: default    # or fewtrans: the code's test transform (canonical.PREPROCESS; docs/protocols.md)
     metric: accuracy
     skip_corrupt: false
 
@@ -40,8 +42,9 @@ from vlbench.datasets.download import fetch_files, resource
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 
-KEYS = ("source", "layout", "files", "root", "names", "classes", "images", "variant_folders", "metric",
-        "skip_corrupt", "upstream")
+KEYS = ("source", "layout", "files", "root", "names", "classes", "images", "variant_folders", "converter_resize",
+        "preprocess", "metric", "skip_corrupt", "upstream")
+CONVERTER_SIZE = 84  # prepare_datasets.py process_cifar: pil_image.resize((84, 84), resample=Image.LANCZOS)
 SPLIT = "test"
 # data/dataset_spec.py IMG_EXTENSIONS, matched case-insensitively (has_file_allowed_extension lowers the name)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -83,7 +86,7 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
                   "pool_order": "each class's rows in the order FewTrans' data/dataset_spec.py lists its pool",
                   "counts": {}, "skipped_corrupt": []}
     meta = DatasetMeta(name=name, task="single-label", metric=spec.get("metric", "accuracy"), classes=pools.classes,
-                       provenance=provenance)
+                       provenance=provenance, preprocess=spec.get("preprocess", "default"))
     rows = ({"sample_id": sid, "label": label, "image": load()}
             for label, pool in enumerate(pools.pools) for sid, load in pool)
     skip = check_flag(name, spec, "skip_corrupt")
@@ -196,7 +199,8 @@ def read_cifar(name: str, spec: Mapping, paths: Mapping[str, Path]) -> Pools:
     for pixels, label, filename in zip(batch["data"], batch["fine_labels"], batch["filenames"]):
         files[names[label]][filename] = pixels
     keys = sorted(names)
-    pools = [[(f"{key}/{f}", _png(files[key][f])) for f in sorted(files[key])] for key in keys]
+    size = CONVERTER_SIZE if check_flag(name, spec, "converter_resize") else None
+    pools = [[(f"{key}/{f}", _png(files[key][f], size)) for f in sorted(files[key])] for key in keys]
     return Pools([ClassInfo(index=i, name=key) for i, key in enumerate(keys)], pools)
 
 
@@ -304,13 +308,17 @@ def _reader(name: str, path: Path) -> Callable[[], bytes]:
     return read
 
 
-def _png(pixels) -> Callable[[], bytes]:
+def _png(pixels, size: int | None = None) -> Callable[[], bytes]:
+    """PNG bytes of a CIFAR row (3072 values, channel-major), resized to size x size with LANCZOS when given."""
     def encode() -> bytes:
         import numpy as np
         from PIL import Image
 
+        image = Image.fromarray(np.asarray(pixels, dtype=np.uint8).reshape(3, 32, 32).transpose(1, 2, 0))
+        if size is not None:
+            image = image.resize((size, size), resample=Image.LANCZOS)
         buffer = io.BytesIO()
-        Image.fromarray(np.asarray(pixels, dtype=np.uint8).reshape(3, 32, 32).transpose(1, 2, 0)).save(buffer, "PNG")
+        image.save(buffer, "PNG")
         return buffer.getvalue()
     return encode
 
