@@ -209,6 +209,24 @@ def test_imagenet_sketch_names_are_clip_names_in_wnid_order_with_wnids():
         fewtrans.class_names("s", "imagenet", keys[:2])
 
 
+@pytest.mark.parametrize("change, expected", [
+    ({"layout": "tfrecords"}, r"layout 'tfrecords' is not one of \['folders', 'flowers', 'fungi', 'aircraft', 'cifar'\]"),
+    ({"files": {"images": {"file": "a.zip", "url": "http://x/a.zip"}}}, r"'files' must give exactly the roles \['archive'\]"),
+    ({"converter_resize": True}, r"\['converter_resize'\] apply to layout 'cifar' only, not 'folders'"),
+    ({"rooot": "x"}, r"unknown spec key\(s\) \['rooot'\].*did you mean 'root'"),
+])
+def test_bad_specs_are_refused_naming_the_key(change, expected):
+    with pytest.raises(DatasetError, match=expected):
+        fewtrans.catalogue_row("eurosat", real_spec("eurosat") | change)
+
+
+def test_an_archive_without_the_root_folder_names_its_top_level(dirs):
+    www, _, out = dirs
+    archive = write_zip(www / "EuroSAT.zip", {"EuroSAT_RGB/Forest/Forest_1.jpg": png(1)})
+    with serve(www) as base_url, pytest.raises(DatasetError, match=r"has no folder '2750' \(spec 'root'\); its top level: \['EuroSAT_RGB'\]"):
+        prepare_dataset("eurosat", served(real_spec("eurosat"), base_url, archive=md5(archive)), out)
+
+
 # ------------------------------------------------------------------------------------------------ manual files
 
 

@@ -212,6 +212,7 @@ LAYOUTS: dict[str, tuple[tuple[str, ...], Callable[[str, Mapping, Mapping[str, P
     "aircraft": (("archive",), read_aircraft),
     "cifar": (("archive",), read_cifar),
 }
+LAYOUT_KEYS = {"variant_folders": "aircraft", "converter_resize": "cifar", "names": "folders"}  # key -> its layout
 
 
 # ------------------------------------------------------------------------------------------------ names
@@ -256,6 +257,10 @@ def _layout(name: str, spec: Mapping) -> str:
     layout = spec.get("layout")
     if layout not in LAYOUTS:
         raise DatasetError(f"dataset {name!r}: layout {layout!r} is not one of {list(LAYOUTS)}")
+    foreign = sorted(k for k, owner in LAYOUT_KEYS.items() if k in spec and owner != layout)
+    if foreign:
+        raise DatasetError(f"dataset {name!r}: key(s) {foreign} apply to layout {LAYOUT_KEYS[foreign[0]]!r} only, "
+                           f"not {layout!r}")
     return layout
 
 
