@@ -76,6 +76,7 @@ def catalogue_row(name: str, spec: dict) -> dict:
 def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
     check_keys(name, spec, KEYS)
     layout = _layout(name, spec)
+    _resources(name, spec)
     fetched = fetch_files(name, {}, {role: spec["files"][role] for role in LAYOUTS[layout][0]})
     paths = {role: path for role, (_, path) in fetched.items()}
     read = LAYOUTS[layout][1]
