@@ -325,10 +325,12 @@ def test_aircraft_variants_sorted_all_images_sorted_by_id(dirs, mode):
     www, _, out = dirs
     archive = aircraft_archive(www)
     spec = real_spec("fgvc-aircraft") | {"classes": 5, "images": 15 if mode == "paper" else 9, "variant_folders": mode}
-    spec["files"]["archive"]["md5"] = md5(archive)
     with serve(www) as base_url:
         meta = prepare_dataset("fgvc-aircraft", served(spec, base_url), out)
     got = rows(out)
+    # no checksum is published: the download is kept, its sha256 recorded as unverified
+    recorded = load_meta(out).provenance["files"]["archive"]
+    assert recorded["verified"] is False and recorded["sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
     if mode == "paper":
         assert [c.name for c in meta.classes] == sorted(AIRCRAFT_VARIANTS) == ["747-400", "A300B4", "F-16A/B", "F/A-18",
                                                                                "Falcon 2000"]
