@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from tests.http_server import serve
-from vlbench.analyses.adapt.fewtrans import class_split, split_table
+from vlbench.analyses.adapt.fewtrans import class_pools, class_split, split_table
 from vlbench.datasets import fewtrans
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.datasets.download import ChecksumError, ManualDownloadError
@@ -154,6 +154,14 @@ def test_eurosat_classes_names_pools_and_base_novel_as_the_code_lists_them(dirs)
     base, novel = class_split(10, split_table()["eurosat"]["novel"])
     assert [meta.classes[i].key for i in base] == code_base
     assert sorted(meta.classes[i].key for i in novel) == sorted(set(classes) - set(code_base))
+
+    # what the code's sampler sees, class id by class id (base in draw order, then novel), is what the adapt analysis
+    # samples from: class_pools over the prepared rows, in the same order
+    code_novel = [classes[i] for i in np.setdiff1d(np.arange(10), np.random.RandomState(22).choice(10, 6, replace=False))]
+    code_images_per_class = [pools[c] for c in code_base + code_novel]
+    ids = np.array([r["sample_id"] for r in got])
+    ours = class_pools(np.array([r["label"] for r in got]), 10)
+    assert [ids[ours[c]].tolist() for c in np.concatenate([base, novel])] == code_images_per_class
 
 
 def test_dtd_folder_names_and_wrong_checksum_refused(dirs):
