@@ -32,6 +32,7 @@ SOURCES = {
     "coop": "vlbench.datasets.coop:build",
     "coco": "vlbench.datasets.coco:build",
     "vtab": "vlbench.datasets.vtab:build",  # TFDS-prepared TFRecord files, read without TensorFlow
+    "fewtrans": "vlbench.datasets.fewtrans:build",
 }
 # Spec keys that name the user's files: they must lie inside the entry's `input`, which DVC hashes.
 DATA_KEYS = {"imagefolder": ("root",), "manifest": ("path", "splits"), "vtab": ("root",)}
@@ -87,6 +88,7 @@ def describe(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
         prepared = json.loads(classes_json.read_text())
         row.update(classes=prepared["num_classes"], splits=prepared["splits"], metric=prepared["metric"])
     row["metric"] = row["metric"] or "accuracy"
+    row.update(base_novel(name))
     return row
 
 
@@ -98,6 +100,14 @@ def leaf_classes(name: str, spec: Mapping[str, Any], cache: Path | None = None,
     if not hasattr(module, "leaf_classes"):
         return None
     return module.leaf_classes(name, dict(spec), cache=cache, mirror=mirror)
+
+
+def base_novel(name: str) -> dict[str, int]:
+    """`base` and `novel` class counts of a dataset FewTrans' split table knows (the paper's App. B.1), else {}."""
+    from vlbench.analyses.adapt.fewtrans import split_table  # here: the prepare stage must not depend on adapt
+
+    row = split_table().get(name)
+    return {"base": row["base"], "novel": row["novel"]} if row else {}
 
 
 def entries(suite: str | None = None, config_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
