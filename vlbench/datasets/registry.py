@@ -34,6 +34,9 @@ SOURCES = {
     "vtab": "vlbench.datasets.vtab:build",  # TFDS-prepared TFRecord files, read without TensorFlow
     "fewtrans": "vlbench.datasets.fewtrans:build",
 }
+# FewTrans' base/novel class counts: the adapt analysis's table, read as data (importing the analysis would make
+# every prepare@ stage depend on it)
+FEWTRANS_SPLITS = Path(__file__).parents[1] / "analyses/adapt/fewtrans_splits.json"
 # Spec keys that name the user's files: they must lie inside the entry's `input`, which DVC hashes.
 DATA_KEYS = {"imagefolder": ("root",), "manifest": ("path", "splits"), "vtab": ("root",)}
 
@@ -104,9 +107,7 @@ def leaf_classes(name: str, spec: Mapping[str, Any], cache: Path | None = None,
 
 def base_novel(name: str) -> dict[str, int]:
     """`base` and `novel` class counts of a dataset FewTrans' split table knows (the paper's App. B.1), else {}."""
-    from vlbench.analyses.adapt.fewtrans import split_table  # here: the prepare stage must not depend on adapt
-
-    row = split_table().get(name)
+    row = json.loads(FEWTRANS_SPLITS.read_text())["splits"].get(name)
     return {"base": row["base"], "novel": row["novel"]} if row else {}
 
 
