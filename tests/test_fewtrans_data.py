@@ -12,16 +12,14 @@ import os
 import pickle
 import subprocess
 import sys
-import tarfile
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from omegaconf import OmegaConf
 from PIL import Image
 
+from tests.archives import md5, real_spec, write_tgz, write_zip
 from tests.http_server import serve
 from vlbench.analyses.adapt.fewtrans import class_pools, class_split, split_table
 from vlbench.datasets import fewtrans
@@ -45,32 +43,6 @@ def png(seed: int, size: int = 6) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.random.default_rng(seed).integers(0, 255, (size, size, 3), dtype=np.uint8)).save(buf, "PNG")
     return buf.getvalue()
-
-
-def write_tgz(path: Path, members: dict[str, bytes]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
-
-
-def write_zip(path: Path, members: dict[str, bytes]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return path
-
-
-def md5(path: Path) -> str:
-    return hashlib.md5(path.read_bytes()).hexdigest()
-
-
-def real_spec(entry: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(CONF / f"{entry}.yaml"), resolve=True)["prepare"]
 
 
 def rows(out: Path) -> list[dict]:
