@@ -396,6 +396,12 @@ def test_protocol_end_to_end_reports_every_setting():
     summary = result.details["summary"]["random_2p"]["5"]
     assert summary["mean"] == pytest.approx(np.mean(summary["per_seed"]))
     assert summary["std"] == pytest.approx(np.std(summary["per_seed"], ddof=1))
+    # the seeds' 95% interval of the mean: t_{0.975, 1} = 12.706204736174698 for two seeds; none for one ("full")
+    half = 12.706204736174698 * summary["std"] / math.sqrt(2)
+    interval = result.intervals["elevater/random_2p/5/last"]
+    assert interval == {"low": pytest.approx(summary["mean"] - half), "high": pytest.approx(summary["mean"] + half),
+                        "level": 0.95, "method": "seeds"}
+    assert "elevater/random_2p/full/last" not in result.intervals
     m, m0 = 8 * 3 + 3, 10_000  # App. D.2: PE = score * exp(log10(#trainable / M0 + 1))
     assert summary["pe"] == pytest.approx(summary["mean"] * math.exp(math.log10(m / m0 + 1.0)))
     assert not any(key.endswith("/pe") for key in result.metrics)  # in the details only: dvc exp show stays narrow

@@ -51,6 +51,7 @@ from vlbench.features import (
     read_projection,
 )
 from vlbench.knowledge.variants import VARIANTS as KNOWLEDGE_VARIANTS
+from vlbench.stats import seeds_interval
 
 HEADS = ("random_2p", "language_2p", "language_1p")
 PRE_PROJECTION_HEADS = ("language_1p",)  # trained on the pre-projection features (embed.pre_projection), as its own search
@@ -698,10 +699,13 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
                "summary": summary,
                "device": str(on), "runs": [{k: v for k, v in r.items() if k not in RUN_ONLY} for r in runs]}
     metrics = {f"elevater/{h}/{shots}/{s.report}": summary[h][shots]["mean"] for h in reported for shots in summary[h]}
+    spreads = {key: seeds_interval(summary[h][shots]["per_seed"]) for h in reported for shots in summary[h]
+               for key in [f"elevater/{h}/{shots}/{s.report}"]}
     timings = {"seconds": seconds, "runs": [{"shots": r["shots"], "seed": r["seed"], "search_seconds": r["search_seconds"]}
                                             for r in runs]}
     return ProtocolResult(metrics, details, {"elevater_search": search_table(runs, s)},
-                          {"pool": len(pool.labels), "test": int(pool.x_test.shape[0])}, timings)
+                          {"pool": len(pool.labels), "test": int(pool.x_test.shape[0])}, timings,
+                          {key: interval.to_json() for key, interval in spreads.items() if interval is not None})
 
 
 def head_groups(s: Settings, pool: Pool, pre: Pool | None) -> list[tuple[Pool, Settings]]:
