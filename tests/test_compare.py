@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from scipy import stats as sps
 
@@ -29,54 +29,60 @@ def predictions(accuracy: float, seed: int = 0) -> np.ndarray:
     return predicted
 
 
-WRITER = '''
-import sys
-import numpy as np, pyarrow as pa, yaml
-from vlbench.results import Result, write_result
-from vlbench.stats import bootstrap_sample_metric
-from tests.test_compare import LABELS, predictions
+def write(accuracy: float, ids=None, probe=None) -> None:
+    """Result files as an analysis writes them (vlbench.results), in the current directory."""
+    from vlbench.results import Result, write_result
 
-def write(accuracy, ids=None, probe=None):
     predicted = predictions(accuracy)
-    ids = ids or [f"s{i}" for i in range(len(LABELS))]
+    ids = ids or [f"s{i}" for i in range(N)]
     correct = predicted == LABELS
     table = pa.table({"sample_id": ids, "label": LABELS, "predicted": predicted})
-    write_result("zeroshot", "d", Result({"accuracy": float(correct.mean())}, {"samples": len(ids)}, {},
-                 tables={"predictions": table},
-                 intervals={"accuracy": bootstrap_sample_metric("accuracy", correct).to_json()}), {"model": "m"})
+    write_result("zeroshot", "d", Result({"accuracy": float(correct.mean())}, {"samples": N}, {},
+                                         tables={"predictions": table},
+                                         intervals={"accuracy": stats.bootstrap_sample_metric("accuracy", correct).to_json()}),
+                 {"model": "m"})
     if probe is not None:  # a result without per-sample results: its interval only
         write_result("linear_probe", "d", Result({"accuracy": probe[0]}, {}, {}, intervals={"accuracy": probe[1]}),
                      {"model": "m"})
 
-if __name__ == "__main__":
-    params = yaml.safe_load(open("params.yaml"))
-    write(params["accuracy"])
-'''
+
+WRITER = """
+import sys, yaml
+sys.path.insert(0, {root!r})
+from tests.test_compare import write
+write(yaml.safe_load(open("params.yaml"))["accuracy"])
+"""
 
 
-def cli(repo: Path, *args: str, check: bool = True):
-    return run(repo, sys.executable, "-m", "vlbench.cli", "compare", *args, check=check,
-               env={"PYTHONPATH": str(ROOT), "DVC_NO_ANALYTICS": "1"})
+def cli(*args: str):
+    """`vlbench compare ARGS` in this process (the current directory is the repository)."""
+    from click.testing import CliRunner
 
+    from vlbench.cli import main
 
-def write(repo: Path, code: str) -> None:
-    run(repo, sys.executable, "-c", f"from compare_writer import write; {code}", env={"PYTHONPATH": str(ROOT)})
+    return CliRunner().invoke(main, ["compare", *args])
 
 
 @pytest.fixture()
-def repo(tmp_path):
+def repo(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     repo.mkdir()
-    (repo / "compare_writer.py").write_text(WRITER)
+    (repo / "compare_writer.py").write_text(WRITER.format(root=str(ROOT)))
+    from dvc.repo import Repo
+
     run(repo, "git", "init", "-q")
-    run(repo, "dvc", "init", "-q")
+    Repo.init(str(repo)).close()
     run(repo, "git", "add", "-A")
     run(repo, "git", "commit", "-qm", "init")
+    monkeypatch.chdir(repo)
     return repo
 
 
 def commit(repo: Path, message: str) -> None:
-    run(repo, "dvc", "add", "-q", "reports/zeroshot/d.predictions.parquet")
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as dvc_repo:
+        dvc_repo.add("reports/zeroshot/d.predictions.parquet")
     run(repo, "git", "add", "-A")
     run(repo, "git", "commit", "-qm", message)
 
@@ -84,12 +90,12 @@ def commit(repo: Path, message: str) -> None:
 def test_compare_two_commits_pairs_per_sample_results_and_names_the_winner(repo):
     probe_a = {"low": 0.70, "high": 0.80, "level": 0.95, "method": "bootstrap", "resamples": 2000, "seed": 0}
     probe_b = {"low": 0.71, "high": 0.81, "level": 0.95, "method": "bootstrap", "resamples": 2000, "seed": 0}
-    write(repo, f"write(0.60, probe=(0.75, {probe_a!r}))")
+    write(0.60, probe=(0.75, probe_a))
     commit(repo, "a")
-    write(repo, f"write(0.70, probe=(0.76, {probe_b!r}))")
+    write(0.70, probe=(0.76, probe_b))
     commit(repo, "b")
     (repo / "reports/zeroshot/d.predictions.parquet").unlink()  # read from DVC's cache by revision, not the workspace
-    proc = cli(repo, "HEAD~1", "HEAD", "--json", "--out", "cmp")
+    proc = cli("HEAD~1", "HEAD", "--json", "--out", "cmp")
     data = json.loads(proc.stdout)
     heads = run(repo, "git", "rev-list", "-2", "HEAD").stdout.split()
     assert data["experiments"] == [{"name": "HEAD~1", "rev": heads[1]}, {"name": "HEAD", "rev": heads[0]}]
@@ -107,7 +113,7 @@ def test_compare_two_commits_pairs_per_sample_results_and_names_the_winner(repo)
     (unpaired,) = lp["differences"]
     assert unpaired["paired"] is False and unpaired["p_mcnemar"] is None and unpaired["p_bootstrap"] > 0.05
     assert lp["winner"] is None and lp["values"]["HEAD"] == {"value": 0.76, "low": 0.71, "high": 0.81}
-    table = cli(repo, "HEAD~1", "HEAD", "--out", "cmp")
+    table = cli("HEAD~1", "HEAD", "--out", "cmp")
     header, *lines = table.stdout.splitlines()
     assert header.split()[:3] == ["analysis/dataset/metric", "HEAD~1", "HEAD"]
     zs_line = next(line for line in lines if line.startswith("zeroshot/d/accuracy"))
@@ -115,18 +121,18 @@ def test_compare_two_commits_pairs_per_sample_results_and_names_the_winner(repo)
     if importlib.util.find_spec("vlbench.report.html"):
         assert (repo / "cmp/index.html").is_file()
     else:
-        assert "comparison page not written" in table.stderr
+        assert "comparison page not written" in table.stderr and table.exit_code == 0
 
 
 def test_unknown_revision_and_different_samples_are_one_line_errors(repo):
-    write(repo, "write(0.6)")
+    write(0.6)
     commit(repo, "a")
-    write(repo, "write(0.6, ids=[f'x{i}' for i in range(400)])")
+    write(0.6, ids=[f"x{i}" for i in range(N)])
     commit(repo, "b")
-    proc = cli(repo, "HEAD", "no-such-rev", check=False)
-    assert proc.returncode != 0 and "unknown revision 'no-such-rev'" in proc.stderr
-    proc = cli(repo, "HEAD~1", "HEAD", check=False)
-    assert proc.returncode != 0 and "zeroshot/d: the two revisions scored different samples" in proc.stderr
+    proc = cli("HEAD", "no-such-rev")
+    assert proc.exit_code == 1 and "unknown revision 'no-such-rev'" in proc.stderr
+    proc = cli("HEAD~1", "HEAD")
+    assert proc.exit_code == 1 and "zeroshot/d: the two revisions scored different samples" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
@@ -138,10 +144,12 @@ def test_compare_two_dvc_experiments_by_name(repo):
         "      - reports/zeroshot/d.predictions.parquet\n")
     run(repo, "git", "add", "-A")
     run(repo, "git", "commit", "-qm", "pipeline")
-    env = {"PYTHONPATH": str(ROOT), "DVC_NO_ANALYTICS": "1"}
-    run(repo, "dvc", "exp", "run", "-q", "-n", "low", "-S", "accuracy=0.55", env=env)
-    run(repo, "dvc", "exp", "run", "-q", "-n", "high", "-S", "accuracy=0.75", env=env)
-    data = json.loads(cli(repo, "low", "high", "--json").stdout)
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as dvc_repo:
+        for name, accuracy in (("low", 0.55), ("high", 0.75)):
+            dvc_repo.experiments.run(params=[f"accuracy={accuracy}"], name=name)
+    data = json.loads(cli("low", "high", "--json").stdout)
     (row,) = data["rows"]
     assert {k: v["value"] for k, v in row["values"].items()} == {"low": pytest.approx(0.55), "high": pytest.approx(0.75)}
     assert row["differences"][0]["paired"] and row["winner"] == "high"
