@@ -7,8 +7,8 @@ Percentile bootstrap (Efron & Tibshirani 1993, ch. 13): draw `resamples` samples
 n test samples, recompute the metric on each, and take the (1 - level) / 2 and (1 + level) / 2 quantiles (numpy's
 linear interpolation, as `scipy.stats.bootstrap(method="percentile")`). Accuracy and mean-per-class accuracy depend on
 a resample only through how many times it drew each cell (class x correct, and for two systems class x correct_a x
-correct_b): those counts are Multinomial(n, cell frequencies), drawn directly, which is the same distribution as
-drawing indices and costs O(resamples x cells) instead of O(resamples x n). Metrics that need the whole set (mAP,
+correct_b): those counts are Multinomial(n, cell frequencies), drawn directly (`_class_cells`), which is the same
+distribution as drawing indices and costs O(resamples x cells) instead of O(resamples x n). Metrics that need the whole set (mAP,
 ROC-AUC) resample indices and recompute, one resample at a time.
 """
 
@@ -71,11 +71,20 @@ def _check_resamples(resamples: int) -> None:
         raise StatsError(f"resamples must be a positive integer, got {resamples!r}")
 
 
-def _cells(codes: np.ndarray, num_cells: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """(resamples, num_cells): how often each resample of the n samples drew a sample of each cell."""
-    n = codes.size
-    freq = np.bincount(codes, minlength=num_cells) / n
-    return rng.multinomial(n, freq, size=resamples)
+def _class_cells(labels: np.ndarray, codes: np.ndarray, num_codes: int, resamples: int,
+                 rng: np.random.Generator) -> np.ndarray:
+    """(resamples, classes, num_codes): how often each resample of the n samples drew a sample of each class with each
+    code (correctness, or the pair of two systems' correctness). Drawn in two exact steps: the class totals,
+    Multinomial(n, class frequencies), then each class's total split over the codes, Multinomial(total, the class's
+    code frequencies); a sequence of conditional draws has the joint distribution of the (class, code) cells."""
+    n, k = labels.size, int(labels.max()) + 1
+    totals = rng.multinomial(n, np.bincount(labels, minlength=k) / n, size=resamples)
+    within = np.bincount(labels * num_codes + codes, minlength=k * num_codes).reshape(k, num_codes)
+    freq = within / np.maximum(within.sum(axis=1, keepdims=True), 1)
+    if num_codes == 2:
+        right = rng.binomial(totals, freq[:, 1])
+        return np.stack([totals - right, right], axis=2)
+    return rng.multinomial(totals, freq)
 
 
 def _correct(correct, name: str = "correct") -> np.ndarray:
@@ -111,8 +120,7 @@ def sample_metric_replicates(metric: str, correct, labels=None, resamples: int =
         return rng.binomial(c.size, c.mean(), size=resamples) / c.size
     if metric == "mean_per_class":
         y = _labels(labels, c.size)
-        k = int(y.max()) + 1
-        counts = _cells(y * 2 + c, 2 * k, resamples, rng).reshape(resamples, k, 2)
+        counts = _class_cells(y, c.astype(np.int64), 2, resamples, rng)
         return _per_class_mean(counts[:, :, 1], counts.sum(axis=2))
     raise StatsError(f"no per-sample bootstrap for metric {metric!r}; known: {', '.join(SAMPLE_METRICS)}")
 
@@ -198,8 +206,7 @@ def paired_sample_replicates(metric: str, correct_a, correct_b, labels=None, res
     y = _labels(labels, a.size) if metric == "mean_per_class" else np.zeros(a.size, np.int64)
     if metric not in SAMPLE_METRICS:
         raise StatsError(f"no per-sample paired bootstrap for metric {metric!r}; known: {', '.join(SAMPLE_METRICS)}")
-    k = int(y.max()) + 1
-    counts = _cells(y * 4 + a * 2 + b, 4 * k, resamples, rng).reshape(resamples, k, 2, 2)  # class, a, b
+    counts = _class_cells(y, a * 2 + b.astype(np.int64), 4, resamples, rng).reshape(resamples, -1, 2, 2)  # class, a, b
     totals = counts.sum(axis=(2, 3))
     right_a, right_b = counts[:, :, 1, :].sum(axis=2), counts[:, :, :, 1].sum(axis=2)
     if metric == "accuracy":
