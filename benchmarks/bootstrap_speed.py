@@ -1,6 +1,7 @@
 """Bootstrap speed: vlbench.stats's intervals on an ImageNet-sized test set against a naive loop, in the same run.
 
     python benchmarks/bootstrap_speed.py                      # n = 50,000, 1,000 classes, 2,000 and 10,000 resamples
+    python benchmarks/bootstrap_speed.py --classes 100        # ELEVATER's mean-per-class datasets have 37-102 classes
     python benchmarks/bootstrap_speed.py --naive-resamples 500
 
 The naive loop is what one writes first: per resample, draw n indices with replacement and recompute the metric on
