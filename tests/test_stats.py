@@ -133,3 +133,58 @@ def test_bad_inputs_raise_one_line_errors():
         stats.bootstrap_sample_metric("map_11point", [1, 0])
     with pytest.raises(stats.StatsError, match="resamples must be a positive integer"):
         stats.bootstrap_sample_metric("accuracy", [1, 0], resamples=0)
+
+
+@pytest.mark.parametrize("convention", ["default", "elevater"])
+def test_whole_set_metrics_on_multiplicities_equal_the_metric_on_repeated_rows(convention):
+    from vlbench import metrics
+
+    rng = np.random.default_rng(8)
+    scores = np.round(rng.normal(size=(60, 4)), 1)  # rounded: tied scores
+    targets = (rng.random((60, 4)) < 0.2).astype(int)
+    binary = rng.integers(0, 2, 60)
+    weights = stats.resample_counts(np.random.default_rng(1), 60, 25)
+    assert (weights.sum(axis=1) == 60).all()
+    maps = stats.WHOLE_SET_METRICS["map_11point"](scores, targets, weights, convention)
+    aucs = stats.WHOLE_SET_METRICS["roc_auc"](scores[:, :2], binary, weights, convention)
+    for r, w in enumerate(weights):
+        rows = np.repeat(np.arange(60), w)
+        assert maps[r] == pytest.approx(metrics.map_11point(scores[rows], targets[rows], convention), abs=1e-12)
+        assert aucs[r] == pytest.approx(metrics.roc_auc(scores[rows, :2], binary[rows], convention), abs=1e-12)
+
+
+def test_map_interval_matches_scipy_bootstrap_of_the_metric():
+    from vlbench import metrics
+
+    rng = np.random.default_rng(9)
+    targets = (rng.random((200, 3)) < 0.3).astype(int)
+    scores = targets + rng.normal(0, 0.8, (200, 3))
+    ours = stats.metric_interval("map_11point", scores, targets, resamples=1000, seed=2)
+    index = np.arange(200)
+
+    def statistic(i):
+        try:
+            return metrics.map_11point(scores[i], targets[i])
+        except metrics.MetricError:
+            return np.nan
+
+    low, high = scipy_interval((index,), statistic, resamples=1000)
+    assert ours.low == pytest.approx(low, abs=0.015) and ours.high == pytest.approx(high, abs=0.015)
+
+
+def test_result_files_carry_intervals_of_numeric_metrics_only(tmp_path, monkeypatch):
+    import json
+
+    from vlbench.results import Result, write_result
+
+    monkeypatch.chdir(tmp_path)
+    interval = stats.bootstrap_sample_metric("accuracy", np.ones(10, bool)).to_json()
+    path = write_result("zeroshot", "d", Result({"accuracy": 1.0, "knowledge_best_variant": "x"}, {}, {},
+                                                intervals={"accuracy": interval}), {})
+    doc = json.loads(path.read_text())
+    assert list(doc)[:4] == ["analysis", "dataset", "metrics", "intervals"] and doc["intervals"] == {"accuracy": interval}
+    without = json.loads(write_result("zeroshot", "e", Result({"accuracy": 1.0}, {}, {}), {}).read_text())
+    assert "intervals" not in without  # results without intervals keep their bytes
+    with pytest.raises(ValueError, match="zeroshot/d: intervals of knowledge_best_variant, which are not numeric"):
+        write_result("zeroshot", "d", Result({"knowledge_best_variant": "x"}, {}, {},
+                                             intervals={"knowledge_best_variant": interval}), {})

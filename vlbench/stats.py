@@ -9,13 +9,13 @@ linear interpolation, as `scipy.stats.bootstrap(method="percentile")`). Accuracy
 a resample only through how many times it drew each cell (class x correct, and for two systems class x correct_a x
 correct_b): those counts are Multinomial(n, cell frequencies), drawn directly (`_class_cells`), which is the same
 distribution as drawing indices and costs O(resamples x cells) instead of O(resamples x n). Metrics that need the whole set (mAP,
-ROC-AUC) resample indices and recompute, one resample at a time.
+ROC-AUC) resample indices and recompute, a chunk of resamples at a time as sample multiplicities.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,23 +132,61 @@ def bootstrap_sample_metric(metric: str, correct, labels=None, *, resamples: int
     return Interval(*_quantiles(reps, level), level, "bootstrap", int(resamples), int(seed))
 
 
-def bootstrap_indices(statistic: Callable[[np.ndarray], float], n: int, *, resamples: int = RESAMPLES,
-                      seed: int = 0, level: float = LEVEL) -> Interval:
-    """Percentile bootstrap interval of a whole-set statistic: `statistic(indices)` on `resamples` index draws."""
-    _check_resamples(resamples)
-    if n < 1:
-        raise StatsError("a bootstrap needs at least one sample")
-    rng = np.random.default_rng(seed)
-    reps = np.array([statistic(rng.integers(0, n, n)) for _ in range(resamples)])
-    return Interval(*_quantiles(reps[np.isfinite(reps)], level), level, "bootstrap", int(resamples), int(seed))
+def resample_counts(rng: np.random.Generator, n: int, resamples: int) -> np.ndarray:
+    """(resamples, n) int32: how many times each resample (n draws with replacement) drew each sample."""
+    idx = rng.integers(0, n, (resamples, n)) + (np.arange(resamples) * n)[:, None]
+    return np.bincount(idx.ravel(), minlength=resamples * n).reshape(resamples, n).astype(np.int32)
+
+
+def _weighted_map_11point(scores: np.ndarray, targets: np.ndarray, weights: np.ndarray, convention: str) -> np.ndarray:
+    """(R,) 11-point mAP of each resample given as sample multiplicities `weights` (R, n): `vlbench.metrics.map_11point`
+    on the resampled rows (tied scores one threshold; classes without a drawn positive left out; NaN if none has one)."""
+    ks = np.arange(11)
+    ap = np.full((weights.shape[0], scores.shape[1]), np.nan)
+    for j in range(scores.shape[1]):
+        order = np.argsort(-scores[:, j], kind="stable")
+        s, pos = scores[order, j], targets[order, j].astype(bool)
+        ends = np.r_[np.nonzero(s[1:] != s[:-1])[0], s.size - 1]
+        w = weights[:, order]
+        tp = np.cumsum(w * pos, axis=1)[:, ends]
+        fp = np.cumsum(w * ~pos, axis=1)[:, ends]
+        n_pos = tp[:, -1:]
+        precision = np.divide(tp, tp + fp, out=np.zeros(tp.shape), where=(tp + fp) > 0)
+        # recall only grows along the thresholds: those reaching k/10 are a suffix, from the first that does
+        best_after = np.c_[np.maximum.accumulate(precision[:, ::-1], axis=1)[:, ::-1], np.zeros(len(tp))]
+        first = np.stack([(10 * tp < k * n_pos).sum(axis=1) for k in ks], axis=1)  # (R, 11); len(ends): none
+        interp = np.take_along_axis(best_after, first, axis=1)
+        if convention == "elevater":
+            interp[:, 0] = 1.0
+        ap[:, j] = np.where(n_pos[:, 0] > 0, interp.mean(axis=1), np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row: no class has a drawn positive
+        return np.nanmean(ap, axis=1)
+
+
+def _weighted_roc_auc(decision: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(R,) ROC-AUC (Mann-Whitney with ties counting one half, `vlbench.metrics.roc_auc`) of each resample given as
+    multiplicities `weights` (R, n); NaN where a resample drew one class only."""
+    order = np.argsort(decision, kind="stable")
+    d, y = decision[order], labels[order].astype(bool)
+    group = np.r_[0, np.cumsum(d[1:] != d[:-1])]
+    w = weights[:, order]
+    r, g = w.shape[0], int(group[-1]) + 1
+    offsets = (np.arange(r) * g)[:, None]
+    pos = np.bincount((offsets + group[None, :]).ravel(), (w * y).ravel(), r * g).reshape(r, g)
+    neg = np.bincount((offsets + group[None, :]).ravel(), (w * ~y).ravel(), r * g).reshape(r, g)
+    below = np.cumsum(neg, axis=1) - neg
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (pos * (below + 0.5 * neg)).sum(axis=1) / (pos.sum(axis=1) * neg.sum(axis=1))
 
 
 def metric_interval(metric: str, scores, labels, convention: str = "default", *, resamples: int = RESAMPLES,
-                    seed: int = 0, level: float = LEVEL) -> Interval:
+                    seed: int = 0, level: float = LEVEL, chunk: int = 100) -> Interval:
     """The bootstrap interval of a dataset metric (`vlbench.metrics.compute`'s names) on (n, C) scores.
 
-    accuracy / mean_per_class: from the argmax's correctness (vectorised); map_11point / roc_auc: indices resampled
-    and the metric recomputed; a resample that leaves the metric undefined (one class only, for ROC-AUC) is dropped."""
+    accuracy / mean_per_class: from the argmax's correctness (`sample_metric_replicates`); map_11point / roc_auc:
+    indices resampled, `chunk` resamples at a time as multiplicities, and the metric recomputed on each; a resample
+    that leaves the metric undefined (ROC-AUC with one class drawn) is dropped."""
     from vlbench import metrics
 
     scores = np.asarray(scores)
@@ -156,14 +194,25 @@ def metric_interval(metric: str, scores, labels, convention: str = "default", *,
         y = np.asarray(labels)
         return bootstrap_sample_metric(metric, scores.argmax(axis=1) == y, y, resamples=resamples, seed=seed,
                                        level=level)
+    if metric not in WHOLE_SET_METRICS:
+        raise StatsError(f"no bootstrap for metric {metric!r}; known: {', '.join(SAMPLE_METRICS + tuple(WHOLE_SET_METRICS))}")
+    _check_resamples(resamples)
+    metrics.compute(metric, scores, labels, convention)  # the metric's own checks of shapes and values
+    rng, reps = np.random.default_rng(seed), []
+    for start in range(0, resamples, chunk):
+        weights = resample_counts(rng, scores.shape[0], min(chunk, resamples - start))
+        reps.append(WHOLE_SET_METRICS[metric](scores, np.asarray(labels), weights, convention))
+    reps = np.concatenate(reps)
+    return Interval(*_quantiles(reps[np.isfinite(reps)], level), level, "bootstrap", int(resamples), int(seed))
 
-    def statistic(idx: np.ndarray) -> float:
-        try:
-            return metrics.compute(metric, scores[idx], np.asarray(labels)[idx], convention)
-        except metrics.MetricError:
-            return float("nan")
 
-    return bootstrap_indices(statistic, scores.shape[0], resamples=resamples, seed=seed, level=level)
+def _roc_auc_replicates(scores, labels, weights, convention):
+    from vlbench.metrics import _binary_decision
+
+    return _weighted_roc_auc(_binary_decision(scores, convention), labels, weights)
+
+
+WHOLE_SET_METRICS = {"map_11point": _weighted_map_11point, "roc_auc": _roc_auc_replicates}
 
 
 # --------------------------------------------------------------------------------------------------------- paired
