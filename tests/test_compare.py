@@ -153,3 +153,19 @@ def test_compare_two_dvc_experiments_by_name(repo):
     (row,) = data["rows"]
     assert {k: v["value"] for k, v in row["values"].items()} == {"low": pytest.approx(0.55), "high": pytest.approx(0.75)}
     assert row["differences"][0]["paired"] and row["winner"] == "high"
+
+
+def test_per_sample_files_missing_from_cache_and_remote_fall_back_to_unpaired_with_a_note(repo):
+    import shutil
+
+    write(0.6)
+    commit(repo, "a")
+    write(0.7)
+    commit(repo, "b")
+    shutil.rmtree(repo / ".dvc/cache")
+    (repo / "reports/zeroshot/d.predictions.parquet").unlink()
+    proc = cli("HEAD~1", "HEAD", "--json")
+    assert proc.exit_code == 0
+    assert "note: HEAD~1: 1 per-sample file(s) in neither the DVC cache nor the remote" in proc.stderr
+    (diff,) = json.loads(proc.stdout)["rows"][0]["differences"]
+    assert diff["paired"] is False and diff["p_mcnemar"] is None and diff["delta"] == pytest.approx(0.1)

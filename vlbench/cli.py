@@ -238,9 +238,13 @@ def compare_cmd(revs: tuple[str, ...], as_json: bool, out: str) -> None:
     if len(revs) < 2 or len(set(revs)) < len(revs):
         raise click.UsageError(f"give at least two different revisions, got {list(revs)}")
     try:
-        data = compare([open_revision(rev) for rev in revs])
+        experiments = [open_revision(rev) for rev in revs]
+        data = compare(experiments)
     except VlbenchError as err:
         raise click.ClickException(str(err)) from err
+    for e in (e for e in experiments if e.unavailable):
+        click.echo(f"note: {e.name}: {len(e.unavailable)} per-sample file(s) in neither the DVC cache nor the remote "
+                   f"(e.g. {e.unavailable[0]}; dvc pull): their differences are unpaired", err=True)
     click.echo(json.dumps(data, indent=2) if as_json else format_table(data))
     page = write_page(data, Path(out))
     click.echo(f"wrote {page}" if page else "comparison page not written: this checkout has no "

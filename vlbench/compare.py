@@ -39,16 +39,23 @@ class Experiment:
     rev: str  # the commit it resolves to
     results: dict[tuple[str, str], dict[str, Any]]  # (analysis, dataset) -> result JSON
     fs: Any = field(repr=False, default=None)  # its DVCFileSystem, for per-sample tables
+    unavailable: list[str] = field(default_factory=list)  # per-sample tables it declares but neither cache nor remote has
 
     def samples(self, analysis: str, dataset: str):
-        """The per-sample table of (analysis, dataset) as a pyarrow table, or None where the revision has none."""
+        """The per-sample table of (analysis, dataset) as a pyarrow table; None where the revision has none, or where
+        neither the DVC cache nor the remote holds it (listed in `unavailable`)."""
         import pyarrow.parquet as pq
+        from dvc.exceptions import DvcException
 
-        path = f"/{REPORTS}/{analysis}/{dataset}.{SAMPLE_TABLE}.parquet"
+        path = f"{REPORTS}/{analysis}/{dataset}.{SAMPLE_TABLE}.parquet"
         if self.fs is None or not self.fs.exists(path):
             return None
-        with self.fs.open(path, "rb") as f:
-            return pq.read_table(f, columns=["sample_id", "label", "predicted"])
+        try:
+            with self.fs.open(path, "rb") as f:
+                return pq.read_table(f, columns=["sample_id", "label", "predicted"])
+        except (FileNotFoundError, DvcException):
+            self.unavailable.append(path)
+            return None
 
 
 def open_revision(rev: str, repo: str | Path = ".") -> Experiment:
