@@ -37,10 +37,9 @@ def write(accuracy: float, ids=None, probe=None) -> None:
     ids = ids or [f"s{i}" for i in range(N)]
     correct = predicted == LABELS
     table = pa.table({"sample_id": ids, "label": LABELS, "predicted": predicted})
+    interval = stats.bootstrap_sample_metric("accuracy", correct).to_json()
     write_result("zeroshot", "d", Result({"accuracy": float(correct.mean())}, {"samples": N}, {},
-                                         tables={"predictions": table},
-                                         intervals={"accuracy": stats.bootstrap_sample_metric("accuracy", correct).to_json()}),
-                 {"model": "m"})
+                                         tables={"predictions": table}, intervals={"accuracy": interval}), {"model": "m"})
     if probe is not None:  # a result without per-sample results: its interval only
         write_result("linear_probe", "d", Result({"accuracy": probe[0]}, {}, {}, intervals={"accuracy": probe[1]}),
                      {"model": "m"})
@@ -101,7 +100,8 @@ def test_compare_two_commits_pairs_per_sample_results_and_names_the_winner(repo)
     assert data["experiments"] == [{"name": "HEAD~1", "rev": heads[1]}, {"name": "HEAD", "rev": heads[0]}]
     rows = {(r["analysis"], r["metric"]): r for r in data["rows"]}
     zs = rows[("zeroshot", "accuracy")]
-    assert zs["values"]["HEAD~1"]["value"] == pytest.approx(0.60) and zs["values"]["HEAD"]["value"] == pytest.approx(0.70)
+    assert zs["values"]["HEAD~1"]["value"] == pytest.approx(0.60)
+    assert zs["values"]["HEAD"]["value"] == pytest.approx(0.70)
     (diff,) = zs["differences"]
     a, b = predictions(0.60) == LABELS, predictions(0.70) == LABELS
     expected = stats.paired_difference("accuracy", a, b)
@@ -151,7 +151,8 @@ def test_compare_two_dvc_experiments_by_name(repo):
             dvc_repo.experiments.run(params=[f"accuracy={accuracy}"], name=name)
     data = json.loads(cli("low", "high", "--json").stdout)
     (row,) = data["rows"]
-    assert {k: v["value"] for k, v in row["values"].items()} == {"low": pytest.approx(0.55), "high": pytest.approx(0.75)}
+    values = {k: v["value"] for k, v in row["values"].items()}
+    assert values == {"low": pytest.approx(0.55), "high": pytest.approx(0.75)}
     assert row["differences"][0]["paired"] and row["winner"] == "high"
 
 

@@ -182,7 +182,8 @@ def test_result_files_carry_intervals_of_numeric_metrics_only(tmp_path, monkeypa
     path = write_result("zeroshot", "d", Result({"accuracy": 1.0, "knowledge_best_variant": "x"}, {}, {},
                                                 intervals={"accuracy": interval}), {})
     doc = json.loads(path.read_text())
-    assert list(doc)[:4] == ["analysis", "dataset", "metrics", "intervals"] and doc["intervals"] == {"accuracy": interval}
+    assert list(doc)[:4] == ["analysis", "dataset", "metrics", "intervals"]
+    assert doc["intervals"] == {"accuracy": interval}
     without = json.loads(write_result("zeroshot", "e", Result({"accuracy": 1.0}, {}, {}), {}).read_text())
     assert "intervals" not in without  # results without intervals keep their bytes
     with pytest.raises(ValueError, match="zeroshot/d: intervals of knowledge_best_variant, which are not numeric"):

@@ -39,7 +39,7 @@ class Experiment:
     rev: str  # the commit it resolves to
     results: dict[tuple[str, str], dict[str, Any]]  # (analysis, dataset) -> result JSON
     fs: Any = field(repr=False, default=None)  # its DVCFileSystem, for per-sample tables
-    unavailable: list[str] = field(default_factory=list)  # per-sample tables it declares but neither cache nor remote has
+    unavailable: list[str] = field(default_factory=list)  # per-sample tables in neither the cache nor the remote
 
     def samples(self, analysis: str, dataset: str):
         """The per-sample table of (analysis, dataset) as a pyarrow table; None where the revision has none, or where

@@ -8,8 +8,8 @@ n test samples, recompute the metric on each, and take the (1 - level) / 2 and (
 linear interpolation, as `scipy.stats.bootstrap(method="percentile")`). Accuracy and mean-per-class accuracy depend on
 a resample only through how many times it drew each cell (class x correct, and for two systems class x correct_a x
 correct_b): those counts are Multinomial(n, cell frequencies), drawn directly (`_class_cells`), which is the same
-distribution as drawing indices and costs O(resamples x cells) instead of O(resamples x n). Metrics that need the whole set (mAP,
-ROC-AUC) resample indices and recompute, a chunk of resamples at a time as sample multiplicities.
+distribution as drawing indices and costs O(resamples x cells) instead of O(resamples x n). Metrics that need the
+whole set (mAP, ROC-AUC) resample indices and recompute, a chunk of resamples at a time as sample multiplicities.
 """
 
 from __future__ import annotations
@@ -140,7 +140,8 @@ def resample_counts(rng: np.random.Generator, n: int, resamples: int) -> np.ndar
 
 def _weighted_map_11point(scores: np.ndarray, targets: np.ndarray, weights: np.ndarray, convention: str) -> np.ndarray:
     """(R,) 11-point mAP of each resample given as sample multiplicities `weights` (R, n): `vlbench.metrics.map_11point`
-    on the resampled rows (tied scores one threshold; classes without a drawn positive left out; NaN if none has one)."""
+    on the resampled rows (tied scores one threshold; classes without a drawn positive left out; NaN if none has
+    one)."""
     ks = np.arange(11)
     ap = np.full((weights.shape[0], scores.shape[1]), np.nan)
     for j in range(scores.shape[1]):
@@ -195,7 +196,8 @@ def metric_interval(metric: str, scores, labels, convention: str = "default", *,
         return bootstrap_sample_metric(metric, scores.argmax(axis=1) == y, y, resamples=resamples, seed=seed,
                                        level=level)
     if metric not in WHOLE_SET_METRICS:
-        raise StatsError(f"no bootstrap for metric {metric!r}; known: {', '.join(SAMPLE_METRICS + tuple(WHOLE_SET_METRICS))}")
+        known = ", ".join(SAMPLE_METRICS + tuple(WHOLE_SET_METRICS))
+        raise StatsError(f"no bootstrap for metric {metric!r}; known: {known}")
     _check_resamples(resamples)
     metrics.compute(metric, scores, labels, convention)  # the metric's own checks of shapes and values
     rng, reps = np.random.default_rng(seed), []
@@ -228,9 +230,10 @@ def mcnemar_exact(correct_a, correct_b) -> float:
     m, k = only_a + only_b, min(only_a, only_b)
     if m == 0:
         return 1.0
+    from scipy.special import gammaln
+
     i = np.arange(k + 1)
-    log_pmf = (np.vectorize(math.lgamma)(m + 1.0) - np.vectorize(math.lgamma)(i + 1.0)
-               - np.vectorize(math.lgamma)(m - i + 1.0) - m * math.log(2.0))
+    log_pmf = gammaln(m + 1.0) - gammaln(i + 1.0) - gammaln(m - i + 1.0) - m * math.log(2.0)
     top = log_pmf.max()
     return float(min(1.0, 2.0 * math.exp(top) * np.exp(log_pmf - top).sum()))
 
