@@ -225,5 +225,32 @@ def reference(paper: str | None, as_json: bool) -> None:
         click.echo(f"  run: {t.how_to_run}")
 
 
+@main.command("compare")
+@click.argument("revs", nargs=-1, required=True, metavar="REV REV ...")
+@click.option("--json", "as_json", is_flag=True,
+              help='machine-readable: {"experiments": [{"name", "rev"}], "rows": [{"analysis", "dataset", "metric", '
+                   '"values", "differences", "winner"}]}')
+@click.option("--out", default="reports/compare", show_default=True, help="folder of the comparison page (index.html)")
+def compare_cmd(revs: tuple[str, ...], as_json: bool, out: str) -> None:
+    """Compare the results of git revisions or DVC experiments (read through DVC, never checked out): every metric
+    with its interval, the paired significance of each difference, the winner."""
+    from vlbench.compare import compare, format_table, open_revision, write_page
+
+    if len(revs) < 2 or len(set(revs)) < len(revs):
+        raise click.UsageError(f"give at least two different revisions, got {list(revs)}")
+    try:
+        experiments = [open_revision(rev) for rev in revs]
+        data = compare(experiments)
+    except VlbenchError as err:
+        raise click.ClickException(str(err)) from err
+    for e in (e for e in experiments if e.unavailable):
+        click.echo(f"note: {e.name}: {len(e.unavailable)} per-sample file(s) in neither the DVC cache nor the remote "
+                   f"(e.g. {e.unavailable[0]}; dvc pull): their differences are unpaired", err=True)
+    click.echo(json.dumps(data, indent=2) if as_json else format_table(data))
+    page = write_page(data, Path(out))
+    click.echo(f"wrote {page}" if page else "comparison page not written: this checkout has no "
+               "vlbench.report.html.render_comparison", err=True)
+
+
 if __name__ == "__main__":
     sys.exit(main())
