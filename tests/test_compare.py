@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -136,7 +138,7 @@ def test_unknown_revision_and_different_samples_are_one_line_errors(repo):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_compare_two_dvc_experiments_by_name(repo):
+def test_compare_two_dvc_experiments_by_name(repo, monkeypatch):
     (repo / "params.yaml").write_text("accuracy: 0.5\n")
     (repo / "dvc.yaml").write_text(
         "stages:\n  results:\n    cmd: python compare_writer.py\n    params: [accuracy]\n"
@@ -146,6 +148,7 @@ def test_compare_two_dvc_experiments_by_name(repo):
     run(repo, "git", "commit", "-qm", "pipeline")
     from dvc.repo import Repo
 
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # the stage's python
     with Repo(str(repo)) as dvc_repo:
         for name, accuracy in (("low", 0.55), ("high", 0.75)):
             dvc_repo.experiments.run(params=[f"accuracy={accuracy}"], name=name)
