@@ -308,6 +308,22 @@ def unpaired_difference(a: float, interval_a: dict | None, b: float, interval_b:
 # ------------------------------------------------------------------------------------------- seeds and episodes
 
 
+def median_of_runs_interval(correct, *, resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL,
+                            chunk: int = 100) -> Interval:
+    """Percentile bootstrap interval of the median over runs of their accuracies, from (runs, n) per-sample
+    correctness on one test set (VTAB reports the median of 3 runs): each resample draws the test samples once for
+    all runs, as the runs share the test set."""
+    c = np.atleast_2d(np.asarray(correct)).astype(np.float64)
+    if c.ndim != 2 or c.shape[1] == 0:
+        raise StatsError(f"correct must be (runs, n) with n > 0, got shape {c.shape}")
+    _check_resamples(resamples)
+    rng, reps = np.random.default_rng(seed), []
+    for start in range(0, resamples, chunk):
+        weights = resample_counts(rng, c.shape[1], min(chunk, resamples - start))
+        reps.append(np.median(weights @ c.T / c.shape[1], axis=1))
+    return Interval(*_quantiles(np.concatenate(reps), level), level, "bootstrap", int(resamples), int(seed))
+
+
 def seeds_interval(values, level: float = LEVEL) -> Interval | None:
     """Student-t interval of the mean over seeds, mean +- t_{(1+level)/2, n-1} * s / sqrt(n) (s with ddof=1); None
     for fewer than two seeds."""

@@ -20,7 +20,7 @@ from vlbench.analyses.adapt.common import AdaptError, ProtocolResult
 
 PROTOCOLS = ("elevater", "vtab", "fewtrans")
 # The tables each protocol writes as reports/adapt/<dataset>.<table>.parquet; dvc.yaml's adapt block lists them all.
-PROTOCOL_TABLES: dict[str, tuple[str, ...]] = {"elevater": ("elevater_search", "elevater_predictions"), "vtab": (),
+PROTOCOL_TABLES: dict[str, tuple[str, ...]] = {"elevater": ("elevater_search", "elevater_predictions"), "vtab": ("vtab_predictions",),
                                                 "fewtrans": ("episodes",)}
 
 
