@@ -71,12 +71,13 @@ def datasets(ctx: click.Context, suite: str | None, as_json: bool) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     width = max([len("dataset")] + [len(r["name"]) for r in rows])
-    click.echo(f"{'dataset':{width}s} {'source':12s} {'classes':>7s}  {'metric':14s} {'manual':6s}  splits")
+    click.echo(f"{'dataset':{width}s} {'source':12s} {'classes':>7s}  {'metric':14s} {'manual':6s}  {'group/base+novel':16s}  splits")
     for r in rows:
         splits = ", ".join(f"{k} {v}" for k, v in r["splits"].items()) or "(sizes known once prepared)"
         classes = "?" if r["classes"] is None else str(r["classes"])
         manual = "yes" if r["manual_download"] else "no"
-        click.echo(f"{r['name']:{width}s} {r['source']:12s} {classes:>7s}  {r['metric']:14s} {manual:6s}  {splits}")
+        group = r.get("group") or (f"{r['base']}+{r['novel']}" if "base" in r else "")  # VTAB group; FewTrans base+novel
+        click.echo(f"{r['name']:{width}s} {r['source']:12s} {classes:>7s}  {r['metric']:14s} {manual:6s}  {group:16s}  {splits}")
 
 
 @main.command("compose")
