@@ -224,7 +224,7 @@ def measure_decode_seconds(preprocess, datasets: list[str], sample: int = DECODE
     for dataset in datasets:
         if (prepared_dir(dataset) / "classes.json").is_file():
             meta = load_meta(prepared_dir(dataset))
-            batch = next(pq.ParquetFile(split_path(prepared_dir(dataset), meta.splits[0])).iter_batches(
+            batch = next(pq.ParquetFile(split_path(prepared_dir(dataset), next(iter(meta.splits)))).iter_batches(
                 batch_size=sample, columns=["image"]), None)
             images += batch.column("image").to_pylist() if batch is not None else []
     if not images:
@@ -288,7 +288,7 @@ def summary(plan: Mapping[str, Any], arch: str) -> str:
     files += f" ({', '.join(manual)})" if manual else ""
     unknown = [row["name"] for row in plan["stages"] if row["status"] != "up to date"
                and row["name"].partition("@")[0] in EMBED_COUNTS and row["images"] is None and row["texts"] is None]
-    counted = f" (not counted: {', '.join(unknown)}, whose inputs are not prepared yet)" if unknown else ""
+    counted = f" (+ {len(unknown)} embed stages whose inputs are not prepared yet)" if unknown else ""
     return f"{plan['model']} ({arch}) on suite {plan['suite']}: {_count(plan['images'])} images, " \
            f"{_count(plan['texts'])} texts{counted}, {time_}, {files}"
 
