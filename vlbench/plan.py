@@ -22,8 +22,9 @@ import yaml
 from vlbench.config import PARAMS_FILE, dataset_entry, knowledge_dir, prepared_dir, texts_dir
 from vlbench.errors import VlbenchError
 
-WARMUP_BATCH = {"cuda": 256, "cpu": 8}  # the embed stage's default batch on a GPU; a CPU's rate is flat beyond a few
-WARMUP_BATCHES = 3  # timed, after one untimed batch (allocations, cuDNN autotuning)
+WARMUP_BATCH = 256  # the embed stage's default --batch-size
+WARMUP_BATCHES = 3  # timed full batches at most, after one untimed small one
+WARMUP_BUDGET_S = 10.0  # no further timed batch starts after this (a CPU's ViT-L/14 batch takes minutes)
 DECODE_SAMPLE = 32  # images per prepared dataset decoded and preprocessed to measure the per-image CPU cost
 
 
@@ -185,8 +186,12 @@ def build_image_model(model_cfg: Mapping[str, Any], device):
     return model.eval(), preprocess, cfg["precision"]
 
 
-def measure_model_rate(model, precision: str, device, batch: int, batches: int = WARMUP_BATCHES) -> float:
-    """Images per second of the image tower on random input at its resolution, with the stage's autocast."""
+def measure_model_rate(model, precision: str, device, batch: int = WARMUP_BATCH, batches: int = WARMUP_BATCHES,
+                       budget_s: float = WARMUP_BUDGET_S) -> float:
+    """Images per second of the image tower on random input at its resolution, with the stage's autocast and batch
+    size: after one untimed small batch (allocations, kernel set-up), `batches` full batches, or fewer once
+    `budget_s` has passed (at least one). Per-call overheads matter: on a loaded CPU a call of 8 images took as long
+    as one of 256 (docs/benchmarks.md), so a smaller batch than the stage's would mis-measure it."""
     import torch
 
     from vlbench.models.loading import autocast_dtype
@@ -195,14 +200,16 @@ def measure_model_rate(model, precision: str, device, batch: int, batches: int =
     height, width = (size, size) if isinstance(size, int) else size
     x = torch.randn(batch, 3, height, width, device=device)
     dtype = autocast_dtype(precision, device)
+    done = 0
     with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-        for i in range(batches + 1):
-            if i == 1:
-                _sync(device)
-                start = time.perf_counter()
-            model.encode_image(x)
+        model.encode_image(x[:8])
         _sync(device)
-    return batch * batches / (time.perf_counter() - start)
+        start = time.perf_counter()
+        while done < batch * batches and (done == 0 or time.perf_counter() - start < budget_s):
+            model.encode_image(x)
+            done += batch
+        _sync(device)
+    return done / (time.perf_counter() - start)
 
 
 def _sync(device) -> None:
@@ -237,9 +244,8 @@ def measure_decode_seconds(preprocess, datasets: list[str], sample: int = DECODE
 
 def estimate(model_cfg: Mapping[str, Any], images: int, datasets: list[str], device: str | None,
              warmup: bool) -> dict[str, Any]:
-    """{"seconds", "device", "images_per_second", "reason"}: images / the stage's rate, where the rate is the slower of
-    the model's measured forward pass and the measured decode cost spread over the stage's DataLoader workers (the
-    two run in parallel)."""
+    """{"seconds", "device", "images_per_second", "reason"}: images / the stage's rate, from the model's measured
+    forward pass and the measured decode cost spread over the stage's DataLoader workers (`combined_rate`)."""
     from vlbench.models.loading import pick_device
 
     dev = pick_device(device)
@@ -249,14 +255,20 @@ def estimate(model_cfg: Mapping[str, Any], images: int, datasets: list[str], dev
     from vlbench.embed import default_workers
 
     model, preprocess, precision = build_image_model(model_cfg, dev)
-    model_rate = measure_model_rate(model, precision, dev, WARMUP_BATCH.get(dev.type, WARMUP_BATCH["cpu"]))
+    model_rate = measure_model_rate(model, precision, dev)
     decode, sampled = measure_decode_seconds(preprocess, datasets)
     workers = default_workers(dev)
-    rate = model_rate if decode is None else min(model_rate, workers / decode)
+    rate = model_rate if decode is None else combined_rate(model_rate, workers / decode, dev.type == "cuda")
     how = (f"model {model_rate:.0f} img/s measured on random input; " +
            (f"decoding {1 / decode:.0f} img/s per worker x {workers} workers, from {sampled} prepared images"
             if decode else "decoding not included (no dataset of the plan is prepared yet)"))
     return {"seconds": images / rate, "device": unknown["device"], "images_per_second": rate, "reason": how}
+
+
+def combined_rate(model_rate: float, decode_rate: float, overlapped: bool) -> float:
+    """The stage's rate: on a GPU, decoding (CPU workers) and the model run at once, so the slower one sets the rate;
+    on a CPU they share the cores, so their times add up."""
+    return min(model_rate, decode_rate) if overlapped else 1 / (1 / model_rate + 1 / decode_rate)
 
 
 def describe_device(device) -> str:
