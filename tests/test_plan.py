@@ -16,7 +16,7 @@ from tests.pipeline_repo import make_repo, run
 from vlbench.cli import main as cli
 from vlbench.config import compose, dataset_entry
 from vlbench.datasets.registry import describe
-from vlbench.plan import estimate, make_plan
+from vlbench.plan import estimate, make_plan, summary
 
 DVC = (sys.executable, "-m", "dvc")
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +67,9 @@ def test_plan_lists_what_dvc_status_lists_in_dag_order_with_split_sizes_and_writ
     assert rows["embed_texts@shapes"]["texts"] is None and rows["zeroshot@shapes"]["images"] is None
     assert plan["estimate"] == {"seconds": None, "device": "cpu", "images_per_second": None,
                                 "reason": "warm-up skipped (--no-warmup)"}
+    assert summary(plan, "vlbench-toy") == (
+        "toy-smoke (vlbench-toy) on suite smoke: 138 images, 0 texts (+ 2 embed stages whose inputs are not prepared "
+        "yet), time unknown, 0 datasets need manual files")
 
 
 def test_overrides_give_the_stages_dvc_status_gives_once_they_are_composed(repo, monkeypatch):
@@ -127,6 +130,7 @@ def test_warmup_of_the_toy_model_on_cpu_gives_a_positive_rate_and_a_time(repo, m
     assert est["device"] == "cpu" and est["images_per_second"] > 0
     assert est["seconds"] == pytest.approx(30 / est["images_per_second"])
     assert "decoding" in est["reason"] and "from 30 prepared images" in est["reason"]
+    assert estimate(model, images=0, datasets=[], device="cpu", warmup=True)["seconds"] == 0.0
 
 
 @pytest.mark.parametrize("args, message", [

@@ -168,6 +168,7 @@ def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, 
             click.echo(f"{row['status']:10s} {row['name']}{counts}{cached}")
     fresh = sum(row["status"] == "up to date" for row in result["stages"])
     click.echo(f"{fresh} stage(s) up to date; remote: {result['remote']['reason'] or result['remote']['name']}")
+    click.echo(f"estimate on {result['estimate']['device']}: {result['estimate']['reason']}")
     click.echo(summary(result, params["model"]["arch"]))
 
 

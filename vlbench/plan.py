@@ -236,6 +236,7 @@ def measure_decode_seconds(preprocess, datasets: list[str], sample: int = DECODE
             images += batch.column("image").to_pylist() if batch is not None else []
     if not images:
         return None, 0
+    preprocess(decode_rgb(images[0]))  # untimed: the decoders' and transforms' first-call costs
     start = time.perf_counter()
     for data in images:
         preprocess(decode_rgb(data))
@@ -245,30 +246,27 @@ def measure_decode_seconds(preprocess, datasets: list[str], sample: int = DECODE
 def estimate(model_cfg: Mapping[str, Any], images: int, datasets: list[str], device: str | None,
              warmup: bool) -> dict[str, Any]:
     """{"seconds", "device", "images_per_second", "reason"}: images / the stage's rate, from the model's measured
-    forward pass and the measured decode cost spread over the stage's DataLoader workers (`combined_rate`)."""
+    forward pass and the measured decode cost spread over the stage's DataLoader workers, whichever is slower
+    (docs/benchmarks.md, "The plan's estimate": how close this comes to the stage)."""
     from vlbench.models.loading import pick_device
 
     dev = pick_device(device)
     unknown = {"seconds": None, "device": describe_device(dev), "images_per_second": None}
     if not warmup:
         return {**unknown, "reason": "warm-up skipped (--no-warmup)"}
+    if not images:
+        return {**unknown, "seconds": 0.0, "reason": "no image to embed"}
     from vlbench.embed import default_workers
 
     model, preprocess, precision = build_image_model(model_cfg, dev)
     model_rate = measure_model_rate(model, precision, dev)
     decode, sampled = measure_decode_seconds(preprocess, datasets)
     workers = default_workers(dev)
-    rate = model_rate if decode is None else combined_rate(model_rate, workers / decode, dev.type == "cuda")
-    how = (f"model {model_rate:.0f} img/s measured on random input; " +
+    rate = model_rate if decode is None else min(model_rate, workers / decode)  # the two run at once: the slower rules
+    how = (f"model {model_rate:.0f} img/s measured on random input in batches of {WARMUP_BATCH}; " +
            (f"decoding {1 / decode:.0f} img/s per worker x {workers} workers, from {sampled} prepared images"
             if decode else "decoding not included (no dataset of the plan is prepared yet)"))
     return {"seconds": images / rate, "device": unknown["device"], "images_per_second": rate, "reason": how}
-
-
-def combined_rate(model_rate: float, decode_rate: float, overlapped: bool) -> float:
-    """The stage's rate: on a GPU, decoding (CPU workers) and the model run at once, so the slower one sets the rate;
-    on a CPU they share the cores, so their times add up."""
-    return min(model_rate, decode_rate) if overlapped else 1 / (1 / model_rate + 1 / decode_rate)
 
 
 def describe_device(device) -> str:
@@ -286,7 +284,8 @@ def make_plan(params: Mapping[str, Any], device: str | None = None, warmup: bool
     embedded = [row["name"].partition("@")[2] for row in todo if row["name"].startswith("embed_images@")]
     images = sum(row["images"] or 0 for row in todo)
     plan = {"model": params["model"]["slug"], "suite": params["suite"]["slug"], "stages": stages, "images": images,
-            "texts": sum(row["texts"] or 0 for row in todo), "manual_downloads": manual_downloads(params, stages), "remote": remote}
+            "texts": sum(row["texts"] or 0 for row in todo), "manual_downloads": manual_downloads(params, stages),
+            "remote": remote}
     return {**plan, "estimate": estimate(params["model"], images, embedded, device, warmup)}
 
 
@@ -294,7 +293,7 @@ def summary(plan: Mapping[str, Any], arch: str) -> str:
     """One line: "toy (vlbench-toy) on suite demo: 41k images, ~3 min on this CPU, 1 dataset needs manual files"."""
     est = plan["estimate"]
     where = "this GPU" if est["device"].startswith("cuda") else "this CPU"
-    time_ = f"~{_duration(est['seconds'])} on {where}" if est["seconds"] is not None else f"time unknown ({est['reason']})"
+    time_ = f"~{_duration(est['seconds'])} on {where}" if est["seconds"] is not None else "time unknown"
     manual = plan["manual_downloads"]
     files = f"{len(manual)} dataset{'s' if len(manual) != 1 else ''} need{'s' if len(manual) == 1 else ''} manual files"
     files += f" ({', '.join(manual)})" if manual else ""
