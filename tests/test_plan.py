@@ -98,7 +98,8 @@ def test_cached_locally_and_on_a_remote_as_dvc_sees_them(repo, tmp_path, monkeyp
         assert plan["stages"][0]["status"] == "stale" and "prepare@hierarchy" in dvc_status(repo)
         assert plan["stages"][0]["cached"] == {"local": True, "remote": True}
         assert plan["remote"] == {"name": "store", "reason": None}
-        assert plan["stages"][1]["cached"] == {"local": False, "remote": None}  # prepare@shapes: never run with these inputs
+        # prepare@shapes: never run with these inputs, so no outputs to look for on the remote
+        assert plan["stages"][1]["cached"] == {"local": False, "remote": None}
         run(repo, *DVC, "remote", "add", "-d", "dead", "s3://bucket/cache")
         run(repo, *DVC, "remote", "modify", "dead", "endpointurl", "http://127.0.0.1:9")
         monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
@@ -143,3 +144,15 @@ def test_unknown_suite_model_or_key_fails_with_one_clear_line(args, message):
     result = CliRunner().invoke(cli, ["--conf", str(ROOT / "conf"), "plan", "--no-warmup", *args])
     assert result.exit_code == 1 and message in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_running_dvc_command_is_named_not_waited_for(repo, monkeypatch):
+    from dvc.repo import Repo
+
+    from vlbench.plan import PlanError
+
+    monkeypatch.chdir(repo)
+    params = compose([], repo / "conf")
+    with Repo(str(repo)) as other, other.lock:  # what `dvc repro` holds while it runs
+        with pytest.raises(PlanError, match=r"locked by another DVC command \(a `dvc repro` running\?\)"):
+            make_plan(params, warmup=False)

@@ -1,4 +1,4 @@
-"""`vlbench plan`: what a `dvc exp run -S ...` would run, how much it embeds and how long that takes, without running it.
+"""`vlbench plan`: what `dvc exp run -S ...` would run, how much it embeds and how long that takes, running nothing.
 
 DVC itself decides what is stale: the repository is opened through a filesystem that reads the overrides' composed
 params in place of params.yaml (`ParamsOverlay`) and nothing else. DVC's own parametrisation (dvc.yaml's `foreach`
@@ -93,7 +93,8 @@ def _stage_row(repo, stage, locked: Mapping[str, Any]) -> tuple[dict[str, Any], 
     stale = bool(stage.status())
     status = "never run" if stage.addressing not in locked else "stale" if stale else "up to date"
     outputs = _run_cached(repo, stage) if stale else stage
-    return {"name": stage.addressing, "status": status, "cached": {"local": outputs is not None, "remote": None}}, outputs
+    row = {"name": stage.addressing, "status": status, "cached": {"local": outputs is not None, "remote": None}}
+    return row, outputs
 
 
 def _run_cached(repo, stage):
@@ -167,7 +168,8 @@ def manual_downloads(params: Mapping[str, Any], rows: list[dict[str, Any]]) -> l
 
     todo = {row["name"].partition("@")[2] for row in rows if row["name"].startswith("prepare@")
             and row["status"] != "up to date"}
-    return [d for d in params["suite"]["datasets"] if d in todo and describe(d, dataset_entry(params, d))["manual_download"]]
+    return [d for d in params["suite"]["datasets"]
+            if d in todo and describe(d, dataset_entry(params, d))["manual_download"]]
 
 
 def build_image_model(model_cfg: Mapping[str, Any], device):
