@@ -131,6 +131,49 @@ def _check_groups(overrides, conf: Path) -> None:
 
 
 @main.command()
+@click.argument("overrides", nargs=-1)
+@click.option("-S", "--set-param", "set_params", multiple=True, metavar="KEY=VALUE",
+              help="an override as `dvc exp run -S` spells it (same as a positional OVERRIDE)")
+@click.option("--suite", default=None, help="the suite (same as suite=S)")
+@click.option("--model", default=None, help="the model (same as model=M)")
+@click.option("--device", default=None, help="where the warm-up runs: cuda or cpu (default: cuda when available)")
+@click.option("--warmup/--no-warmup", default=True, show_default=True,
+              help="measure the model's forward pass and the decode cost for the time estimate")
+@click.option("--json", "as_json", is_flag=True,
+              help='machine-readable: {"model", "suite", "stages": [{"name", "status", "cached": {"local", "remote"}, '
+                   '"images", "texts"}], "images", "texts", "manual_downloads", "remote", "estimate": {"seconds", '
+                   '"device", "images_per_second", "reason"}}')
+@click.pass_context
+def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, ...], suite: str | None,
+         model: str | None, device: str | None, warmup: bool, as_json: bool) -> None:
+    """What `dvc exp run` with these OVERRIDES would run, how many images and texts it embeds, what is cached, and a
+    time estimate from a short warm-up; runs nothing and writes nothing (params.yaml untouched)."""
+    from vlbench.plan import make_plan, summary
+
+    conf = _conf(ctx)
+    groups = [f"{group}={option}" for group, option in (("suite", suite), ("model", model)) if option is not None]
+    chosen = [*overrides, *set_params, *groups]
+    _check_groups(chosen, conf)
+    try:
+        params = compose(chosen, conf)
+        result = make_plan(params, device=device, warmup=warmup)
+    except VlbenchError as err:
+        raise click.ClickException(str(err)) from err
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for row in result["stages"]:
+        if row["status"] != "up to date":
+            counts = "".join(f"  {row[k]} {k}" for k in ("images", "texts") if row[k] is not None)
+            cached = "  (cached locally: restored, not run)" if row["cached"]["local"] else ""
+            click.echo(f"{row['status']:10s} {row['name']}{counts}{cached}")
+    fresh = sum(row["status"] == "up to date" for row in result["stages"])
+    click.echo(f"{fresh} stage(s) up to date; remote: {result['remote']['reason'] or result['remote']['name']}")
+    click.echo(f"estimate on {result['estimate']['device']}: {result['estimate']['reason']}")
+    click.echo(summary(result, params["model"]["arch"]))
+
+
+@main.command()
 @click.argument("dataset")
 @click.option("--json", "as_json", is_flag=True, help="every coarse class with its level, name and leaves, as JSON")
 @click.option("--dag", is_flag=True, help="all hypernym paths (a DAG) instead of each leaf's longest path (a tree)")
