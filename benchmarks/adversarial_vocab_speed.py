@@ -1,4 +1,4 @@
-"""Adversarial vocabulary speed: the batched scan (vlbench.analyses.openness.scan_vocabulary) vs the authors' loop.
+"""Adversarial vocabulary speed: the batched scan (vlbench.analyses.extensibility.scan_vocabulary) vs the authors' loop.
 
 CIFAR-100-sized: 10,000 images x 100 classes (random embeddings, dim 512, about 60% top-1), `--candidates` candidate
 words (random text embeddings; the paper scans WordNet's nouns, 119,034 lemma names in WordNet 3.0).
@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from vlbench.analyses import openness as op
+from vlbench.analyses import extensibility as op
 
 
 def make(n=10_000, n_classes=100, n_words=20_000, dim=512, seed=0):

@@ -4,10 +4,10 @@ CIFAR-100-sized: 10,000 images x 100 classes (random "image" and "text" embeddin
 `--orders` orders per target (the paper's 100 x N for Acc-E; the same orders' Acc-S, 100 per target), every
 target.
 
-  vectorised  vlbench.analyses.extensibility: the score matrix once (one normalise + matmul), then
+  vectorised  vlbench.expansion: the score matrix once (one normalise + matmul), then
               `expansion` (Acc-C, Acc-E, Acc-S from one preparation) over paper_orders (includes the exact
               expectations over all orders).
-  analysis    the whole per-variant work of extensibility@<dataset> (vlbench.analyses.openness.evaluate_variant):
+  analysis    the whole per-variant work of extensibility@<dataset> (vlbench.analyses.extensibility.evaluate_variant):
               the above plus per-step curves, per-group drops, margins, cosine statistics, alignment, uniformity.
   baseline    what the authors' code does at every step (lancopku/clip-openness main.py: rebuild the model
               and the data loader, re-encode and re-normalise the text features of the current vocabulary,
@@ -41,8 +41,8 @@ import time
 
 import numpy as np
 
-from vlbench.analyses import extensibility as ex
-from vlbench.analyses import openness as op
+from vlbench import expansion as ex
+from vlbench.analyses import extensibility as op
 
 
 def make(n=10_000, n_classes=100, dim=512, seed=0):
@@ -64,7 +64,7 @@ def vectorised(images, text, labels, groups, orders):
 
 
 def analysis(images, text, labels, groups, orders_per_target):
-    """What extensibility@<dataset> computes per prompt variant (vlbench.analyses.openness.evaluate_variant): the
+    """What extensibility@<dataset> computes per prompt variant (vlbench.analyses.extensibility.evaluate_variant): the
     paper's orders, Acc-C/E/S with expectations, per-step curves, per-group drops, margins, cosine statistics,
     alignment and uniformity (2,000 sampled images)."""
     v = op.Vocabulary(names=[str(c) for c in range(text.shape[0])], group_names=[str(g) for g in range(len(groups))],

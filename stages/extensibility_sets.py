@@ -1,12 +1,12 @@
 """extensibility_sets@<name>: dataset-level vocabulary expansion (the openness paper's CIFAR100-Caltech101-SUN397, ...):
 the datasets of suite.extensibility_sets.<name>, each one group over the union of their classes, on cached features
--> reports/extensibility/<name>.json (vlbench.analyses.openness.run_union). No model. Variant `repe` runs when every
+-> reports/extensibility/<name>.json (vlbench.analyses.extensibility.run_union). No model. Variant `repe` runs when every
 member has REPE class weights (features/<model>/<member>/retrieval/, the retrieve stage's, for suite.retrieve);
 otherwise the result's details.skipped_variants says which member lacks them."""
 
 from stages.common import parser, run
 from vlbench.analyses.base import Inputs
-from vlbench.analyses.openness import run_union, set_members
+from vlbench.analyses.extensibility import run_union, set_members
 from vlbench.config import features_dir, get, load_params, prepared_dir, texts_dir
 from vlbench.datasets.canonical import load_meta
 from vlbench.models.identity import model_identity

@@ -1,27 +1,35 @@
 """report: reports/metrics.json ({analysis: {dataset: {metric: value}}}), reports/model.json, reports/reference.json
-(the verdicts against the papers' tables), one chart per analysis."""
+(the verdicts against the papers' tables), the charts each analysis names, and reports/index.html (the page)."""
 
 import json
+import subprocess
 
 from stages.common import parser, run
-from vlbench.analyses import ANALYSES
-from vlbench.config import get, load_params
-from vlbench.report.aggregate import write_report
+from vlbench.config import load_params
+from vlbench.report.aggregate import INDEX_FILE, report_datasets, write_report
 from vlbench.results import REFERENCE_FILE
+
+
+def git_commit() -> str | None:
+    """The commit checked out now (the page names it as the code that made the report), or None outside git."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def main() -> None:
     args = parser(__doc__, dataset=False).parse_args()
     params = load_params(args.params)
-    datasets = {a: list(get(params, f"suite.{a}", list)) for a in ANALYSES}
-    # dataset-level vocabularies (stage extensibility_sets@<name>) report under extensibility, each by its name
-    sets = (params.get("suite") or {}).get("extensibility_sets") or {}
-    datasets["extensibility"] = datasets.get("extensibility", []) + list(sets)
-    metrics = write_report({a: d for a, d in datasets.items() if d})
+    reproduce = {"model": (params.get("model") or {}).get("slug"), "suite": (params.get("suite") or {}).get("slug"),
+                 "commit": git_commit()}
+    metrics = write_report(report_datasets(params), reproduce)
     print(json.dumps(metrics, indent=2))
     reference = json.loads(REFERENCE_FILE.read_text())
     print(f"{REFERENCE_FILE}: " + (", ".join(f"{n} {v}" for v, n in reference["summary"].items())
                                    if reference["applies"] else reference["reason"]))
+    print(f"the page: {INDEX_FILE}")
 
 
 if __name__ == "__main__":

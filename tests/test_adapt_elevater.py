@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from vlbench import stats
 from vlbench.analyses import adapt
 from vlbench.analyses.adapt import common, elevater
 from vlbench.analyses.adapt.common import AdaptError, LinearHeads
@@ -396,6 +397,21 @@ def test_protocol_end_to_end_reports_every_setting():
     summary = result.details["summary"]["random_2p"]["5"]
     assert summary["mean"] == pytest.approx(np.mean(summary["per_seed"]))
     assert summary["std"] == pytest.approx(np.std(summary["per_seed"], ddof=1))
+    # the seeds' 95% interval of the mean: t_{0.975, 1} = 12.706204736174698 for two seeds; none for one ("full")
+    half = 12.706204736174698 * summary["std"] / math.sqrt(2)
+    interval = result.intervals["elevater/random_2p/5/last"]
+    assert interval == {"low": pytest.approx(summary["mean"] - half), "high": pytest.approx(summary["mean"] + half),
+                        "level": 0.95, "method": "seeds"}
+    # one seed ("full"): a bootstrap over the test samples of the final head's predictions, which the table keeps
+    preds = result.tables["elevater_predictions"]
+    assert preds.num_rows == 90 * len(runs) * len(elevater.DEFAULT_HEADS)  # 90 test samples
+    rows = [r for r in preds.to_pylist() if (r["head"], r["shots"], r["seed"]) == ("random_2p", "full", 0)]
+    correct = np.array([r["predicted"] == r["label"] for r in rows])
+    assert [r["sample_id"] for r in rows] == inputs.images("test").table.column("sample_id").to_pylist()
+    assert result.metrics["elevater/random_2p/full/last"] == pytest.approx(correct.mean())
+    assert result.intervals["elevater/random_2p/full/last"] == stats.bootstrap_sample_metric("accuracy", correct).to_json()
+    five = [r for r in preds.to_pylist() if (r["head"], r["shots"]) == ("random_2p", "5")]
+    assert np.mean([r["predicted"] == r["label"] for r in five]) == pytest.approx(summary["mean"])
     m, m0 = 8 * 3 + 3, 10_000  # App. D.2: PE = score * exp(log10(#trainable / M0 + 1))
     assert summary["pe"] == pytest.approx(summary["mean"] * math.exp(math.log10(m / m0 + 1.0)))
     assert not any(key.endswith("/pe") for key in result.metrics)  # in the details only: dvc exp show stays narrow

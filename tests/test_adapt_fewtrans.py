@@ -366,6 +366,11 @@ def test_evaluate_end_to_end_writes_episodes_table():
     means = np.mean([r["linear"] for r in base])
     assert result.metrics["fewtrans/base/linear"] == pytest.approx(means)
     assert result.details["summary"]["base/linear"]["episodes"] == 12
+    half = 1.96 * np.std([r["linear"] for r in base], ddof=1) / np.sqrt(12)
+    assert result.intervals["fewtrans/base/linear"] == {"low": pytest.approx(means - half),
+                                                        "high": pytest.approx(means + half), "level": 0.95,
+                                                        "method": "episodes"}
+    assert set(result.intervals) == set(result.metrics)
     assert result.details["base_classes"] and len(result.details["novel_classes"]) == 2
     again = ft.evaluate(inputs, cfg, seed=0, device="cpu")
     assert again.tables["episodes"].equals(table)

@@ -170,8 +170,8 @@ def test_splits_are_index_ranges_train800_val200():
 def test_paper_selection_sweeps_on_the_1000_and_selects_on_the_whole_validation_split(monkeypatch):
     """App. I: train on the 1,000, select on the regular validation set; the final run retrains on the 1,000."""
     seen = []
-    real = vtab.accuracies
-    monkeypatch.setattr(vtab, "accuracies", lambda w, b, x, y: seen.append(len(y)) or real(w, b, x, y))
+    real = vtab.predictions
+    monkeypatch.setattr(vtab, "predictions", lambda w, b, x: seen.append(len(x)) or real(w, b, x))
     inputs = FakeInputs(name="blobs", noise=2.5)
     cfg = {**SMALL, "groups": {"blobs": "structured"}}
     paper = vtab.evaluate(inputs, {**cfg, "selection": "paper"}, seed=0, device="cpu")
@@ -219,14 +219,40 @@ def test_evaluate_reports_the_median_of_three_runs():
 
 
 def test_median_of_the_three_runs_chosen_heads(monkeypatch):
-    scores = iter([np.array([[0.5, 0.6, 0.9, 0.8], [0.9, 0.1, 0.1, 0.1], [0.0, 0.0, 0.0, 0.3]]),  # selection
-                   np.array([[0.2], [0.9], [0.4]])])  # test accuracy of each run's chosen head (CPU path)
+    scores = iter([np.array([[0.5, 0.6, 0.9, 0.8], [0.9, 0.1, 0.1, 0.1], [0.0, 0.0, 0.0, 0.3]])])  # selection
+
+    def final_predictions(data, *args):  # runs right on the first 20%, 90%, 40% of the test samples
+        y = data["test"].y
+        cut = [int(a * len(y)) for a in (0.2, 0.9, 0.4)]
+        return np.stack([np.r_[y[:k], (y[k:] + 1) % 4] for k in cut])
+
     monkeypatch.setattr(vtab, "accuracies", lambda *args: next(scores))
+    monkeypatch.setattr(vtab, "final_test_predictions", final_predictions)
     result = vtab.evaluate(FakeInputs(), {**SMALL, "groups": {"fake": "natural"}}, seed=0, device="cpu")
     assert result.metrics == {"vtab/median": 0.4}
     plan = vtab.sweep_plan(vtab.settings(SMALL))
     assert [r["chosen"] for r in result.details["runs"]] == [
         {"learning_rate": plan[k][0], "steps": plan[k][1]} for k in (2, 0, 3)]
+
+
+def test_test_predictions_of_every_run_and_the_median_interval():
+    """Per-sample predictions of each run's final head (for paired comparisons) and a bootstrap interval of the
+    median over runs, checked against scipy's paired percentile bootstrap of the same statistic."""
+    from scipy import stats as sps
+
+    inputs = FakeInputs(name="blobs", noise=2.5)
+    result = vtab.evaluate(inputs, {**SMALL, "groups": {"blobs": "structured"}}, seed=0, device="cpu")
+    table = result.tables["vtab_predictions"]
+    test = inputs.images("test").table
+    assert table.num_rows == 3 * test.num_rows
+    assert table["sample_id"].to_pylist() == test["sample_id"].to_pylist() * 3
+    correct = (table["predicted"].to_numpy() == table["label"].to_numpy()).reshape(3, -1)
+    assert sorted(correct.mean(axis=1)) == pytest.approx(sorted(r["test_accuracy"] for r in result.details["runs"]))
+    interval = result.intervals["vtab/median"]
+    assert interval["method"] == "bootstrap" and interval["low"] < result.metrics["vtab/median"] < interval["high"]
+    ref = sps.bootstrap(tuple(correct.astype(float)), lambda *runs, axis: np.median([r.mean(axis=axis) for r in runs], axis=0),
+                        paired=True, method="percentile", n_resamples=4000, random_state=1, vectorized=True).confidence_interval
+    assert interval["low"] == pytest.approx(ref.low, abs=0.02) and interval["high"] == pytest.approx(ref.high, abs=0.02)
 
 
 def test_errors_name_the_dataset_split_and_key():

@@ -4,10 +4,8 @@ in COCO's JSON structure) and a Localized Narratives jsonl, served from 127.0.0.
 from __future__ import annotations
 
 import copy
-import hashlib
 import io
 import json
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
+from tests.archives import sha256, write_zip
 from tests.http_server import serve
 from vlbench.datasets import coco
 from vlbench.datasets.canonical import DatasetError, load_meta
@@ -80,18 +79,6 @@ def narrative_line(image_id: int, annotator: int, text: str, dataset_id: str = "
                                                            "end_time": 0.4}],
                        "traces": [[{"x": 0.1, "y": 0.2, "t": 0.0}]],
                        "voice_recording": f"coco_val/coco_val_{image_id}_{annotator}.ogg"})
-
-
-def write_zip(path: Path, members: dict[str, bytes]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return path
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def real_spec() -> dict:

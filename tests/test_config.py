@@ -141,7 +141,7 @@ def test_datasets_catalogue_json(monkeypatch):
     assert set(rows) == set(compose()["suite"]["datasets"])
     assert rows["shapes"] == {"name": "shapes", "source": "synthetic", "classes": 12,
                               "splits": {"train": 2000, "val": 500, "test": 1000}, "metric": "accuracy",
-                              "manual_download": False}
+                              "manual_download": False, "base": 10, "novel": 2}  # FewTrans' episodes (fewtrans_splits.json)
     assert rows["hierarchy"]["metric"] == "map_11point" and rows["hierarchy"]["classes"] == 22
     table = CliRunner().invoke(cli, ["datasets"]).output
     assert "shape_color" in table and "108" in table

@@ -7,8 +7,6 @@ import copy
 import hashlib
 import io
 import json
-import tarfile
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
+from tests.archives import md5, real_spec, write_tgz, write_zip
 from tests.http_server import serve
 from vlbench.datasets import coop
 from vlbench.datasets.canonical import DatasetError, load_meta
@@ -39,33 +38,6 @@ def jpeg(seed: int, size: int = 10) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(buf, format="JPEG")
     return buf.getvalue()
-
-
-def write_tgz(path: Path, members: dict[str, bytes]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
-
-
-def write_zip(path: Path, members: dict[str, bytes]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return path
-
-
-def md5(path: Path) -> str:
-    return hashlib.md5(path.read_bytes()).hexdigest()
-
-
-def real_spec(entry: str) -> dict:
-    """The `prepare` spec of one of our registry entries, as the pipeline composes it."""
-    return OmegaConf.to_container(OmegaConf.load(CONF / f"{entry}.yaml"), resolve=True)["prepare"]
 
 
 def read_split(out: Path, split: str) -> list[dict]:

@@ -16,12 +16,12 @@ from click.testing import CliRunner
 from tests.http_server import serve
 from vlbench.cli import main
 from vlbench.datasets import synthetic
+from vlbench.datasets.leaves import dataset_leaves
 from vlbench.knowledge.hierarchy import (
     Graph,
     HierarchyError,
     build_from_graph,
     build_hierarchy,
-    dataset_leaves,
     imagenet_wnids,
     leaf_wnids,
     longest_paths,
@@ -349,3 +349,16 @@ def test_cli_errors(tmp_path, monkeypatch):
     result = _run("colors")
     assert result.exit_code != 0 and "no class has a WordNet id" in result.output
 
+
+
+def test_leaf_classes_come_from_the_source_through_the_registry(tmp_path):
+    """The source module says how to list its leaves (`leaf_classes`); a source that cannot before prepare is an
+    error naming the dataset and the stage to run."""
+    from vlbench.datasets.registry import leaf_classes
+
+    spec = {"source": "synthetic", "task": "hierarchy", "splits": {"t": 1}}
+    wnids, origin = leaf_classes("hierarchy", spec)
+    assert wnids == SHAPE_WNIDS and origin == "the demo world's class list"
+    assert leaf_classes("mine", {"source": "manifest", "path": "x.csv"}) is None
+    with pytest.raises(HierarchyError, match=r"dataset 'mine' \(source 'manifest'\).*dvc repro prepare@mine"):
+        dataset_leaves("mine", {"prepare": {"source": "manifest", "path": "x.csv"}}, prepared=tmp_path)

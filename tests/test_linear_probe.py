@@ -261,3 +261,31 @@ def test_fit_linear_probe_is_the_search_over_the_default_grid(data):
     replay = lp.coarse_to_fine_search(lambda C: fit.val_scores_per_C[C], list(default_c_grid()), 16)
     assert replay.best == fit.chosen_C
     assert dict(sorted(replay.trace)) == fit.val_scores_per_C
+
+
+def test_run_writes_test_predictions_and_a_bootstrap_interval(data):
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from vlbench import stats
+    from vlbench.datasets.canonical import ClassInfo, DatasetMeta
+    from vlbench.features import Features
+
+    splits = dict(zip(("train", "val", "test"), data))
+
+    def images(split):
+        x, y = splits[split]
+        return Features(pa.table({"sample_id": [f"{split}{i}" for i in range(len(y))], "label": y}), x, {}, [])
+
+    meta = DatasetMeta(name="d", task="single-label", metric="accuracy", classes=[ClassInfo(i, f"c{i}") for i in range(5)])
+    inputs = SimpleNamespace(meta=meta, images=images, has_split=lambda split: split in splits)
+    result = lp.run(inputs, {"train_split": "train", "val_split": "val", "test_split": "test"}, seed=0)
+    preds = result.tables["predictions"]
+    x_te, y_te = splits["test"]
+    assert preds.column("sample_id").to_pylist() == [f"test{i}" for i in range(len(y_te))]
+    assert preds.column("label").to_pylist() == y_te.tolist()
+    correct = np.asarray(preds.column("predicted").to_pylist()) == y_te
+    assert result.metrics["accuracy"] == pytest.approx(correct.mean())
+    assert result.intervals["accuracy"] == stats.bootstrap_sample_metric("accuracy", correct, seed=0).to_json()
+    assert result.intervals["accuracy"]["low"] < correct.mean() < result.intervals["accuracy"]["high"]

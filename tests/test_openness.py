@@ -1,4 +1,4 @@
-"""The extensibility analysis around the metrics (vlbench.analyses.openness): variants, groups, dataset-level unions,
+"""The extensibility analysis around the metrics (vlbench.analyses.extensibility): variants, groups, dataset-level unions,
 geometry, the adversarial vocabulary scan, the vocabulary text sets (vlbench.knowledge.vocabulary), the report's
 charts and the two stages on real feature files."""
 
@@ -17,8 +17,8 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from vlbench.analyses import extensibility as ex
-from vlbench.analyses import openness as op
+from vlbench import expansion as ex
+from vlbench.analyses import extensibility as op
 from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta
 from vlbench.errors import VlbenchError
 from vlbench.features import Features

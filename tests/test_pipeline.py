@@ -61,6 +61,22 @@ def test_predictions_hold_every_test_sample_with_its_logits(reproduced):
     assert len(row["logits"]) == 12 and max(row["logits"]) == pytest.approx(row["predicted_logit"])
 
 
+def test_results_carry_intervals_and_the_linear_probe_keeps_its_predictions(reproduced):
+    from vlbench import stats
+
+    for analysis, metric in (("zeroshot", "accuracy"), ("linear_probe", "accuracy"), ("zeroshot", "map_11point")):
+        dataset = "hierarchy" if metric == "map_11point" else "shapes"
+        doc = json.loads((reproduced / f"reports/{analysis}/{dataset}.json").read_text())
+        interval = doc["intervals"][metric]
+        assert interval["method"] == "bootstrap" and interval["resamples"] == stats.RESAMPLES
+        assert interval["low"] <= doc["metrics"][metric] <= interval["high"]
+    preds = pq.read_table(reproduced / "reports/linear_probe/shapes.predictions.parquet")
+    assert preds.num_rows == 36 and preds.column_names == ["sample_id", "label", "predicted", "logits"]
+    correct = [p == y for p, y in zip(preds.column("predicted").to_pylist(), preds.column("label").to_pylist())]
+    doc = json.loads((reproduced / "reports/linear_probe/shapes.json").read_text())
+    assert doc["metrics"]["accuracy"] == pytest.approx(sum(correct) / 36)
+
+
 def test_features_live_under_the_model_slug_and_reports_do_not(reproduced):
     assert (reproduced / "features/toy-smoke/shapes/images/train.parquet").exists()
     assert (reproduced / "features/toy-smoke/shapes/text/prompts.parquet").exists()

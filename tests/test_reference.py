@@ -185,14 +185,14 @@ def test_no_reference_for_the_model_is_one_line_and_no_comparison():
 
 
 def test_report_writes_reference_json_from_result_files(tmp_path, monkeypatch):
-    from vlbench.report.aggregate import reference
+    from vlbench.report.aggregate import read_results, reference
 
     monkeypatch.chdir(tmp_path)
     for dataset, value in {"cifar-10": 0.9, "cifar-100": 0.5}.items():
         write_result("zeroshot", dataset, Result({"accuracy": value}, {"samples": 10}, {"scoring": "elevater",
                                                                                         "split": "test"}),
                      {"model": "vitb32"})
-    out = reference({"zeroshot": ["cifar-10", "cifar-100"]}, {"zeroshot": {"cifar-10": {"accuracy": 0.9},
+    out = reference(read_results({"zeroshot": ["cifar-10", "cifar-100"]}), {"zeroshot": {"cifar-10": {"accuracy": 0.9},
                                                                             "cifar-100": {"accuracy": 0.5}}},
                     {"model": "vitb32", "precision": "fp32"})
     by_source = {(c["source"]["file"], c["dataset"]): c for c in out["comparisons"]}

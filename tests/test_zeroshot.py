@@ -202,3 +202,30 @@ def test_run_records_the_scoring_and_refuses_an_unknown_one():
     assert elevater.metrics["map_11point"] == pytest.approx(VOC_MAP["elevater"])
     with pytest.raises(ParamsError, match=r"zeroshot.scoring 'softmax' is not one of \['logits', 'elevater'\]"):
         run(inputs, {"split": "test", "scoring": "softmax"}, seed=0)
+
+
+def test_run_writes_a_bootstrap_interval_of_each_headline_metric():
+    from types import SimpleNamespace
+
+    from vlbench import stats
+    from vlbench.analyses.zeroshot import run
+    from vlbench.features import Features
+
+    rng = np.random.default_rng(3)
+    n, c = 300, 4
+    text_emb = np.eye(c, 8, dtype=np.float32)
+    text = pa.table({"class_index": list(range(c)), "source": ["template"] * c, "text": list("abcd")})
+    labels = rng.integers(0, c, n)
+    image_emb = (np.eye(c, 8)[labels] + rng.normal(0, 0.6, (n, 8))).astype(np.float32)
+    images = pa.table({"sample_id": [f"s{i}" for i in range(n)], "label": labels})
+    inputs = SimpleNamespace(meta=_meta(metric="mean_per_class", n=c),
+                             images=lambda split: Features(images, image_emb, {}, []),
+                             texts=lambda name: Features(text, text_emb, {}, []))
+    result = run(inputs, {"split": "test"}, seed=7)
+    assert set(result.intervals) == {"mean_per_class", "accuracy"}
+    correct = (image_emb[:, :c]).argmax(axis=1) == labels  # cosine with a one-hot class weight: the first c dims
+    for metric in ("mean_per_class", "accuracy"):
+        expected = stats.bootstrap_sample_metric(metric, correct, labels, seed=7).to_json()
+        assert result.intervals[metric] == expected
+        assert expected["low"] < result.metrics[metric] < expected["high"]
+        assert expected["resamples"] == stats.RESAMPLES and expected["method"] == "bootstrap"

@@ -71,12 +71,13 @@ def datasets(ctx: click.Context, suite: str | None, as_json: bool) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     width = max([len("dataset")] + [len(r["name"]) for r in rows])
-    click.echo(f"{'dataset':{width}s} {'source':12s} {'classes':>7s}  {'metric':14s} {'manual':6s}  splits")
+    click.echo(f"{'dataset':{width}s} {'source':12s} {'classes':>7s}  {'metric':14s} {'manual':6s}  {'group/base+novel':16s}  splits")
     for r in rows:
         splits = ", ".join(f"{k} {v}" for k, v in r["splits"].items()) or "(sizes known once prepared)"
         classes = "?" if r["classes"] is None else str(r["classes"])
         manual = "yes" if r["manual_download"] else "no"
-        click.echo(f"{r['name']:{width}s} {r['source']:12s} {classes:>7s}  {r['metric']:14s} {manual:6s}  {splits}")
+        group = r.get("group") or (f"{r['base']}+{r['novel']}" if "base" in r else "")  # VTAB group; FewTrans base+novel
+        click.echo(f"{r['name']:{width}s} {r['source']:12s} {classes:>7s}  {r['metric']:14s} {manual:6s}  {group:16s}  {splits}")
 
 
 @main.command("compose")
@@ -130,6 +131,49 @@ def _check_groups(overrides, conf: Path) -> None:
 
 
 @main.command()
+@click.argument("overrides", nargs=-1)
+@click.option("-S", "--set-param", "set_params", multiple=True, metavar="KEY=VALUE",
+              help="an override as `dvc exp run -S` spells it (same as a positional OVERRIDE)")
+@click.option("--suite", default=None, help="the suite (same as suite=S)")
+@click.option("--model", default=None, help="the model (same as model=M)")
+@click.option("--device", default=None, help="where the warm-up runs: cuda or cpu (default: cuda when available)")
+@click.option("--warmup/--no-warmup", default=True, show_default=True,
+              help="measure the model's forward pass and the decode cost for the time estimate")
+@click.option("--json", "as_json", is_flag=True,
+              help='machine-readable: {"model", "suite", "stages": [{"name", "status", "cached": {"local", "remote"}, '
+                   '"images", "texts"}], "images", "texts", "manual_downloads", "remote", "estimate": {"seconds", '
+                   '"device", "images_per_second", "reason"}}')
+@click.pass_context
+def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, ...], suite: str | None,
+         model: str | None, device: str | None, warmup: bool, as_json: bool) -> None:
+    """What `dvc exp run` with these OVERRIDES would run, how many images and texts it embeds, what is cached, and a
+    time estimate from a short warm-up; runs nothing and writes nothing (params.yaml untouched)."""
+    from vlbench.plan import make_plan, summary
+
+    conf = _conf(ctx)
+    groups = [f"{group}={option}" for group, option in (("suite", suite), ("model", model)) if option is not None]
+    chosen = [*overrides, *set_params, *groups]
+    _check_groups(chosen, conf)
+    try:
+        params = compose(chosen, conf)
+        result = make_plan(params, device=device, warmup=warmup)
+    except VlbenchError as err:
+        raise click.ClickException(str(err)) from err
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for row in result["stages"]:
+        if row["status"] != "up to date":
+            counts = "".join(f"  {row[k]} {k}" for k in ("images", "texts") if row[k] is not None)
+            cached = "  (cached locally: restored, not run)" if row["cached"]["local"] else ""
+            click.echo(f"{row['status']:10s} {row['name']}{counts}{cached}")
+    fresh = sum(row["status"] == "up to date" for row in result["stages"])
+    click.echo(f"{fresh} stage(s) up to date; remote: {result['remote']['reason'] or result['remote']['name']}")
+    click.echo(f"estimate on {result['estimate']['device']}: {result['estimate']['reason']}")
+    click.echo(summary(result, params["model"]["arch"]))
+
+
+@main.command()
 @click.argument("dataset")
 @click.option("--json", "as_json", is_flag=True, help="every coarse class with its level, name and leaves, as JSON")
 @click.option("--dag", is_flag=True, help="all hypernym paths (a DAG) instead of each leaf's longest path (a tree)")
@@ -138,7 +182,8 @@ def hierarchy(ctx: click.Context, dataset: str, as_json: bool, dag: bool) -> Non
     """The WordNet hierarchy above DATASET's classes: coarse classes, count per level, depth."""
     from omegaconf import OmegaConf
 
-    from vlbench.knowledge.hierarchy import build_hierarchy, dataset_leaves
+    from vlbench.datasets.leaves import dataset_leaves
+    from vlbench.knowledge.hierarchy import build_hierarchy
 
     conf = _conf(ctx)
     if dataset not in available("dataset", conf):
@@ -222,6 +267,33 @@ def reference(paper: str | None, as_json: bool) -> None:
             shown = ", ".join(map(str, value)) if isinstance(value, list) else value
             click.echo(f"  setting {key}: {shown}")
         click.echo(f"  run: {t.how_to_run}")
+
+
+@main.command("compare")
+@click.argument("revs", nargs=-1, required=True, metavar="REV REV ...")
+@click.option("--json", "as_json", is_flag=True,
+              help='machine-readable: {"experiments": [{"name", "rev"}], "rows": [{"analysis", "dataset", "metric", '
+                   '"values", "differences", "winner"}]}')
+@click.option("--out", default="reports/compare", show_default=True, help="folder of the comparison page (index.html)")
+def compare_cmd(revs: tuple[str, ...], as_json: bool, out: str) -> None:
+    """Compare the results of git revisions or DVC experiments (read through DVC, never checked out): every metric
+    with its interval, the paired significance of each difference, the winner."""
+    from vlbench.compare import compare, format_table, open_revision, write_page
+
+    if len(revs) < 2 or len(set(revs)) < len(revs):
+        raise click.UsageError(f"give at least two different revisions, got {list(revs)}")
+    try:
+        experiments = [open_revision(rev) for rev in revs]
+        data = compare(experiments)
+    except VlbenchError as err:
+        raise click.ClickException(str(err)) from err
+    for e in (e for e in experiments if e.unavailable):
+        click.echo(f"note: {e.name}: {len(e.unavailable)} per-sample file(s) in neither the DVC cache nor the remote "
+                   f"(e.g. {e.unavailable[0]}; dvc pull): their differences are unpaired", err=True)
+    click.echo(json.dumps(data, indent=2) if as_json else format_table(data))
+    page = write_page(data, Path(out))
+    click.echo(f"wrote {page}" if page else "comparison page not written: this checkout has no "
+               "vlbench.report.html.render_comparison", err=True)
 
 
 if __name__ == "__main__":

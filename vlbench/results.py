@@ -1,6 +1,7 @@
 """The one owner of result paths and the result file format.
 
-`reports/<analysis>/<dataset>.json`: {analysis, dataset, metrics, counts, params, details?, fingerprint, vlbench_version}
+`reports/<analysis>/<dataset>.json`: {analysis, dataset, metrics, intervals?, counts, params, details?, fingerprint,
+vlbench_version}; `intervals`: {metric: {low, high, level, method, resamples?, seed?}} (vlbench.stats.Interval.to_json)
 (a plain output, in git); `reports/<analysis>/<dataset>.<table>.parquet`: per-sample tables (DVC cache);
 `reports/metrics.json`: {analysis: {dataset: {metric: value}}}, numbers (and a name that goes with them, e.g.
 zeroshot's `knowledge_best_variant`), the one file declared as DVC metrics so `dvc exp show` stays readable;
@@ -51,6 +52,7 @@ class Result:
     tables: dict[str, pa.Table] = field(default_factory=dict)  # written as reports/<analysis>/<dataset>.<name>.parquet
     details: dict[str, Any] = field(default_factory=dict)  # JSON-able breakdowns (per level, chance levels); "details"
     run: dict[str, Any] = field(default_factory=dict)  # timings and other facts of this run: runs/<analysis>/<dataset>.json
+    intervals: dict[str, dict[str, Any]] = field(default_factory=dict)  # metric -> vlbench.stats.Interval.to_json()
 
 
 class MissingResultError(VlbenchError):
@@ -81,6 +83,7 @@ def write_result(analysis: str, dataset: str, result: Result, fingerprint: Mappi
     facts (`result.run`) to runs/<analysis>/<dataset>.json."""
     doc = {
         "analysis": analysis, "dataset": dataset, "metrics": {k: _metric(v) for k, v in result.metrics.items()},
+        **({"intervals": check_intervals(analysis, dataset, result)} if result.intervals else {}),
         "counts": dict(result.counts), "params": dict(result.params),
         **({"details": dict(result.details)} if result.details else {}),
         "fingerprint": dict(fingerprint),
@@ -97,6 +100,14 @@ def write_result(analysis: str, dataset: str, result: Result, fingerprint: Mappi
     write_json(path, doc)
     write_run_facts(analysis, dataset, result.run)
     return path
+
+
+def check_intervals(analysis: str, dataset: str, result: Result) -> dict[str, dict[str, Any]]:
+    """The result's intervals, each of a numeric metric of the result."""
+    unknown = [k for k in result.intervals if isinstance(result.metrics.get(k, ""), str)]
+    if unknown:
+        raise ValueError(f"result {analysis}/{dataset}: intervals of {', '.join(unknown)}, which are not numeric metrics")
+    return {k: dict(v) for k, v in result.intervals.items()}
 
 
 def run_facts_path(stage: str, key: str) -> Path:

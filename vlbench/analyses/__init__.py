@@ -17,19 +17,60 @@ from vlbench.errors import VlbenchError
 
 @dataclass(frozen=True)
 class Analysis:
+    """`charts`: "module:function" names, each `f(analysis, results, metrics, out_dir) -> list[Path]` (results:
+    {dataset: result JSON}; metrics: all of reports/metrics.json) writing SVGs under reports/plots; `summary`: an
+    optional "module:function" `f(metrics, results) -> metrics` adding cross-dataset numbers (adapt's means);
+    `headline`: fnmatch patterns of the metric keys the report's headline table shows; `explain`: what the
+    numbers mean, for the page (reports/index.html)."""
+
     name: str
     module: str
     title: str
+    charts: tuple[str, ...] = ("vlbench.report.plots:bars",)
+    headline: tuple[str, ...] = ("*",)
+    explain: str = ""
+    summary: str | None = None
 
+
+_DATASET_METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc")
 
 ANALYSES = {a.name: a for a in (
-    Analysis("zeroshot", "vlbench.analyses.zeroshot", "Zero-shot classification (CLIP prompt ensembles)"),
-    Analysis("linear_probe", "vlbench.analyses.linear_probe", "Linear probe (CLIP-paper logistic regression)"),
-    Analysis("specificity", "vlbench.analyses.specificity", "Specificity (true vs subtly wrong texts: mAP per cell)"),
-    Analysis("granularity", "vlbench.analyses.granularity", "Granularity (WordNet levels: direct vs propagated mAP)"),
-    Analysis("adapt", "vlbench.analyses.adapt", "Adaptation (ELEVATER linear probing, VTAB-1k, FewTrans episodes)"),
+    Analysis("zeroshot", "vlbench.analyses.zeroshot", "Zero-shot classification (CLIP prompt ensembles)",
+             charts=("vlbench.report.plots:bars", "vlbench.report.plots:knowledge_variants"),
+             headline=_DATASET_METRICS + ("knowledge_best_*",),
+             explain="Each test image is classified by the class whose prompt ensemble (the mean of its normalised "
+                     "template embeddings) is most similar; the number is the dataset's own metric on the test split. "
+                     "knowledge_best_* is the best knowledge-augmented prompt variant (WordNet, Wiktionary, LLM "
+                     "descriptions, retrieval) on the same split."),
+    Analysis("linear_probe", "vlbench.analyses.linear_probe", "Linear probe (CLIP-paper logistic regression)",
+             headline=_DATASET_METRICS,
+             explain="A logistic regression on frozen image features, its L2 strength chosen on a validation split "
+                     "as in the CLIP paper, then refit on train + validation; the dataset's metric on the test split."),
+    Analysis("specificity", "vlbench.analyses.specificity", "Specificity (true vs subtly wrong texts: mAP per cell)",
+             charts=("vlbench.report.plots:bars", "vlbench.report.plots:specificity_heatmap"),
+             explain="For each kind of true text (captions, single labels, multi labels) against each kind of wrong "
+                     "text (random, relevant, altered), the mAP with which an image's true texts rank above the wrong "
+                     "ones; 1 is perfect, the heat map gives each cell's chance level."),
+    Analysis("granularity", "vlbench.analyses.granularity", "Granularity (WordNet levels: direct vs propagated mAP)",
+             charts=("vlbench.report.plots:bars", "vlbench.report.plots:granularity_levels"),
+             headline=("leaf_map", "coarse_map_*", "twolevel_*"),
+             explain="mAP of the leaf classes and of the coarse WordNet classes above them, scored directly by their "
+                     "own prompts or propagated from their children or leaves; a model consistent across levels "
+                     "scores coarse classes directly about as well as by propagation."),
+    Analysis("adapt", "vlbench.analyses.adapt", "Adaptation (ELEVATER linear probing, VTAB-1k, FewTrans episodes)",
+             charts=("vlbench.report.plots:bars", "vlbench.report.adapt:shots_chart"),
+             headline=("elevater/*/full/*", "elevater/*/5/*", "vtab/*", "fewtrans/*"),
+             summary="vlbench.report.adapt:summary",
+             explain="Heads trained on few labelled images per class: ELEVATER's linear probes at 5, 20, 50 shots and "
+                     "the full training set (the mean over seeds of the test metric), the VTAB-1k median, and "
+                     "FewTrans's mean accuracy over episodes; `mean` is the mean over datasets (the ELEVATER score)."),
     Analysis("extensibility", "vlbench.analyses.extensibility",
-             "Extensibility and stability under vocabulary expansion (Acc-C / Acc-E / Acc-S)"),
+             "Extensibility and stability under vocabulary expansion (Acc-C / Acc-E / Acc-S)",
+             charts=("vlbench.report.plots:bars", "vlbench.report.extensibility:charts"),
+             headline=("acc_c_*", "acc_e_*", "acc_s_*", "adversarial_*"),
+             explain="Acc-C: each group of classes alone; Acc-E: accuracy as groups join the vocabulary with their "
+                     "images; Acc-S: a group's images as other groups join as distractors. Per prompt variant; a drop "
+                     "from Acc-C to Acc-E or Acc-S measures how much a larger vocabulary hurts."),
 )}
 
 

@@ -384,11 +384,23 @@ def evaluate_linear_probe(model: LinearProbe, test_x) -> np.ndarray:
     return model.decision_function(test_x)
 
 
+def predictions_table(test_table, label_column: str, scores: np.ndarray):
+    """Per test sample: `sample_id`, its label, the predicted class (argmax, ties to the lower index) and the logits
+    (-inf for classes the probe never saw): reports/linear_probe/<dataset>.predictions.parquet, for paired tests."""
+    import pyarrow as pa
+
+    from vlbench.features import embedding_array
+
+    return pa.table({"sample_id": test_table.column("sample_id"), label_column: test_table.column(label_column),
+                     "predicted": pa.array(scores.argmax(axis=1), pa.int64()), "logits": embedding_array(scores)})
+
+
 def run(inputs, cfg, seed: int):
     """The linear_probe analysis: fit on `train_split`, choose C on `val_split` (carved from train when the
     dataset has none), score `test_split` with the dataset's metric."""
     from vlbench.datasets.canonical import DatasetError
     from vlbench.results import Result
+    from vlbench.stats import metric_interval
 
     meta = inputs.meta
     if meta.multi_label:
@@ -401,6 +413,8 @@ def run(inputs, cfg, seed: int):
     scores = evaluate_linear_probe(fit.model, test.embeddings)
     return Result(
         metrics={meta.metric: float(metrics.compute(meta.metric, scores, labels["test"]))},
+        intervals={meta.metric: metric_interval(meta.metric, scores, labels["test"], seed=seed).to_json()},
+        tables={"predictions": predictions_table(test.table, meta.label_column, scores)},
         counts={"train": train.table.num_rows, "val": val.table.num_rows if val else 0,
                 "test": test.table.num_rows, "classes": len(meta.classes)},
         params={**cfg, "val_split": cfg["val_split"] if val else "carved from train", "chosen_C": fit.chosen_C},

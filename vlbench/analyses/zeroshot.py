@@ -135,6 +135,22 @@ def weights_metrics(image_emb: np.ndarray, weights: np.ndarray, labels: np.ndarr
     return {k: float(v) for k, v in results.items()}, logits
 
 
+def template_weights(text_table, text_emb: np.ndarray, num_classes: int) -> np.ndarray:
+    """The class weights of the text set's template prompts (`class_weights`)."""
+    templates = np.array([s == "template" for s in text_table.column("source").to_pylist()])
+    return class_weights(text_emb[templates], text_table.column("class_index").to_numpy()[templates], num_classes)
+
+
+def score_intervals(image_emb: np.ndarray, weights: np.ndarray, labels: np.ndarray, keys: dict[str, str],
+                    scoring: str, seed: int) -> dict[str, dict]:
+    """{metric key: bootstrap interval over the test samples} of one set of class weights, for each key of `keys`
+    ({key: the `vlbench.metrics` name it is}), on the scores `scoring` names (vlbench.stats.metric_interval)."""
+    from vlbench.stats import metric_interval
+
+    scores, convention = metric_scores(image_emb, weights, scoring)
+    return {key: metric_interval(name, scores, labels, convention, seed=seed).to_json() for key, name in keys.items()}
+
+
 def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: np.ndarray, meta,
                       scoring: str = "logits"):
     """Return (metrics dict, predictions table) for one split of one dataset; the metrics on the scores that
@@ -144,8 +160,7 @@ def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: 
 
     from vlbench.features import embedding_array
 
-    templates = np.array([s == "template" for s in text_table.column("source").to_pylist()])
-    weights = class_weights(text_emb[templates], text_table.column("class_index").to_numpy()[templates], len(meta.classes))
+    weights = template_weights(text_table, text_emb, len(meta.classes))
     results, logits = weights_metrics(image_emb, weights, label_matrix(image_table, meta), meta, scoring)
     predicted = logits.argmax(axis=1)
     names = np.array(meta.class_names)
@@ -237,11 +252,18 @@ def run(inputs, cfg, seed: int):
     metrics, predictions = evaluate_zeroshot(images.table, images.embeddings, texts.table, texts.embeddings,
                                              inputs.meta, scoring)
     labels = label_matrix(images.table, inputs.meta)
-    variants, best = score_variants(images.embeddings, labels, inputs.meta, scoring, dict(metrics), variant_weights(inputs))
+    found = variant_weights(inputs)
+    variants, best = score_variants(images.embeddings, labels, inputs.meta, scoring, dict(metrics), found)
+    intervals = score_intervals(images.embeddings, template_weights(texts.table, texts.embeddings, len(inputs.meta.classes)),
+                                labels, {k: k for k in metrics}, scoring, seed)
+    if best:  # the best variant's headline number, on its own class weights
+        weights = next(w for name, w, _ in found if name == best["knowledge_best_variant"])
+        intervals.update(score_intervals(images.embeddings, weights, labels,
+                                         {f"knowledge_best_{inputs.meta.metric}": inputs.meta.metric}, scoring, seed))
     prompts_per_class = texts.table.num_rows / max(len(inputs.meta.classes), 1)
     return Result({**metrics, **best}, counts={"samples": images.table.num_rows, "classes": len(inputs.meta.classes),
                                                "prompts": texts.table.num_rows},
                   params={"split": cfg["split"], "scoring": scoring, "text_set": "prompts",
                           "prompts_per_class": prompts_per_class},
                   tables={"predictions": predictions},
-                  details={"variants": variants} if len(variants) > 1 else {})
+                  details={"variants": variants} if len(variants) > 1 else {}, intervals=intervals)

@@ -169,6 +169,14 @@ def catalogue_row(name: str, spec: dict) -> dict:
     return {"classes": NUM_CLASSES, "splits": {SPLIT: VAL_IMAGES}, "metric": "accuracy", "manual_download": True}
 
 
+def leaf_classes(name: str, spec: dict, cache: Path | None = None, mirror: Path | None = None
+                 ) -> tuple[list[str], str]:
+    """ImageNet-1k's wnids in class order, through the download layer (BREEDS' class list), before any prepare."""
+    from vlbench.knowledge.hierarchy import imagenet_wnids
+
+    return imagenet_wnids(name, cache=cache, mirror=mirror), "ImageNet-1k class list (BREEDS copy)"
+
+
 def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
     check_keys(name, spec, KEYS)
     skip = check_flag(name, spec, "skip_corrupt")

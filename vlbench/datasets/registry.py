@@ -3,7 +3,8 @@
 A dataset entry (conf/dataset/<name>.yaml) has `prepare` (a spec naming its `source`), `input` (what DVC
 tracks for prepare) and `texts`. A source is a module with `build(name, spec, out_dir) -> DatasetMeta` and,
 where its classes and split sizes are known without any download, `catalogue_row(name, spec) -> dict`
-(classes, splits, metric, manual_download). Adding a source means adding one line to `SOURCES` (and, if it
+(classes, splits, metric, manual_download), and, where its leaf classes (WordNet ids, for the granularity hierarchy) are
+known before `prepare`, `leaf_classes(name, spec, cache=, mirror=) -> (wnids, where they came from)`. Adding a source means adding one line to `SOURCES` (and, if it
 reads files the user provides, to `DATA_KEYS`).
 """
 
@@ -30,9 +31,14 @@ SOURCES = {
     "cifar": "vlbench.datasets.cifar:build",
     "coop": "vlbench.datasets.coop:build",
     "coco": "vlbench.datasets.coco:build",
+    "vtab": "vlbench.datasets.vtab:build",  # TFDS-prepared TFRecord files, read without TensorFlow
+    "fewtrans": "vlbench.datasets.fewtrans:build",
 }
+# FewTrans' base/novel class counts: the adapt analysis's table, read as data (importing the analysis would make
+# every prepare@ stage depend on it)
+FEWTRANS_SPLITS = Path(__file__).parents[1] / "analyses/adapt/fewtrans_splits.json"
 # Spec keys that name the user's files: they must lie inside the entry's `input`, which DVC hashes.
-DATA_KEYS = {"imagefolder": ("root",), "manifest": ("path", "splits")}
+DATA_KEYS = {"imagefolder": ("root",), "manifest": ("path", "splits"), "vtab": ("root",)}
 
 
 def _source(name: str, spec: Mapping[str, Any]) -> str:
@@ -85,7 +91,24 @@ def describe(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
         prepared = json.loads(classes_json.read_text())
         row.update(classes=prepared["num_classes"], splits=prepared["splits"], metric=prepared["metric"])
     row["metric"] = row["metric"] or "accuracy"
+    row.update(base_novel(name))
     return row
+
+
+def leaf_classes(name: str, spec: Mapping[str, Any], cache: Path | None = None,
+                 mirror: Path | None = None) -> tuple[list[str], str] | None:
+    """(leaf wnids, where they came from) as the dataset's source lists them before `prepare`; None when the source
+    knows its classes only from the prepared data."""
+    module = importlib.import_module(SOURCES[_source(name, spec)].split(":")[0])
+    if not hasattr(module, "leaf_classes"):
+        return None
+    return module.leaf_classes(name, dict(spec), cache=cache, mirror=mirror)
+
+
+def base_novel(name: str) -> dict[str, int]:
+    """`base` and `novel` class counts of a dataset FewTrans' split table knows (the paper's App. B.1), else {}."""
+    row = json.loads(FEWTRANS_SPLITS.read_text())["splits"].get(name)
+    return {"base": row["base"], "novel": row["novel"]} if row else {}
 
 
 def entries(suite: str | None = None, config_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:

@@ -517,5 +517,13 @@ def catalogue_row(name: str, spec: dict) -> dict:
             "metric": _metric(spec["task"])}
 
 
+def leaf_classes(name: str, spec: dict, cache: Path | None = None, mirror: Path | None = None
+                 ) -> tuple[list[str], str]:
+    """The demo world's leaf wnids (its classes known without generating anything; the `hypernym` group lists coarse
+    concepts, not leaves). `cache` and `mirror` are unused: nothing is downloaded."""
+    classes = _classes(parse_spec(name, spec)["task"])
+    return [c.wnid for c in classes if c.wnid and c.group != "hypernym"], "the demo world's class list"
+
+
 def _metric(task: str) -> str:
     return "map_11point" if task == "hierarchy" else "accuracy"

@@ -20,8 +20,8 @@ unless another node of the hierarchy (leaf or coarse) has the same first lemma; 
 other lemma that no node uses, else "<lemma> (<its tree parent's lemma>)", else "<lemma> (<wnid>)".
 
 The core (`build_from_graph`) works on a plain parent table, so tests can hand-build a miniature
-hierarchy; `wordnet_graph` reads that table from WordNet. `dataset_leaves` finds a registered dataset's
-leaf wnids (prepared classes.json, the demo's class list, or ImageNet's list from the download layer).
+hierarchy; `wordnet_graph` reads that table from WordNet. A registered dataset's leaf wnids come from
+`vlbench.datasets.leaves.dataset_leaves` (prepared classes.json, else what the dataset's source lists).
 """
 
 from __future__ import annotations
@@ -347,12 +347,6 @@ def _first_lemma(wnid: str, lemmas: Mapping[str, Sequence[str]]) -> str:
 # Where a dataset's leaves come from
 
 
-@dataclass(frozen=True)
-class LeafSet:
-    wnids: tuple[str, ...]
-    origin: str  # where they came from, for the user (a file path or a description)
-
-
 def leaf_wnids(classes: Iterable[Any]) -> list[str]:
     """The leaf wnids of a class list (ClassInfo objects or classes.json dicts): every class with a wnid,
     except classes marked `group: hypernym` (a dataset that lists coarse concepts as classes of their own)."""
@@ -362,50 +356,6 @@ def leaf_wnids(classes: Iterable[Any]) -> list[str]:
         if wnid and group != HYPERNYM_GROUP:
             out.append(wnid)
     return out
-
-
-def dataset_leaves(name: str, entry: Mapping[str, Any], prepared: Path | None = None, *,
-                   cache: Path | None = None, mirror: Path | None = None) -> LeafSet:
-    """Leaf wnids of registered dataset `name`: from its prepared classes.json (`prepared`, default
-    data/prepared/<name>), else from the demo's class list (synthetic source), else ImageNet's list through
-    the download layer (imagenet source). Errors say which dataset and what to do."""
-    from vlbench.config import prepared_dir
-
-    classes_json = (prepared or prepared_dir(name)) / "classes.json"
-    if classes_json.is_file():
-        return _with_wnids(name, leaf_wnids(_read_classes(classes_json)), str(classes_json))
-    source = (entry.get("prepare") or {}).get("source") if isinstance(entry, Mapping) else None
-    if source == "synthetic":
-        return _with_wnids(name, leaf_wnids(_synthetic_classes(name, entry["prepare"])), "the demo world's class list")
-    if source == "imagenet":
-        return LeafSet(tuple(imagenet_wnids(name, cache=cache, mirror=mirror)), "ImageNet-1k class list (BREEDS copy)")
-    raise HierarchyError(
-        f"dataset {name!r} (source {source!r}): its classes are known only once prepared; "
-        f"run `dvc repro prepare@{name}` first (no {classes_json})"
-    )
-
-
-def _with_wnids(name: str, wnids: list[str], origin: str) -> LeafSet:
-    if not wnids:
-        raise HierarchyError(f"dataset {name!r}: no class has a WordNet id (wnid) in {origin}; a hierarchy needs them")
-    return LeafSet(tuple(wnids), origin)
-
-
-def _read_classes(path: Path) -> list[dict]:
-    try:
-        classes = json.loads(path.read_text())["classes"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise HierarchyError(f"{path}: cannot read the class list ({type(err).__name__}: {err})") from None
-    if not isinstance(classes, list) or not all(isinstance(c, Mapping) for c in classes):
-        raise HierarchyError(f"{path}: key 'classes' must be a list of objects")
-    return classes
-
-
-def _synthetic_classes(name: str, spec: Mapping[str, Any]) -> list:
-    from vlbench.datasets import synthetic
-
-    task = synthetic.parse_spec(name, dict(spec))["task"]
-    return synthetic._classes(task)  # the demo's classes are known without generating anything
 
 
 def imagenet_wnids(dataset: str = "imagenet", resource: Mapping[str, Any] | None = None, *,

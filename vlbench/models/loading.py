@@ -73,6 +73,11 @@ def effective_precision(precision: str, device: torch.device) -> str:
     return precision if device.type == "cuda" else "fp32"
 
 
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype a model config's precision gives on `device` (None: fp32, no autocast)."""
+    return {"fp32": None, "amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}[effective_precision(precision, device)]
+
+
 def load_model(cfg: Mapping[str, Any], device: str | torch.device | None = None, cache_dir: str | None = None) -> LoadedModel:
     cfg = validate_model_config(cfg)
     device = pick_device(str(device) if device else None)
@@ -91,7 +96,7 @@ def load_model(cfg: Mapping[str, Any], device: str | torch.device | None = None,
         raise ModelError(f"model {cfg['slug']!r}: checkpoint {weights} does not fit architecture {cfg['arch']!r}: {err}") from err
     model.eval()
     precision = effective_precision(cfg["precision"], device)
-    dtype = {"fp32": None, "amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}[precision]
+    dtype = autocast_dtype(cfg["precision"], device)
     fingerprint = {
         "model": cfg["slug"],
         "arch": cfg["arch"],

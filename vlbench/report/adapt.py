@@ -110,3 +110,13 @@ def write_shots_plot(metrics: Mapping[str, Any], out_dir: Path) -> Path | None:
     with atomic_path(path) as tmp:
         tmp.write_text(svg if svg.endswith("\n") else svg + "\n", encoding="utf-8")
     return path
+
+
+def summary(metrics: dict[str, Any], results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The adapt entry's summary: `with_means`, then `with_vtab_groups` (results: {dataset: adapt result JSON})."""
+    return with_vtab_groups(with_means(metrics), results)
+
+
+def shots_chart(analysis: str, results: Mapping[str, Any], metrics: Mapping[str, Any], out_dir: Path) -> list[Path]:
+    path = write_shots_plot(metrics, out_dir)
+    return [] if path is None else [path]

@@ -1,58 +1,81 @@
 """Aggregate per-dataset results into reports/metrics.json, reports/model.json, reports/reference.json (the verdicts
-against the papers' tables) and one chart per analysis."""
+against the papers' tables), the charts each analysis's entry in `vlbench.analyses.ANALYSES` names, and
+reports/index.html (the page people read): one loop over the table, each result file read once."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import importlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
-from vlbench.io import write_json
-from vlbench.results import PLOTS_DIR, REFERENCE_FILE, collect, read_result, write_metrics
+from vlbench.analyses import ANALYSES
+from vlbench.io import atomic_path, write_json
+from vlbench.results import MODEL_KEYS, PLOTS_DIR, REFERENCE_FILE, REPORTS, read_result, write_metrics
+
+INDEX_FILE = REPORTS / "index.html"
 
 
-def write_report(datasets_by_analysis: Mapping[str, list[str]]) -> dict[str, Any]:
-    metrics, model = collect(datasets_by_analysis)
-    if datasets_by_analysis.get("adapt"):  # adapt.mean: the mean over datasets of each key (the ELEVATER score)
-        from vlbench.report.adapt import with_means, with_vtab_groups
+def report_datasets(params: Mapping[str, Any]) -> dict[str, list[str]]:
+    """{analysis: [dataset, ...]} the suite reports, in table order; analyses without datasets left out. The
+    dataset-level vocabularies (stage extensibility_sets@<name>) report under extensibility, each by its name."""
+    from vlbench.config import get
 
-        metrics = with_means(metrics)
-        metrics = with_vtab_groups(metrics, {d: read_result("adapt", d) for d in datasets_by_analysis["adapt"]})
+    datasets = {a: list(get(params, f"suite.{a}", list)) for a in ANALYSES}
+    datasets["extensibility"] = datasets["extensibility"] + list(params["suite"].get("extensibility_sets") or {})
+    return {a: d for a, d in datasets.items() if d}
+
+
+def _function(name: str) -> Callable[..., Any]:
+    module, func = name.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def read_results(datasets_by_analysis: Mapping[str, list[str]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{analysis: {dataset: result JSON}}, each file read once."""
+    return {a: {d: read_result(a, d) for d in ds} for a, ds in datasets_by_analysis.items() if ds}
+
+
+def headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """({analysis: {dataset: metrics}} with each entry's `summary` applied, the model fingerprint of the results)."""
+    metrics: dict[str, Any] = {a: {d: r["metrics"] for d, r in per.items()} for a, per in results.items()}
+    first = next((r for per in results.values() for r in per.values()), None)
+    model = {k: first["fingerprint"].get(k) for k in MODEL_KEYS} if first else {}
+    for analysis in results:
+        if ANALYSES[analysis].summary:
+            metrics = _function(ANALYSES[analysis].summary)(metrics, results[analysis])
+    return metrics, model
+
+
+def write_charts(results: Mapping[str, Mapping[str, Any]], metrics: Mapping[str, Any],
+                 out_dir: Path) -> dict[str, list[Path]]:
+    """{analysis: [SVG written]}: every chart each analysis's entry names."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)  # a declared output, even for a suite without analyses
+    return {a: [p for chart in ANALYSES[a].charts for p in _function(chart)(a, results[a], metrics, out_dir)]
+            for a in results}
+
+
+def write_report(datasets_by_analysis: Mapping[str, list[str]], run: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """Everything `report` writes; `run`: what the page says about reproducing it ({"model", "suite", "commit"})."""
+    from vlbench.report.html import index_page
+
+    results = read_results(datasets_by_analysis)
+    metrics, model = headline(results)
     write_metrics(metrics, model)
-    write_json(REFERENCE_FILE, reference(datasets_by_analysis, metrics, model))
-    from vlbench.report.plots import write_plots
-
-    PLOTS_DIR.mkdir(parents=True, exist_ok=True)  # a declared output, even for a suite without analyses
-    write_plots(metrics, PLOTS_DIR)
-    if datasets_by_analysis.get("adapt"):  # the test metric against shots (ELEVATER probing), zero-shot at 0
-        from vlbench.report.adapt import write_shots_plot
-
-        write_shots_plot(metrics, PLOTS_DIR)
-    if datasets_by_analysis.get("granularity"):  # mAP per WordNet level, from the results' details
-        from vlbench.report.plots import write_granularity_levels
-
-        write_granularity_levels({d: read_result("granularity", d) for d in datasets_by_analysis["granularity"]},
-                                 PLOTS_DIR)
-    if datasets_by_analysis.get("specificity"):  # Table 3 as a heat map, with chance levels, from the results' details
-        from vlbench.report.plots import write_specificity_heatmap
-
-        write_specificity_heatmap({d: read_result("specificity", d) for d in datasets_by_analysis["specificity"]},
-                                  PLOTS_DIR)
-    if datasets_by_analysis.get("zeroshot"):  # the dataset metric per knowledge variant, from the results' details
-        from vlbench.report.plots import write_knowledge_variants
-
-        write_knowledge_variants({d: read_result("zeroshot", d) for d in datasets_by_analysis["zeroshot"]}, PLOTS_DIR)
-    if datasets_by_analysis.get("extensibility"):  # per-step curves and per-group drops, from the results' details
-        from vlbench.report.extensibility import write_extensibility_plots
-
-        write_extensibility_plots({d: read_result("extensibility", d) for d in datasets_by_analysis["extensibility"]},
-                                  PLOTS_DIR)
+    ref = reference(results, metrics, model)
+    write_json(REFERENCE_FILE, ref)
+    charts = write_charts(results, metrics, PLOTS_DIR)
+    page = index_page(model=model, metrics=metrics, results=results, reference=ref, charts=charts, run=run or {})
+    with atomic_path(INDEX_FILE) as tmp:
+        tmp.write_text(page, encoding="utf-8")
     return metrics
 
 
-def reference(datasets_by_analysis: Mapping[str, list[str]], metrics: Mapping[str, Any],
+def reference(results: Mapping[str, Mapping[str, Any]], metrics: Mapping[str, Any],
               model: Mapping[str, Any]) -> dict[str, Any]:
     """reports/reference.json: every headline number that has a published one, with its verdict."""
     from vlbench.reference import load_tables
     from vlbench.reference.compare import reference_report
 
-    results = {a: {d: read_result(a, d) for d in ds} for a, ds in datasets_by_analysis.items()}
     return reference_report(load_tables(), metrics, model, results)

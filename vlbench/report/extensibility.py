@@ -165,3 +165,8 @@ def write_extensibility_plots(results: Mapping[str, Mapping[str, Any]], out_dir:
     if drops:
         written.append(_write(Path(out_dir) / DROPS_FILE, drops_spec(drops, notes)))
     return written
+
+
+def charts(analysis: str, results: Mapping[str, Mapping[str, Any]], metrics: Mapping[str, Any],
+           out_dir: Path) -> list[Path]:
+    return write_extensibility_plots(results, out_dir)

@@ -169,6 +169,34 @@ def write_plots(metrics: Mapping[str, Any], out_dir: Path) -> list[Path]:
     return written
 
 
+
+# ---------------------------------------------------------------------------------------------------------
+# The charts the ANALYSES table names: f(analysis, results {dataset: result JSON}, metrics, out_dir) -> [paths]
+
+
+def _listed(path: Path | None) -> list[Path]:
+    return [] if path is None else [path]
+
+
+def bars(analysis: str, results: Mapping[str, Any], metrics: Mapping[str, Any], out_dir: Path) -> list[Path]:
+    """`<analysis>.svg`: the analysis's numbers in reports/metrics.json as bars."""
+    return write_plots({analysis: metrics.get(analysis) or {}}, out_dir)
+
+
+def granularity_levels(analysis: str, results: Mapping[str, Any], metrics: Mapping[str, Any],
+                       out_dir: Path) -> list[Path]:
+    return _listed(write_granularity_levels(results, out_dir))
+
+
+def specificity_heatmap(analysis: str, results: Mapping[str, Any], metrics: Mapping[str, Any],
+                        out_dir: Path) -> list[Path]:
+    return _listed(write_specificity_heatmap(results, out_dir))
+
+
+def knowledge_variants(analysis: str, results: Mapping[str, Any], metrics: Mapping[str, Any],
+                       out_dir: Path) -> list[Path]:
+    return _listed(write_knowledge_variants(results, out_dir))
+
 # ---------------------------------------------------------------------------------------------------------
 # Granularity: mAP per WordNet level (reports/granularity/<dataset>.json, details.levels)
 

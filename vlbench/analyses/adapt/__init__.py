@@ -20,7 +20,8 @@ from vlbench.analyses.adapt.common import AdaptError, ProtocolResult
 
 PROTOCOLS = ("elevater", "vtab", "fewtrans")
 # The tables each protocol writes as reports/adapt/<dataset>.<table>.parquet; dvc.yaml's adapt block lists them all.
-PROTOCOL_TABLES: dict[str, tuple[str, ...]] = {"elevater": ("elevater_search",), "vtab": (), "fewtrans": ("episodes",)}
+PROTOCOL_TABLES: dict[str, tuple[str, ...]] = {"elevater": ("elevater_search", "elevater_predictions"), "vtab": ("vtab_predictions",),
+                                                "fewtrans": ("episodes",)}
 
 
 def protocols(cfg: Mapping[str, Any]) -> list[str]:
@@ -54,6 +55,7 @@ def run(inputs, cfg: Mapping[str, Any], seed: int):
     counts: dict[str, int] = {"classes": len(inputs.meta.classes)}
     details: dict[str, Any] = {}
     facts: dict[str, Any] = {}
+    intervals: dict[str, dict[str, Any]] = {}
     tables = {t: placeholder_table(p) for p, names in PROTOCOL_TABLES.items() for t in names}
     chosen = protocols(cfg)
     for name in chosen:
@@ -62,7 +64,8 @@ def run(inputs, cfg: Mapping[str, Any], seed: int):
         counts.update({f"{name}/{k}": int(v) for k, v in result.counts.items()})
         details[name] = result.details
         tables.update(result.tables)
+        intervals.update(result.intervals)
         if result.run:
             facts[name] = result.run
     params = {"protocols": chosen, **{p: dict(cfg.get(p) or {}) for p in chosen}, "seed": seed}
-    return Result(metrics, counts, params, tables, details, facts)
+    return Result(metrics, counts, params, tables, details, facts, intervals)

@@ -49,6 +49,7 @@ class ProtocolResult:
     counts: sample counts worth reporting (optional), merged into the Result's counts with the protocol prefix.
     run: timings and other facts of this run (never in details: results are byte-identical on a rerun); they go to
         runs/adapt/<dataset>.json under the protocol's name.
+    intervals: 95% intervals of metrics (over seeds or episodes), keyed like `metrics`; the result's `intervals`.
     """
 
     metrics: dict[str, float]
@@ -56,6 +57,7 @@ class ProtocolResult:
     tables: dict[str, pa.Table] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     run: dict[str, Any] = field(default_factory=dict)
+    intervals: dict[str, dict[str, Any]] = field(default_factory=dict)  # metric key -> vlbench.stats.Interval.to_json()
 
 
 # --------------------------------------------------------------------------------------------------

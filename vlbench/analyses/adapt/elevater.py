@@ -51,6 +51,7 @@ from vlbench.features import (
     read_projection,
 )
 from vlbench.knowledge.variants import VARIANTS as KNOWLEDGE_VARIANTS
+from vlbench.stats import SAMPLE_METRICS, bootstrap_sample_metric, seeds_interval
 
 HEADS = ("random_2p", "language_2p", "language_1p")
 PRE_PROJECTION_HEADS = ("language_1p",)  # trained on the pre-projection features (embed.pre_projection), as its own search
@@ -323,11 +324,14 @@ class BatchPlan:
 
 
 def train_epochs(problem: Problem, heads: LinearHeads, epochs: int, batch_size: int,
-                 plan: BatchPlan | None = None) -> np.ndarray:
+                 plan: BatchPlan | None = None, predicted: np.ndarray | None = None) -> np.ndarray:
     """Train `heads` for `epochs` epochs as the toolkit's `train_task` does and return the metric of every head after
     every epoch, [K, epochs], on softmax probabilities (a diverged head scores 0). A last batch of one image is
     skipped, as the toolkit skips it. Heads that diverged to NaN are dropped from `heads` after the epoch in which
-    they did (`LinearHeads.keep`): they score 0 in every later epoch, as they would have if trained on."""
+    they did (`LinearHeads.keep`): they score 0 in every later epoch, as they would have if trained on.
+    `predicted` [K, epochs, n_eval] (single-label), where given, receives every head's argmax on the evaluation split
+    after every epoch (ties to the lower class index, as the metric); a diverged head's entries are left as they
+    were."""
     import torch
 
     plan = plan or BatchPlan(problem, epochs, batch_size, heads.device)
@@ -339,6 +343,8 @@ def train_epochs(problem: Problem, heads: LinearHeads, epochs: int, batch_size: 
         with torch.no_grad():
             probs = softmax_np(heads.logits(x_eval).cpu().numpy(), axis=2)
         scores[alive, epoch] = score_heads(probs, problem.y_eval, problem.metric, "elevater")
+        if predicted is not None:
+            predicted[alive, epoch] = probs.argmax(axis=2)
         nan = heads.diverged()
         if nan.any():
             heads.keep(~nan)
@@ -476,6 +482,7 @@ class Pool:
     num_classes: int
     metric: str
     multi_label: bool
+    test_ids: list[str] = field(default_factory=list)
 
     def targets(self, rows: np.ndarray) -> np.ndarray:
         if self.multi_label:
@@ -486,7 +493,7 @@ class Pool:
         return np.asarray([self.labels[i][0] for i in rows], dtype=np.int64)
 
 
-RUN_ONLY = ("trace", "search_seconds")  # a run's keys kept out of the result: the trace is a table, the time a run fact
+RUN_ONLY = ("trace", "search_seconds", "predicted")  # kept out of the result JSON: tables, or a run fact (the time)
 
 
 def run_setting(pool: Pool, init: HeadInit, s: Settings, shots, seed: int, dataset: str, on) -> dict[str, Any]:
@@ -505,8 +512,10 @@ def run_setting(pool: Pool, init: HeadInit, s: Settings, shots, seed: int, datas
     searched = time.perf_counter() - started
     final_rows = _final_rows(pool, rows, fit, merge, n_search)
     final = final_run(pool, final_rows, init, chosen, s, on)
+    predicted = {h: f.pop("predicted") for h, f in final.items() if "predicted" in f}
     return {"shots": shots, "seed": seed, "sampled": int(rows.size), "train": int(fit.size), "val": int(val.size),
             "final_train": int(final_rows.size), "search_subset": n_search, "chosen": chosen, "final": final,
+            "predicted": predicted,
             "search_runs": outcome.runs, "toolkit_search_runs": outcome.toolkit_runs,
             "search_seconds": searched, "trace": outcome.trace}
 
@@ -530,9 +539,14 @@ def final_run(pool: Pool, rows: np.ndarray, init: HeadInit, chosen: dict, s: Set
     names = list(s.heads)
     heads = make_heads(init, names, [chosen[h]["lr"] for h in names], [chosen[h]["wd"] for h in names], s,
                        pool.multi_label, on)
-    scores = train_epochs(problem, heads, s.final_epochs, s.batch_size)
-    return {h: {"last": float(scores[k, -1]), "best_on_test": float(scores[k].max()),
-                "best_epoch": int(scores[k].argmax()) + 1} for k, h in enumerate(names)}
+    predicted = None if pool.multi_label else np.full((len(names), s.final_epochs, pool.x_test.shape[0]), -1)
+    scores = train_epochs(problem, heads, s.final_epochs, s.batch_size, predicted=predicted)
+    final = {h: {"last": float(scores[k, -1]), "best_on_test": float(scores[k].max()),
+                 "best_epoch": int(scores[k].argmax()) + 1} for k, h in enumerate(names)}
+    if predicted is not None:  # the test predictions behind the reported number (RUN_ONLY: not in the result JSON)
+        for k, h in enumerate(names):
+            final[h]["predicted"] = predicted[k, -1 if s.report == "last" else final[h]["best_epoch"] - 1]
+    return final
 
 
 # --------------------------------------------------------------------------------------------------
@@ -552,7 +566,8 @@ def load_pool(inputs, s: Settings) -> Pool:
     from vlbench.analyses.zeroshot import label_matrix
 
     return Pool(train.embeddings.astype(np.float32), labels, test.embeddings.astype(np.float32),
-                label_matrix(test.table, meta), len(meta.classes), meta.metric, meta.multi_label)
+                label_matrix(test.table, meta), len(meta.classes), meta.metric, meta.multi_label,
+                test.table.column("sample_id").to_pylist())
 
 
 def load_pre_projection(inputs, s: Settings, pool: Pool) -> tuple[Pool, Projection]:
@@ -628,6 +643,8 @@ def select_knowledge(run: dict[str, Any], heads: Sequence[str], variants: Sequen
         best = max(candidates, key=lambda c: (run["chosen"][c]["val_score"], -candidates.index(c)))
         run["chosen"][head + KNOWLEDGE_SUFFIX] = {**run["chosen"][best], "initialisation": best}
         run["final"][head + KNOWLEDGE_SUFFIX] = run["final"][best]
+        if best in run.get("predicted", {}):
+            run["predicted"] = {**run["predicted"], head + KNOWLEDGE_SUFFIX: run["predicted"][best]}
         run["knowledge_choice"][head] = best.partition("@")[2] or None
     return run
 
@@ -698,10 +715,14 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
                "summary": summary,
                "device": str(on), "runs": [{k: v for k, v in r.items() if k not in RUN_ONLY} for r in runs]}
     metrics = {f"elevater/{h}/{shots}/{s.report}": summary[h][shots]["mean"] for h in reported for shots in summary[h]}
+    spreads = {f"elevater/{h}/{shots}/{s.report}": head_interval(runs, h, shots, s.report, pool, seed)
+               for h in reported for shots in s.shots}
     timings = {"seconds": seconds, "runs": [{"shots": r["shots"], "seed": r["seed"], "search_seconds": r["search_seconds"]}
                                             for r in runs]}
-    return ProtocolResult(metrics, details, {"elevater_search": search_table(runs, s)},
-                          {"pool": len(pool.labels), "test": int(pool.x_test.shape[0])}, timings)
+    tables = {"elevater_search": search_table(runs, s), "elevater_predictions": predictions_table(runs, pool)}
+    return ProtocolResult(metrics, details, tables,
+                          {"pool": len(pool.labels), "test": int(pool.x_test.shape[0])}, timings,
+                          {key: interval.to_json() for key, interval in spreads.items() if interval is not None})
 
 
 def head_groups(s: Settings, pool: Pool, pre: Pool | None) -> list[tuple[Pool, Settings]]:
@@ -717,7 +738,7 @@ def merge_runs(parts: list[dict[str, Any]]) -> dict[str, Any]:
     merged = dict(parts[0])
     for part in parts[1:]:
         merged.update(chosen={**merged["chosen"], **part["chosen"]}, final={**merged["final"], **part["final"]},
-                      trace=merged["trace"] + part["trace"])
+                      trace=merged["trace"] + part["trace"], predicted={**merged["predicted"], **part["predicted"]})
         for key in ("search_runs", "toolkit_search_runs", "search_seconds"):
             merged[key] += part[key]
     return merged
@@ -756,6 +777,40 @@ def settings_details(s: Settings, seed: int) -> dict[str, Any]:
             "search_subset": dict(s.search_subset), "precision": "fp32",
             "parameter_efficiency": {"m0": s.pe_m0, "note": PE_NOTE}, "wd_refinement": s.wd_refinement,
             "language_1p": LANGUAGE_1P_NOTE if "language_1p" in s.heads else "not run (adapt.elevater.heads)"}
+
+
+def head_interval(runs: list[dict], head: str, shots, report: str, pool: Pool, seed: int):
+    """The 95% interval of a head's reported number at `shots`: over the sampling seeds (a t-interval) where it ran
+    several, else a bootstrap over the test samples of its one final head (single-label accuracy or mean-per-class,
+    from its test predictions); None for other metrics."""
+    chosen = [r for r in runs if r["shots"] == shots]
+    if len(chosen) > 1:
+        return seeds_interval([r["final"][head][report] for r in chosen])
+    predicted = chosen[0].get("predicted", {}).get(head) if chosen else None
+    if predicted is None or pool.metric not in SAMPLE_METRICS:
+        return None
+    return bootstrap_sample_metric(pool.metric, predicted == pool.y_test, pool.y_test, seed=seed)
+
+
+def predictions_table(runs: list[dict], pool: Pool) -> pa.Table:
+    """One row per (head, shots, seed, test sample): the class the final head predicts (argmax at the reported epoch;
+    -1 where it diverged), beside the label: reports/adapt/<dataset>.elevater_predictions.parquet, for bootstrap
+    intervals and paired tests. Empty for multi-label data."""
+    n = len(pool.test_ids)
+    heads, shots, seeds, predicted = [], [], [], []
+    for r in runs:
+        for head, values in r.get("predicted", {}).items():
+            heads += [head] * n
+            shots += [str(r["shots"])] * n
+            seeds += [r["seed"]] * n
+            predicted.append(np.asarray(values, dtype=np.int64))
+    repeats = len(predicted)
+    return pa.table({"head": pa.array(heads, pa.string()), "shots": pa.array(shots, pa.string()),
+                     "seed": pa.array(seeds, pa.int64()),
+                     "sample_id": pa.array(list(pool.test_ids) * repeats if repeats else [], pa.string()),
+                     "label": pa.array(np.tile(pool.y_test, repeats) if repeats and not pool.multi_label else [],
+                                       pa.int64()),
+                     "predicted": pa.array(np.concatenate(predicted) if predicted else [], pa.int64())})
 
 
 def search_table(runs: list[dict], s: Settings) -> pa.Table:

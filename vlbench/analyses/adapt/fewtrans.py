@@ -637,6 +637,8 @@ def summarise(acc: Mapping) -> tuple[dict[str, float], dict[str, Any]]:
 
 def evaluate(inputs, cfg: Mapping[str, Any], seed: int, device: str | None = None) -> ProtocolResult:
     """The FewTrans protocol on one dataset: sample the episodes, score every method, summarise."""
+    from vlbench.stats import episodes_interval
+
     s = settings(cfg)
     meta = inputs.meta
     pool = load_pool(inputs, list(s["splits"]))
@@ -652,8 +654,9 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int, device: str | None = Non
                                                              "epochs": [int(e) for _, e in scored]}}
     if graph is not None:
         details["hierarchy"] = hierarchy_details(pairs, graph, s, meta.name)
+    intervals = {f"fewtrans/{split}/{method}": episodes_interval(values).to_json() for (split, method), values in acc.items()}
     return ProtocolResult(metrics, details, {"episodes": episodes_table(pairs, pool, acc, s["methods"])},
-                          {"episodes": len(pairs), "pool_images": len(pool.labels)})
+                          {"episodes": len(pairs), "pool_images": len(pool.labels)}, intervals=intervals)
 
 
 def hierarchy_details(pairs, graph: dag.DagSplits, s: Mapping[str, Any], dataset: str) -> dict[str, Any]:

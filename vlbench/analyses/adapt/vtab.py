@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from vlbench.analyses.adapt.common import AdaptError, ProtocolResult
 from vlbench.features import (
@@ -34,6 +35,7 @@ from vlbench.features import (
     pre_projection_path,
     read_features,
 )
+from vlbench.stats import median_of_runs_interval
 
 GROUPS = ("natural", "specialized", "structured")
 GROUPS_FILE = Path(__file__).with_name("vtab_groups.json")  # VTAB's 19 tasks -> group, as data
@@ -87,9 +89,10 @@ def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
     return s
 
 
-def task_group(dataset: str, groups: Mapping[str, str]) -> str:
-    """The dataset's VTAB group: `adapt.vtab.groups` first, then vtab_groups.json (VTAB's own tasks)."""
-    known = {**json.loads(GROUPS_FILE.read_text())["groups"], **groups}
+def task_group(dataset: str, groups: Mapping[str, str], own: str | None = None) -> str:
+    """The dataset's VTAB group: `adapt.vtab.groups` first, then the group its prepared data records (`own`: the
+    `vtab` source's classes.json provenance), then vtab_groups.json (VTAB's own task names)."""
+    known = {**json.loads(GROUPS_FILE.read_text())["groups"], **({dataset: own} if own else {}), **groups}
     if dataset not in known:
         raise AdaptError(f"dataset {dataset!r} has no VTAB group; add it to params adapt.vtab.groups "
                          f"(one of {list(GROUPS)})")
@@ -203,14 +206,18 @@ def _sgd_step(xb, yb, w, acc, lr, momentum: float, c: int) -> None:
     w.addcmul_(lr, acc, value=-1.0)
 
 
-def accuracies(weight, bias, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """(R, A) top-1 accuracy of each head on (x, y); ties to the lower class index."""
+def predictions(weight, bias, x: np.ndarray) -> np.ndarray:
+    """(R, A, N) the class each head predicts for each row of x; ties to the lower class index."""
     import torch
 
     xt = torch.tensor(np.asarray(x, dtype=np.float32), device=weight.device)
     logits = torch.einsum("nd,radc->ranc", xt, weight) + bias[:, :, None, :]
-    pred = logits.argmax(dim=-1).cpu().numpy()
-    return (pred == np.asarray(y)[None, None, :]).mean(axis=-1)
+    return logits.argmax(dim=-1).cpu().numpy()
+
+
+def accuracies(weight, bias, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(R, A) top-1 accuracy of each head on (x, y)."""
+    return (predictions(weight, bias, x) == np.asarray(y)[None, None, :]).mean(axis=-1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -221,6 +228,7 @@ def accuracies(weight, bias, x: np.ndarray, y: np.ndarray) -> np.ndarray:
 class Split:
     x: np.ndarray
     y: np.ndarray
+    ids: list[str] | None = None  # sample ids (the test split's, for its per-sample predictions)
 
 
 def load_splits(inputs, s: Mapping[str, Any]) -> dict[str, Split]:
@@ -237,7 +245,7 @@ def load_splits(inputs, s: Mapping[str, Any]) -> dict[str, Split]:
                              f"it has {sorted(meta.splits)}")
         f = inputs.images(s[key]) if s["representation"] == "projected" else pre_projection_images(inputs, s[key])
         x = _l2n(f.embeddings) if s["normalize"] else f.embeddings
-        got[key] = Split(x, f.table.column("label").to_numpy())
+        got[key] = Split(x, f.table.column("label").to_numpy(), f.table.column("sample_id").to_pylist())
     train, val = got["train_split"], got["val_split"]
     for key, part, n in (("train_examples", train, s["train_examples"]), ("val_examples", val, s["val_examples"])):
         if len(part.y) < n:
@@ -322,30 +330,32 @@ def train_runs(data: Mapping[str, Split], num_classes: int, s: Mapping[str, Any]
     return plan, sweep, None, final_rngs
 
 
-def final_test_accuracy(data: Mapping[str, Split], num_classes: int, plan, chosen: list[int], final, final_rngs,
-                        s: Mapping[str, Any], device: str | None = None) -> np.ndarray:
-    """(R,) test accuracy of each run's final head of its chosen setting; on the CPU the final heads are trained
-    here, the chosen setting only."""
+def final_test_predictions(data: Mapping[str, Split], num_classes: int, plan, chosen: list[int], final, final_rngs,
+                           s: Mapping[str, Any], device: str | None = None) -> np.ndarray:
+    """(R, N) the test predictions of each run's final head of its chosen setting; on the CPU the final heads are
+    trained here, the chosen setting only."""
     if final is None:
         lrs, ends = rate_table([[plan[k]] for k in chosen], s)
         both = data["train800val200"]
         final = train_heads(both.x, both.y, num_classes, lrs, ends, final_rngs, [len(both.y)] * s["runs"], s, device)
         chosen = [0] * s["runs"]
-    test_all = accuracies(*final, data["test"].x, data["test"].y)
-    return np.array([test_all[r, k] for r, k in enumerate(chosen)])
+    test_all = predictions(*final, data["test"].x)
+    return np.stack([test_all[r, k] for r, k in enumerate(chosen)])
 
 
 def evaluate(inputs, cfg: Mapping[str, Any], seed: int, device: str | None = None) -> ProtocolResult:
     """VTAB-1k on one dataset: sweep on train800 / val200 (selection `paper`: on the 1,000 / the whole validation
     split), retrain the chosen setting on the 1,000, test; 3 runs."""
     s = settings(cfg)
-    group = task_group(inputs.meta.name, s["groups"])
+    group = task_group(inputs.meta.name, s["groups"], inputs.meta.provenance.get("group"))
     check_preprocess(inputs.meta, s)
     data, c = load_splits(inputs, s), len(inputs.meta.classes)
     plan, sweep, final, final_rngs = train_runs(data, c, s, seed, device)
     val_acc = accuracies(*sweep, data["select"].x, data["select"].y)
     chosen = choose(val_acc)
-    test_acc = final_test_accuracy(data, c, plan, chosen, final, final_rngs, s, device)
+    predicted = final_test_predictions(data, c, plan, chosen, final, final_rngs, s, device)
+    correct = predicted == data["test"].y[None, :]
+    test_acc = correct.mean(axis=1)
     median = float(np.median(test_acc))
     runs = [{"run": r, "selection_accuracy": {f"lr={lr},steps={n}": float(v) for (lr, n), v in zip(plan, val_acc[r])},
              "chosen": {"learning_rate": plan[k][0], "steps": plan[k][1]}, "test_accuracy": float(test_acc[r])}
@@ -354,7 +364,18 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int, device: str | None = Non
                "schedule": {str(n): decay_boundaries(n, s["decay_at"]) for n in s["steps"]}}
     counts = {"train800": len(data["train800"].y), "sweep_train": len(data["sweep"].y), "selection": len(data["select"].y),
               "final_train": len(data["train800val200"].y), "test": len(data["test"].y)}
-    return ProtocolResult({"vtab/median": median}, details, {}, counts)
+    return ProtocolResult({"vtab/median": median}, details, {"vtab_predictions": predictions_table(data["test"], predicted)},
+                          counts, intervals={"vtab/median": median_of_runs_interval(correct, seed=seed).to_json()})
+
+
+def predictions_table(test: Split, predicted: np.ndarray) -> pa.Table:
+    """One row per (run, test sample): the class the run's final head predicts, beside the label:
+    reports/adapt/<dataset>.vtab_predictions.parquet, for paired comparisons."""
+    runs, n = predicted.shape
+    return pa.table({"run": pa.array(np.repeat(np.arange(runs), n), pa.int64()),
+                     "sample_id": pa.array(list(test.ids) * runs, pa.string()),
+                     "label": pa.array(np.tile(test.y, runs), pa.int64()),
+                     "predicted": pa.array(predicted.ravel(), pa.int64())})
 
 
 def group_means(median_by_dataset: Mapping[str, float], group_by_dataset: Mapping[str, str]) -> dict[str, float]:

@@ -1,0 +1,175 @@
+"""`vlbench compare` for real: git and DVC in a temporary repository, result files written by vlbench.results and
+committed (JSON in git, per-sample tables through `dvc add` or as `dvc exp run` outputs), read back by revision."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from scipy import stats as sps
+
+from tests.pipeline_repo import run
+from vlbench import stats
+
+ROOT = Path(__file__).resolve().parent.parent
+N = 400
+LABELS = np.arange(N) % 4
+
+
+def predictions(accuracy: float, seed: int = 0) -> np.ndarray:
+    """Predicted classes that are right on the first accuracy * N samples of a fixed permutation."""
+    order = np.random.default_rng(seed).permutation(N)
+    predicted = (LABELS + 1) % 4
+    right = order[: int(round(accuracy * N))]
+    predicted[right] = LABELS[right]
+    return predicted
+
+
+def write(accuracy: float, ids=None, probe=None) -> None:
+    """Result files as an analysis writes them (vlbench.results), in the current directory."""
+    from vlbench.results import Result, write_result
+
+    predicted = predictions(accuracy)
+    ids = ids or [f"s{i}" for i in range(N)]
+    correct = predicted == LABELS
+    table = pa.table({"sample_id": ids, "label": LABELS, "predicted": predicted})
+    interval = stats.bootstrap_sample_metric("accuracy", correct).to_json()
+    write_result("zeroshot", "d", Result({"accuracy": float(correct.mean())}, {"samples": N}, {},
+                                         tables={"predictions": table}, intervals={"accuracy": interval}), {"model": "m"})
+    if probe is not None:  # a result without per-sample results: its interval only
+        write_result("linear_probe", "d", Result({"accuracy": probe[0]}, {}, {}, intervals={"accuracy": probe[1]}),
+                     {"model": "m"})
+
+
+WRITER = """
+import sys, yaml
+sys.path.insert(0, {root!r})
+from tests.test_compare import write
+write(yaml.safe_load(open("params.yaml"))["accuracy"])
+"""
+
+
+def cli(*args: str):
+    """`vlbench compare ARGS` in this process (the current directory is the repository)."""
+    from click.testing import CliRunner
+
+    from vlbench.cli import main
+
+    return CliRunner().invoke(main, ["compare", *args])
+
+
+@pytest.fixture()
+def repo(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "compare_writer.py").write_text(WRITER.format(root=str(ROOT)))
+    from dvc.repo import Repo
+
+    run(repo, "git", "init", "-q")
+    Repo.init(str(repo)).close()
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "init")
+    monkeypatch.chdir(repo)
+    return repo
+
+
+def commit(repo: Path, message: str) -> None:
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as dvc_repo:
+        dvc_repo.add("reports/zeroshot/d.predictions.parquet")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", message)
+
+
+def test_compare_two_commits_pairs_per_sample_results_and_names_the_winner(repo):
+    probe_a = {"low": 0.70, "high": 0.80, "level": 0.95, "method": "bootstrap", "resamples": 2000, "seed": 0}
+    probe_b = {"low": 0.71, "high": 0.81, "level": 0.95, "method": "bootstrap", "resamples": 2000, "seed": 0}
+    write(0.60, probe=(0.75, probe_a))
+    commit(repo, "a")
+    write(0.70, probe=(0.76, probe_b))
+    commit(repo, "b")
+    (repo / "reports/zeroshot/d.predictions.parquet").unlink()  # read from DVC's cache by revision, not the workspace
+    proc = cli("HEAD~1", "HEAD", "--json", "--out", "cmp")
+    data = json.loads(proc.stdout)
+    heads = run(repo, "git", "rev-list", "-2", "HEAD").stdout.split()
+    assert data["experiments"] == [{"name": "HEAD~1", "rev": heads[1]}, {"name": "HEAD", "rev": heads[0]}]
+    rows = {(r["analysis"], r["metric"]): r for r in data["rows"]}
+    zs = rows[("zeroshot", "accuracy")]
+    assert zs["values"]["HEAD~1"]["value"] == pytest.approx(0.60)
+    assert zs["values"]["HEAD"]["value"] == pytest.approx(0.70)
+    (diff,) = zs["differences"]
+    a, b = predictions(0.60) == LABELS, predictions(0.70) == LABELS
+    expected = stats.paired_difference("accuracy", a, b)
+    assert (diff["a"], diff["b"], diff["n"], diff["paired"]) == ("HEAD~1", "HEAD", N, True)
+    assert diff["delta"] == pytest.approx(0.10) and diff["low"] == expected.low and diff["high"] == expected.high
+    assert diff["p_mcnemar"] == pytest.approx(sps.binomtest(int(np.sum(a & ~b)), int(np.sum(a != b))).pvalue)
+    assert diff["p_bootstrap"] < 0.05 and zs["winner"] == "HEAD"
+    lp = rows[("linear_probe", "accuracy")]
+    (unpaired,) = lp["differences"]
+    assert unpaired["paired"] is False and unpaired["p_mcnemar"] is None and unpaired["p_bootstrap"] > 0.05
+    assert lp["winner"] is None and lp["values"]["HEAD"] == {"value": 0.76, "low": 0.71, "high": 0.81}
+    table = cli("HEAD~1", "HEAD", "--out", "cmp")
+    header, *lines = table.stdout.splitlines()
+    assert header.split()[:3] == ["analysis/dataset/metric", "HEAD~1", "HEAD"]
+    zs_line = next(line for line in lines if line.startswith("zeroshot/d/accuracy"))
+    assert "HEAD-HEAD~1 +0.1000 p=" in zs_line and zs_line.rstrip().endswith("HEAD")
+    if importlib.util.find_spec("vlbench.report.html"):
+        assert (repo / "cmp/index.html").is_file()
+    else:
+        assert "comparison page not written" in table.stderr and table.exit_code == 0
+
+
+def test_unknown_revision_and_different_samples_are_one_line_errors(repo):
+    write(0.6)
+    commit(repo, "a")
+    write(0.6, ids=[f"x{i}" for i in range(N)])
+    commit(repo, "b")
+    proc = cli("HEAD", "no-such-rev")
+    assert proc.exit_code == 1 and "unknown revision 'no-such-rev'" in proc.stderr
+    proc = cli("HEAD~1", "HEAD")
+    assert proc.exit_code == 1 and "zeroshot/d: the two revisions scored different samples" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_compare_two_dvc_experiments_by_name(repo, monkeypatch):
+    (repo / "params.yaml").write_text("accuracy: 0.5\n")
+    (repo / "dvc.yaml").write_text(
+        "stages:\n  results:\n    cmd: python compare_writer.py\n    params: [accuracy]\n"
+        "    deps: [compare_writer.py]\n    outs:\n      - reports/zeroshot/d.json:\n          cache: false\n"
+        "      - reports/zeroshot/d.predictions.parquet\n")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "pipeline")
+    from dvc.repo import Repo
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # the stage's python
+    with Repo(str(repo)) as dvc_repo:
+        for name, accuracy in (("low", 0.55), ("high", 0.75)):
+            dvc_repo.experiments.run(params=[f"accuracy={accuracy}"], name=name)
+    data = json.loads(cli("low", "high", "--json").stdout)
+    (row,) = data["rows"]
+    values = {k: v["value"] for k, v in row["values"].items()}
+    assert values == {"low": pytest.approx(0.55), "high": pytest.approx(0.75)}
+    assert row["differences"][0]["paired"] and row["winner"] == "high"
+
+
+def test_per_sample_files_missing_from_cache_and_remote_fall_back_to_unpaired_with_a_note(repo):
+    import shutil
+
+    write(0.6)
+    commit(repo, "a")
+    write(0.7)
+    commit(repo, "b")
+    shutil.rmtree(repo / ".dvc/cache")
+    (repo / "reports/zeroshot/d.predictions.parquet").unlink()
+    proc = cli("HEAD~1", "HEAD", "--json")
+    assert proc.exit_code == 0
+    assert "note: HEAD~1: 1 per-sample file(s) in neither the DVC cache nor the remote" in proc.stderr
+    (diff,) = json.loads(proc.stdout)["rows"][0]["differences"]
+    assert diff["paired"] is False and diff["p_mcnemar"] is None and diff["delta"] == pytest.approx(0.1)

@@ -1,0 +1,158 @@
+"""`vlbench plan` on a real DVC copy of this repository (the smoke suite): DVC's own status for the overrides,
+counts from the catalogue, caches, the warm-up estimate; nothing run, nothing written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.pipeline_repo import make_repo, run
+from vlbench.cli import main as cli
+from vlbench.config import compose, dataset_entry
+from vlbench.datasets.registry import describe
+from vlbench.plan import estimate, make_plan, summary
+
+DVC = (sys.executable, "-m", "dvc")
+ROOT = Path(__file__).resolve().parent.parent
+SPLITS = {"shapes": 48 + 24 + 36, "hierarchy": 30}  # tests/pipeline_repo.py's smoke suite
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    """The smoke copy with prepare@hierarchy run (its other stages never run for this suite)."""
+    repo = make_repo(tmp_path_factory.mktemp("plan") / "repo")
+    run(repo, *DVC, "repro", "prepare@hierarchy")
+    return repo
+
+
+def snapshot(repo: Path) -> dict[str, str]:
+    """Every file of the copy with its hash, but git's and DVC's scratch folder (.dvc/tmp: `dvc status` locks there)."""
+    skip = (repo / ".git", repo / ".dvc/tmp")
+    return {str(p.relative_to(repo)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(repo.rglob("*"))
+            if p.is_file() and not any(p.is_relative_to(s) for s in skip)}
+
+
+def dvc_status(repo: Path) -> set[str]:
+    return set(json.loads(run(repo, *DVC, "status", "--json").stdout))
+
+
+def would_run(plan: dict) -> set[str]:
+    return {row["name"] for row in plan["stages"] if row["status"] != "up to date"}
+
+
+def test_plan_lists_what_dvc_status_lists_in_dag_order_with_split_sizes_and_writes_nothing(repo):
+    before = snapshot(repo)
+    proc = run(repo, sys.executable, "-m", "vlbench.cli", "plan", "--json", "--no-warmup")
+    plan = json.loads(proc.stdout)
+    assert snapshot(repo) == before
+    assert set(plan) >= {"model", "suite", "stages", "images", "texts", "manual_downloads", "estimate"}
+    assert (plan["model"], plan["suite"]) == ("toy-smoke", "smoke")
+    assert would_run(plan) == dvc_status(repo) and "prepare@hierarchy" not in would_run(plan)
+    names = [row["name"] for row in plan["stages"]]
+    for first, then in [("prepare@shapes", "texts@shapes"), ("texts@shapes", "embed_texts@shapes"),
+                        ("pretrain@toy-smoke", "embed_images@shapes"), ("embed_images@shapes", "linear_probe@shapes")]:
+        assert names.index(first) < names.index(then)
+    assert names[-1] == "report"
+    rows = {row["name"]: row for row in plan["stages"]}
+    assert rows["pretrain@toy-smoke"]["status"] == "never run"  # the copied dvc.lock is the demo suite's
+    assert rows["embed_images@shapes"]["status"] == "stale"
+    assert {d: rows[f"embed_images@{d}"]["images"] for d in SPLITS} == SPLITS
+    assert plan["images"] == sum(SPLITS.values())
+    assert rows["embed_texts@shapes"]["texts"] is None and rows["zeroshot@shapes"]["images"] is None
+    assert plan["estimate"] == {"seconds": None, "device": "cpu", "images_per_second": None,
+                                "reason": "warm-up skipped (--no-warmup)"}
+    assert summary(plan, "vlbench-toy") == (
+        "toy-smoke (vlbench-toy) on suite smoke: 138 images, 0 texts (+ 2 embed stages whose inputs are not prepared "
+        "yet), time unknown, 0 datasets need manual files")
+
+
+def test_overrides_give_the_stages_dvc_status_gives_once_they_are_composed(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    plan = make_plan(compose(["model=toy-wide-smoke"], repo / "conf"), warmup=False)
+    assert "pretrain@toy-wide-smoke" in would_run(plan) and plan["model"] == "toy-wide-smoke"
+    params = (repo / "params.yaml").read_text()
+    try:
+        run(repo, sys.executable, "-m", "vlbench.cli", "compose", "model=toy-wide-smoke")
+        assert would_run(plan) == dvc_status(repo)
+    finally:
+        (repo / "params.yaml").write_text(params)
+
+
+def test_cached_locally_and_on_a_remote_as_dvc_sees_them(repo, tmp_path, monkeypatch):
+    monkeypatch.chdir(repo)
+    params = compose([], repo / "conf")
+    run(repo, *DVC, "remote", "add", "-d", "store", str(tmp_path / "store"))
+    try:
+        row = make_plan(params, warmup=False)["stages"][0]
+        assert row == {"name": "prepare@hierarchy", "status": "up to date", "cached": {"local": True, "remote": False},
+                       "images": None, "texts": None}
+        run(repo, *DVC, "push", "prepare@hierarchy")
+        shutil.rmtree(repo / "data/prepared/hierarchy")  # stale for `dvc status`, but `dvc repro` restores it
+        plan = make_plan(params, warmup=False)
+        assert plan["stages"][0]["status"] == "stale" and "prepare@hierarchy" in dvc_status(repo)
+        assert plan["stages"][0]["cached"] == {"local": True, "remote": True}
+        assert plan["remote"] == {"name": "store", "reason": None}
+        # prepare@shapes: never run with these inputs, so no outputs to look for on the remote
+        assert plan["stages"][1]["cached"] == {"local": False, "remote": None}
+        run(repo, *DVC, "remote", "add", "-d", "dead", "s3://bucket/cache")
+        run(repo, *DVC, "remote", "modify", "dead", "endpointurl", "http://127.0.0.1:9")
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+        plan = make_plan(params, warmup=False)
+        assert plan["stages"][0]["cached"] == {"local": True, "remote": None}
+        assert plan["remote"]["reason"].startswith("remote 'dead' cannot be reached: ")
+    finally:
+        run(repo, *DVC, "checkout", "prepare@hierarchy")
+        run(repo, "git", "checkout", ".dvc/config")
+
+
+def test_manual_downloads_and_image_counts_come_from_the_catalogue_without_download(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    params = compose(["suite=granularity"], repo / "conf")
+    plan = make_plan(params, warmup=False)
+    assert plan["manual_downloads"] == ["imagenet-1k", "tiered-imagenet"]
+    for dataset in params["suite"]["embed"]:
+        row = next(r for r in plan["stages"] if r["name"] == f"embed_images@{dataset}")
+        splits = describe(dataset, dataset_entry(params, dataset))["splits"]
+        assert row["images"] == (sum(splits.values()) if splits else None)
+
+
+def test_warmup_of_the_toy_model_on_cpu_gives_a_positive_rate_and_a_time(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    model = compose([], repo / "conf")["model"]
+    est = estimate(model, images=30, datasets=["hierarchy"], device="cpu", warmup=True)
+    assert est["device"] == "cpu" and est["images_per_second"] > 0
+    assert est["seconds"] == pytest.approx(30 / est["images_per_second"])
+    assert "decoding" in est["reason"] and "from 30 prepared images" in est["reason"]
+    assert estimate(model, images=0, datasets=[], device="cpu", warmup=True)["seconds"] == 0.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--suite", "nosuch"], "unknown suite 'nosuch'"),
+    (["--model", "nosuch"], "unknown model 'nosuch'"),
+    (["nosuch=1"], "Could not override 'nosuch'"),
+    (["-S", "suite.nosuch=1"], "Could not override 'suite.nosuch'"),
+])
+def test_unknown_suite_model_or_key_fails_with_one_clear_line(args, message):
+    result = CliRunner().invoke(cli, ["--conf", str(ROOT / "conf"), "plan", "--no-warmup", *args])
+    assert result.exit_code == 1 and message in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_running_dvc_command_is_named_not_waited_for(repo, monkeypatch):
+    from dvc.repo import Repo
+
+    from vlbench.plan import PlanError
+
+    monkeypatch.chdir(repo)
+    params = compose([], repo / "conf")
+    with Repo(str(repo)) as other, other.lock:  # what `dvc repro` holds while it runs
+        with pytest.raises(PlanError, match=r"locked by another DVC command \(a `dvc repro` running\?\)"):
+            make_plan(params, warmup=False)

@@ -1,0 +1,232 @@
+"""The pages people read: reports/index.html (one experiment) and the comparison page of `vlbench compare`.
+
+Both are static and offline: one file, no script, a style block of its own, every chart an inline SVG (the
+report's own files under reports/plots), nothing fetched from anywhere, so a page opens from the file system and from
+a DVC remote's copy alike. They are built from result files only (no model, no torch) and are a pure function of
+their inputs: the same results give the same bytes. Every string that reaches the page goes through `html.escape`.
+
+Intervals come from each result's top-level `intervals` ({metric: {low, high, level, method, resamples?, seed?}});
+a metric without one shows without one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from fnmatch import fnmatchcase
+from html import escape
+from pathlib import Path
+from typing import Any
+
+STYLE = """
+body { font-family: "DejaVu Sans", "Liberation Sans", Arial, sans-serif; margin: 2em auto; max-width: 1200px;
+       color: #222; padding: 0 1em; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; margin: .5em 0 1em; }
+th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.interval { color: #555; font-size: .9em; } .muted { color: #666; }
+.winner { background: #e3f4e8; font-weight: bold; }
+.reproduced { color: #1b7a3a; } .off { color: #a11d1d; font-weight: bold; }
+figure { margin: 1em 0; overflow-x: auto; } figure svg { max-width: none; }
+code, pre { background: #f6f6f6; padding: .1em .3em; } pre { padding: .6em; overflow-x: auto; }
+"""
+
+
+def _e(x: Any) -> str:
+    return escape(str(x), quote=True)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def number(x: Any, digits: int = 4) -> str:
+    """A value as the pages print it: 4 decimals, `n/a` for a missing or non-finite number, text escaped as is."""
+    if _is_number(x):
+        return f"{x:.{digits}f}" if math.isfinite(x) else "n/a"
+    return "n/a" if x is None else _e(x)
+
+
+def interval_text(interval: Mapping[str, Any] | None) -> str:
+    """`[low, high]` and how it was made (`95% bootstrap, 1000 resamples, seed 0`); '' without an interval."""
+    if not interval:
+        return ""
+    how = [f"{round(100 * float(interval.get('level', 0.95)))}% {interval.get('method', '')}".strip()]
+    how += [f"{interval['resamples']} resamples"] if interval.get("resamples") is not None else []
+    how += [f"seed {interval['seed']}"] if interval.get("seed") is not None else []
+    return f"[{number(interval.get('low'))}, {number(interval.get('high'))}] {_e(', '.join(how))}"
+
+
+def _page(title: str, body: list[str]) -> str:
+    return "\n".join(["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+                      f"<title>{_e(title)}</title>", f"<style>{STYLE}</style>", "</head>", "<body>",
+                      f"<h1>{_e(title)}</h1>", *body, "</body>", "</html>", ""])
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """`head` escaped here; each cell of `rows` is HTML already (its text escaped by the caller), `<td>` included."""
+    return "\n".join(["<table>", "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>",
+                      *("<tr>" + "".join(r) + "</tr>" for r in rows), "</table>"])
+
+
+def _td(text: str, cls: str = "") -> str:
+    return f'<td class="{_e(cls)}">{text}</td>' if cls else f"<td>{text}</td>"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reports/index.html
+
+
+def headline_rows(metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]]
+                  ) -> list[tuple[str, str, str, Any, dict[str, Any] | None]]:
+    """[(analysis, dataset, metric, value, interval or None)]: per analysis of `metrics` and dataset, the keys that
+    match its table entry's `headline` patterns, in pattern order; `mean` rows (adapt) have no result, no interval."""
+    from vlbench.analyses import ANALYSES
+
+    rows = []
+    for analysis, per_dataset in metrics.items():
+        patterns = ANALYSES[analysis].headline if analysis in ANALYSES else ("*",)
+        for dataset, values in per_dataset.items():
+            intervals = ((results.get(analysis) or {}).get(dataset) or {}).get("intervals") or {}
+            keys = list(dict.fromkeys(k for p in patterns for k in values if fnmatchcase(k, p)))
+            rows += [(analysis, dataset, k, values[k], intervals.get(k)) for k in keys]
+    return rows
+
+
+def _model_section(model: Mapping[str, Any]) -> list[str]:
+    rows = [[_td(_e(k)), _td(f"<code>{_e(v)}</code>")] for k, v in model.items()]
+    return ["<h2 id=\"model\">The model</h2>",
+            "<p>The fingerprint every result below was computed with (reports/model.json).</p>",
+            _table(["key", "value"], rows)]
+
+
+def _headline_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    rows = [[_td(_e(a)), _td(_e(d)), _td(_e(m)), _td(number(v), "num"),
+             _td(interval_text(i) or '<span class="muted">none</span>', "interval")]
+            for a, d, m, v, i in headline_rows(metrics, results)]
+    return ["<h2 id=\"headline\">Headline numbers</h2>",
+            "<p>Every analysis on every dataset (reports/metrics.json), with its 95% interval where the result has "
+            "one (its <code>intervals</code>: <em>bootstrap</em> resamples the test samples, <em>seeds</em> spans the "
+            "protocol's seeds, <em>episodes</em> its few-shot episodes); all other numbers are in "
+            "reports/&lt;analysis&gt;/&lt;dataset&gt;.json.</p>",
+            _table(["analysis", "dataset", "metric", "value", "95% interval"], rows)]
+
+
+def _reference_section(reference: Mapping[str, Any]) -> list[str]:
+    head = ["<h2 id=\"reference\">Against the papers</h2>"]
+    if not reference.get("applies"):
+        return head + [f"<p>No reference applies to this run: {_e(reference.get('reason', ''))}</p>"]
+    summary = ", ".join(f"{n} {v}" for v, n in (reference.get("summary") or {}).items())
+    rows = [[_td(_e(c["analysis"])), _td(_e(c["dataset"])), _td(_e(c.get("key") or c["metric"])),
+             _td(number(c["ours"]), "num"), _td(number(c["theirs"]), "num"), _td(number(c["difference"]), "num"),
+             _td(number(c["tolerance"]), "num"), _td(_e(c["verdict"]), c["verdict"]), _td(_e(c["message"])),
+             _td(_e(f"{c['source']['paper']}, {c['source']['table']}, {c['source'].get('row', '')}"))]
+            for c in reference.get("comparisons") or []]
+    return head + [f"<p>{_e(summary)} (reports/reference.json; tolerances: docs/protocols.md, \"Reference numbers "
+                   "and verdicts\").</p>",
+                   _table(["analysis", "dataset", "number", "ours", "published", "difference", "tolerance",
+                           "verdict", "in words", "source"], rows)]
+
+
+_XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*\?>\s*")
+_ID = re.compile(r'\bid="([^"]+)"')
+
+
+def inline_svg(svg: str, scope: str) -> str:
+    """`svg` for a page that holds several: the XML declaration dropped, every id (and each `#id` reference to it)
+    prefixed with `scope`, since charts rendered separately reuse the same ids (clip1, gradient_1)."""
+    svg = _XML_DECLARATION.sub("", svg)
+    ids = sorted(set(_ID.findall(svg)), key=len, reverse=True)
+    if not ids:
+        return svg.strip()
+    pattern = re.compile(r'(id="|#)(' + "|".join(map(re.escape, ids)) + r')(?=["\)])')
+    return pattern.sub(lambda m: f"{m.group(1)}{scope}-{m.group(2)}", svg).strip()
+
+
+def _analysis_section(analysis: str, charts: Sequence[Path]) -> list[str]:
+    from vlbench.analyses import ANALYSES
+
+    entry = ANALYSES.get(analysis)
+    title, explain = (entry.title, entry.explain) if entry else (analysis, "")
+    out = [f'<h2 id="{_e(analysis)}">{_e(title)}</h2>', f"<p>{_e(explain)}</p>" if explain else ""]
+    for path in charts:
+        scope = re.sub(r"[^A-Za-z0-9_-]", "-", Path(path).stem)
+        out += [f'<figure id="chart-{_e(scope)}">', inline_svg(Path(path).read_text(encoding="utf-8"), scope),
+                f"<figcaption class=\"muted\">reports/plots/{_e(Path(path).name)}</figcaption>", "</figure>"]
+    return [line for line in out if line]
+
+
+def _reproduce_section(run: Mapping[str, Any]) -> list[str]:
+    model, suite, commit = run.get("model"), run.get("suite"), run.get("commit")
+    command = f"dvc exp run -S model={model} -S suite={suite}" if model and suite else "dvc repro"
+    lines = [f"git checkout {commit}" if commit else "# (not built in a git checkout: no commit to name)",
+             "make setup", command]
+    return ["<h2 id=\"reproduce\">Reproduce</h2>",
+            f"<p>Built by the <code>report</code> stage from the result files of commit "
+            f"<code>{_e(commit or 'unknown')}</code> (the checkout it ran in). To make these numbers again:</p>",
+            "<pre>" + _e("\n".join(lines)) + "</pre>"]
+
+
+def index_page(*, model: Mapping[str, Any], metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]],
+               reference: Mapping[str, Any], charts: Mapping[str, Sequence[Path]], run: Mapping[str, Any]) -> str:
+    """reports/index.html: the model, the headline table with intervals, the reference comparison, each analysis's
+    charts with what its numbers mean, and how to reproduce it (`run`: {"model", "suite", "commit"})."""
+    body = _model_section(model) + _headline_section(metrics, results) + _reference_section(reference)
+    for analysis in metrics:
+        body += _analysis_section(analysis, charts.get(analysis) or [])
+    body += _reproduce_section(run)
+    return _page(f"vlbench report: {model.get('model') or 'no model'}", body)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the comparison page (`vlbench compare`)
+
+
+def _difference_text(d: Mapping[str, Any]) -> str:
+    """b - a with its interval and p-values: paired (per-sample bootstrap, McNemar for accuracy) or, where the runs kept
+    no per-sample results, from the two intervals."""
+    if d.get("paired"):
+        p = [f"p<sub>bootstrap</sub> = {number(d.get('p_bootstrap'))}"]
+        p += [f"p<sub>McNemar</sub> = {number(d.get('p_mcnemar'))}"] if d.get("p_mcnemar") is not None else []
+        p += [f"n = {_e(d['n'])}, paired"] if d.get("n") is not None else ["paired"]
+    else:
+        p = [f"p = {number(d.get('p_bootstrap'))}, unpaired (from the two intervals)"]
+    return (f"{_e(d['b'])} &minus; {_e(d['a'])}: {number(d.get('delta'))} "
+            f"<span class=\"interval\">[{number(d.get('low'))}, {number(d.get('high'))}]</span>, " + ", ".join(p))
+
+
+def comparison_rows(data: Mapping[str, Any]) -> list[list[str]]:
+    names = [x["name"] for x in data.get("experiments") or []]
+    rows = []
+    for row in data.get("rows") or []:
+        cells = [_td(_e(row["analysis"])), _td(_e(row["dataset"])), _td(_e(row["metric"]))]
+        for name in names:
+            v = (row.get("values") or {}).get(name)
+            text = "n/a" if v is None else number(v.get("value")) + (
+                f' <span class="interval">[{number(v["low"])}, {number(v["high"])}]</span>'
+                if v.get("low") is not None and v.get("high") is not None else "")
+            cells.append(_td(text, "num winner" if row.get("winner") == name else "num"))
+        diffs = "<br>".join(_difference_text(d) for d in row.get("differences") or [])
+        cells += [_td(diffs or '<span class="muted">none</span>'), _td(_e(row.get("winner") or "none"))]
+        rows.append(cells)
+    return rows
+
+
+def render_comparison(data: Mapping[str, Any]) -> str:
+    """The comparison page: one row per analysis x dataset x metric, a column per experiment (value and interval),
+    each difference with its p-values, the winner highlighted. `data`: {"experiments": [{"name", "rev"}], "rows":
+    [{"analysis", "dataset", "metric", "values": {name: {"value", "low", "high"}}, "differences": [{"a", "b",
+    "delta", "low", "high", "p_bootstrap", "p_mcnemar", "n", "paired"}], "winner": name | None}]}."""
+    experiments = data.get("experiments") or []
+    listing = "".join(f"<li><strong>{_e(x['name'])}</strong>: <code>{_e(x.get('rev', ''))}</code></li>"
+                      for x in experiments)
+    head = ["analysis", "dataset", "metric", *(x["name"] for x in experiments), "differences (95% interval)",
+            "winner"]
+    body = [f"<ul>{listing}</ul>",
+            "<p>Each value with its 95% interval; each difference (b &minus; a) with its paired bootstrap p-value "
+            "(and McNemar's exact test where the metric is an accuracy), or, where a run kept no per-sample results, "
+            "a p-value from the two intervals; the winner's cell is highlighted.</p>",
+            _table(head, comparison_rows(data))]
+    return _page("vlbench compare: " + ", ".join(str(x["name"]) for x in experiments), body)

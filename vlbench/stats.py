@@ -1,0 +1,344 @@
+"""Uncertainty of the headline numbers: bootstrap intervals over test samples, paired tests between two systems,
+intervals over seeds and episodes (docs/protocols.md, "Intervals and paired tests").
+
+Every function is a plain numpy function of explicit arguments, seeded with a `numpy.random.Generator`.
+
+Percentile bootstrap (Efron & Tibshirani 1993, ch. 13): draw `resamples` samples of size n with replacement from the
+n test samples, recompute the metric on each, and take the (1 - level) / 2 and (1 + level) / 2 quantiles (numpy's
+linear interpolation, as `scipy.stats.bootstrap(method="percentile")`). Accuracy and mean-per-class accuracy depend on
+a resample only through how many times it drew each cell (class x correct, and for two systems class x correct_a x
+correct_b): those counts are Multinomial(n, cell frequencies), drawn directly (`_class_cells`), which is the same
+distribution as drawing indices and costs O(resamples x cells) instead of O(resamples x n). Metrics that need the
+whole set (mAP, ROC-AUC) resample indices and recompute, a chunk of resamples at a time as sample multiplicities.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from vlbench.errors import VlbenchError
+
+LEVEL = 0.95
+RESAMPLES = 2000  # per interval; the Monte-Carlo error of a 95% endpoint is then about 0.1 point at n = 1000
+SAMPLE_METRICS = ("accuracy", "mean_per_class")  # computed from per-sample correctness alone
+
+
+class StatsError(VlbenchError):
+    """Inputs to an interval or test that cannot give one (sizes differ, too few values, unknown metric)."""
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+    level: float
+    method: str  # "bootstrap" | "seeds" | "episodes"
+    resamples: int | None = None
+    seed: int | None = None
+
+    def to_json(self) -> dict:
+        """The `intervals` entry of a result file (vlbench.results)."""
+        out = {"low": self.low, "high": self.high, "level": self.level, "method": self.method}
+        if self.method == "bootstrap":
+            out.update(resamples=self.resamples, seed=self.seed)
+        return out
+
+
+@dataclass(frozen=True)
+class Difference:
+    delta: float  # metric of b minus metric of a
+    low: float
+    high: float
+    p_bootstrap: float
+    p_mcnemar: float | None
+    n: int
+    paired: bool
+
+
+def _quantiles(values: np.ndarray, level: float) -> tuple[float, float]:
+    if not 0.0 < level < 1.0:
+        raise StatsError(f"level must be in (0, 1), got {level!r}")
+    low, high = np.quantile(values, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(low), float(high)
+
+
+def _check_resamples(resamples: int) -> None:
+    if isinstance(resamples, bool) or not isinstance(resamples, (int, np.integer)) or resamples < 1:
+        raise StatsError(f"resamples must be a positive integer, got {resamples!r}")
+
+
+def _class_cells(labels: np.ndarray, codes: np.ndarray, num_codes: int, resamples: int,
+                 rng: np.random.Generator) -> np.ndarray:
+    """(resamples, classes, num_codes): how often each resample of the n samples drew a sample of each class with each
+    code (correctness, or the pair of two systems' correctness). Drawn in two exact steps: the class totals,
+    Multinomial(n, class frequencies), then each class's total split over the codes, Multinomial(total, the class's
+    code frequencies); a sequence of conditional draws has the joint distribution of the (class, code) cells."""
+    n, k = labels.size, int(labels.max()) + 1
+    totals = rng.multinomial(n, np.bincount(labels, minlength=k) / n, size=resamples)
+    within = np.bincount(labels * num_codes + codes, minlength=k * num_codes).reshape(k, num_codes)
+    freq = within / np.maximum(within.sum(axis=1, keepdims=True), 1)
+    if num_codes == 2:
+        right = rng.binomial(totals, freq[:, 1])
+        return np.stack([totals - right, right], axis=2)
+    return rng.multinomial(totals, freq)
+
+
+def _correct(correct, name: str = "correct") -> np.ndarray:
+    c = np.asarray(correct)
+    if c.ndim != 1 or c.size == 0:
+        raise StatsError(f"{name} must be a non-empty 1-D array of per-sample correctness, got shape {c.shape}")
+    return c.astype(bool)
+
+
+def _labels(labels, n: int) -> np.ndarray:
+    y = np.asarray(labels)
+    if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer) or (y.size and y.min() < 0):
+        raise StatsError(f"labels must be {n} non-negative class indices, got shape {y.shape} dtype {y.dtype}")
+    return y.astype(np.int64)
+
+
+def _per_class_mean(correct_counts: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """Mean over the classes a resample drew (rows) of correct / total; classes drawn zero times are left out, as
+    `vlbench.metrics.mean_per_class_accuracy` leaves out classes without test samples."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        recall = correct_counts / totals
+    present = totals > 0
+    return np.where(present, recall, 0.0).sum(axis=1) / present.sum(axis=1)
+
+
+def sample_metric_replicates(metric: str, correct, labels=None, resamples: int = RESAMPLES,
+                             rng: np.random.Generator | None = None) -> np.ndarray:
+    """(resamples,) bootstrap replicates of `accuracy` or `mean_per_class` from per-sample correctness (and labels)."""
+    c = _correct(correct)
+    _check_resamples(resamples)
+    rng = rng or np.random.default_rng(0)
+    if metric == "accuracy":
+        return rng.binomial(c.size, c.mean(), size=resamples) / c.size
+    if metric == "mean_per_class":
+        y = _labels(labels, c.size)
+        counts = _class_cells(y, c.astype(np.int64), 2, resamples, rng)
+        return _per_class_mean(counts[:, :, 1], counts.sum(axis=2))
+    raise StatsError(f"no per-sample bootstrap for metric {metric!r}; known: {', '.join(SAMPLE_METRICS)}")
+
+
+def bootstrap_sample_metric(metric: str, correct, labels=None, *, resamples: int = RESAMPLES, seed: int = 0,
+                            level: float = LEVEL) -> Interval:
+    """Percentile bootstrap interval of accuracy or mean-per-class accuracy from per-sample correctness."""
+    reps = sample_metric_replicates(metric, correct, labels, resamples, np.random.default_rng(seed))
+    return Interval(*_quantiles(reps, level), level, "bootstrap", int(resamples), int(seed))
+
+
+def resample_counts(rng: np.random.Generator, n: int, resamples: int) -> np.ndarray:
+    """(resamples, n) int32: how many times each resample (n draws with replacement) drew each sample."""
+    idx = rng.integers(0, n, (resamples, n)) + (np.arange(resamples) * n)[:, None]
+    return np.bincount(idx.ravel(), minlength=resamples * n).reshape(resamples, n).astype(np.int32)
+
+
+def _weighted_map_11point(scores: np.ndarray, targets: np.ndarray, weights: np.ndarray, convention: str) -> np.ndarray:
+    """(R,) 11-point mAP of each resample given as sample multiplicities `weights` (R, n): `vlbench.metrics.map_11point`
+    on the resampled rows (tied scores one threshold; classes without a drawn positive left out; NaN if none has
+    one)."""
+    ks = np.arange(11)
+    ap = np.full((weights.shape[0], scores.shape[1]), np.nan)
+    for j in range(scores.shape[1]):
+        order = np.argsort(-scores[:, j], kind="stable")
+        s, pos = scores[order, j], targets[order, j].astype(bool)
+        ends = np.r_[np.nonzero(s[1:] != s[:-1])[0], s.size - 1]
+        w = weights[:, order]
+        tp = np.cumsum(w * pos, axis=1)[:, ends]
+        fp = np.cumsum(w * ~pos, axis=1)[:, ends]
+        n_pos = tp[:, -1:]
+        precision = np.divide(tp, tp + fp, out=np.zeros(tp.shape), where=(tp + fp) > 0)
+        # recall only grows along the thresholds: those reaching k/10 are a suffix, from the first that does
+        best_after = np.c_[np.maximum.accumulate(precision[:, ::-1], axis=1)[:, ::-1], np.zeros(len(tp))]
+        first = np.stack([(10 * tp < k * n_pos).sum(axis=1) for k in ks], axis=1)  # (R, 11); len(ends): none
+        interp = np.take_along_axis(best_after, first, axis=1)
+        if convention == "elevater":
+            interp[:, 0] = 1.0
+        ap[:, j] = np.where(n_pos[:, 0] > 0, interp.mean(axis=1), np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row: no class has a drawn positive
+        return np.nanmean(ap, axis=1)
+
+
+def _weighted_roc_auc(decision: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(R,) ROC-AUC (Mann-Whitney with ties counting one half, `vlbench.metrics.roc_auc`) of each resample given as
+    multiplicities `weights` (R, n); NaN where a resample drew one class only."""
+    order = np.argsort(decision, kind="stable")
+    d, y = decision[order], labels[order].astype(bool)
+    group = np.r_[0, np.cumsum(d[1:] != d[:-1])]
+    w = weights[:, order]
+    r, g = w.shape[0], int(group[-1]) + 1
+    offsets = (np.arange(r) * g)[:, None]
+    pos = np.bincount((offsets + group[None, :]).ravel(), (w * y).ravel(), r * g).reshape(r, g)
+    neg = np.bincount((offsets + group[None, :]).ravel(), (w * ~y).ravel(), r * g).reshape(r, g)
+    below = np.cumsum(neg, axis=1) - neg
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (pos * (below + 0.5 * neg)).sum(axis=1) / (pos.sum(axis=1) * neg.sum(axis=1))
+
+
+def metric_interval(metric: str, scores, labels, convention: str = "default", *, resamples: int = RESAMPLES,
+                    seed: int = 0, level: float = LEVEL, chunk: int = 100) -> Interval:
+    """The bootstrap interval of a dataset metric (`vlbench.metrics.compute`'s names) on (n, C) scores.
+
+    accuracy / mean_per_class: from the argmax's correctness (`sample_metric_replicates`); map_11point / roc_auc:
+    indices resampled, `chunk` resamples at a time as multiplicities, and the metric recomputed on each; a resample
+    that leaves the metric undefined (ROC-AUC with one class drawn) is dropped."""
+    from vlbench import metrics
+
+    scores = np.asarray(scores)
+    if metric in SAMPLE_METRICS:
+        y = np.asarray(labels)
+        return bootstrap_sample_metric(metric, scores.argmax(axis=1) == y, y, resamples=resamples, seed=seed,
+                                       level=level)
+    if metric not in WHOLE_SET_METRICS:
+        known = ", ".join(SAMPLE_METRICS + tuple(WHOLE_SET_METRICS))
+        raise StatsError(f"no bootstrap for metric {metric!r}; known: {known}")
+    _check_resamples(resamples)
+    metrics.compute(metric, scores, labels, convention)  # the metric's own checks of shapes and values
+    rng, reps = np.random.default_rng(seed), []
+    for start in range(0, resamples, chunk):
+        weights = resample_counts(rng, scores.shape[0], min(chunk, resamples - start))
+        reps.append(WHOLE_SET_METRICS[metric](scores, np.asarray(labels), weights, convention))
+    reps = np.concatenate(reps)
+    return Interval(*_quantiles(reps[np.isfinite(reps)], level), level, "bootstrap", int(resamples), int(seed))
+
+
+def _roc_auc_replicates(scores, labels, weights, convention):
+    from vlbench.metrics import _binary_decision
+
+    return _weighted_roc_auc(_binary_decision(scores, convention), labels, weights)
+
+
+WHOLE_SET_METRICS = {"map_11point": _weighted_map_11point, "roc_auc": _roc_auc_replicates}
+
+
+# --------------------------------------------------------------------------------------------------------- paired
+
+
+def mcnemar_exact(correct_a, correct_b) -> float:
+    """Two-sided exact McNemar test: the binomial test of the discordant pairs (a right and b wrong: k of m) against
+    p = 1/2, i.e. min(1, 2 P(X <= min(k, m - k))) for X ~ Binomial(m, 1/2); 1 when there is no discordant pair."""
+    a, b = _correct(correct_a, "correct_a"), _correct(correct_b, "correct_b")
+    if a.size != b.size:
+        raise StatsError(f"McNemar needs paired samples: {a.size} against {b.size}")
+    only_a, only_b = int(np.sum(a & ~b)), int(np.sum(~a & b))
+    m, k = only_a + only_b, min(only_a, only_b)
+    if m == 0:
+        return 1.0
+    from scipy.special import gammaln
+
+    i = np.arange(k + 1)
+    log_pmf = gammaln(m + 1.0) - gammaln(i + 1.0) - gammaln(m - i + 1.0) - m * math.log(2.0)
+    top = log_pmf.max()
+    return float(min(1.0, 2.0 * math.exp(top) * np.exp(log_pmf - top).sum()))
+
+
+def bootstrap_p(deltas: np.ndarray) -> float:
+    """Two-sided p-value of "no difference" from bootstrap replicates of a difference: twice the smaller tail mass at
+    zero, each tail counted with the observed resample added, (#{d <= 0} + 1) / (B + 1), capped at 1; p < 1 - level
+    exactly when 0 lies outside the percentile interval (up to interpolation)."""
+    b = deltas.size
+    tail = min(np.sum(deltas <= 0) + 1, np.sum(deltas >= 0) + 1) / (b + 1)
+    return float(min(1.0, 2.0 * tail))
+
+
+def paired_sample_replicates(metric: str, correct_a, correct_b, labels=None, resamples: int = RESAMPLES,
+                             rng: np.random.Generator | None = None) -> np.ndarray:
+    """(resamples,) replicates of metric(b) - metric(a) over the same resampled samples (accuracy, mean_per_class)."""
+    a, b = _correct(correct_a, "correct_a"), _correct(correct_b, "correct_b")
+    if a.size != b.size:
+        raise StatsError(f"a paired bootstrap needs the same samples: {a.size} against {b.size}")
+    _check_resamples(resamples)
+    rng = rng or np.random.default_rng(0)
+    y = _labels(labels, a.size) if metric == "mean_per_class" else np.zeros(a.size, np.int64)
+    if metric not in SAMPLE_METRICS:
+        raise StatsError(f"no per-sample paired bootstrap for metric {metric!r}; known: {', '.join(SAMPLE_METRICS)}")
+    counts = _class_cells(y, a * 2 + b.astype(np.int64), 4, resamples, rng).reshape(resamples, -1, 2, 2)  # class, a, b
+    totals = counts.sum(axis=(2, 3))
+    right_a, right_b = counts[:, :, 1, :].sum(axis=2), counts[:, :, :, 1].sum(axis=2)
+    if metric == "accuracy":
+        return (right_b.sum(axis=1) - right_a.sum(axis=1)) / a.size
+    return _per_class_mean(right_b, totals) - _per_class_mean(right_a, totals)
+
+
+def _sample_metric(metric: str, correct: np.ndarray, labels: np.ndarray | None) -> float:
+    if metric == "accuracy":
+        return float(correct.mean())
+    present = np.unique(labels)
+    return float(np.mean([correct[labels == c].mean() for c in present]))
+
+
+def paired_difference(metric: str, correct_a, correct_b, labels=None, *, resamples: int = RESAMPLES, seed: int = 0,
+                      level: float = LEVEL) -> Difference:
+    """Paired bootstrap of metric(b) - metric(a) on the same samples (percentile interval, `bootstrap_p`), and for
+    accuracy the exact McNemar test."""
+    a, b = _correct(correct_a, "correct_a"), _correct(correct_b, "correct_b")
+    y = None if labels is None else np.asarray(labels)
+    reps = paired_sample_replicates(metric, a, b, y, resamples, np.random.default_rng(seed))
+    delta = _sample_metric(metric, b, y) - _sample_metric(metric, a, y)
+    low, high = _quantiles(reps, level)
+    p_mcnemar = mcnemar_exact(a, b) if metric == "accuracy" else None
+    return Difference(delta, low, high, bootstrap_p(reps), p_mcnemar, int(a.size), True)
+
+
+def unpaired_difference(a: float, interval_a: dict | None, b: float, interval_b: dict | None,
+                        level: float = LEVEL) -> Difference:
+    """b - a when the samples cannot be paired (no per-sample results, or seeds/episodes): a normal approximation from
+    the two intervals, each half-width taken as z * standard error; interval and p are None-free only when both
+    intervals exist."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf((1.0 + level) / 2.0)
+    if not interval_a or not interval_b:
+        return Difference(b - a, float("nan"), float("nan"), float("nan"), None, 0, False)
+    se = math.hypot(*((i["high"] - i["low"]) / (2.0 * NormalDist().inv_cdf((1.0 + i["level"]) / 2.0))
+                      for i in (interval_a, interval_b)))
+    delta = b - a
+    if se == 0:
+        return Difference(delta, delta, delta, 1.0 if delta == 0 else 0.0, None, 0, False)
+    p = 2.0 * (1.0 - NormalDist().cdf(abs(delta) / se))
+    return Difference(delta, delta - z * se, delta + z * se, p, None, 0, False)
+
+
+# ------------------------------------------------------------------------------------------- seeds and episodes
+
+
+def median_of_runs_interval(correct, *, resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL,
+                            chunk: int = 100) -> Interval:
+    """Percentile bootstrap interval of the median over runs of their accuracies, from (runs, n) per-sample
+    correctness on one test set (VTAB reports the median of 3 runs): each resample draws the test samples once for
+    all runs, as the runs share the test set."""
+    c = np.atleast_2d(np.asarray(correct)).astype(np.float64)
+    if c.ndim != 2 or c.shape[1] == 0:
+        raise StatsError(f"correct must be (runs, n) with n > 0, got shape {c.shape}")
+    _check_resamples(resamples)
+    rng, reps = np.random.default_rng(seed), []
+    for start in range(0, resamples, chunk):
+        weights = resample_counts(rng, c.shape[1], min(chunk, resamples - start))
+        reps.append(np.median(weights @ c.T / c.shape[1], axis=1))
+    return Interval(*_quantiles(np.concatenate(reps), level), level, "bootstrap", int(resamples), int(seed))
+
+
+def seeds_interval(values, level: float = LEVEL) -> Interval | None:
+    """Student-t interval of the mean over seeds, mean +- t_{(1+level)/2, n-1} * s / sqrt(n) (s with ddof=1); None
+    for fewer than two seeds."""
+    from scipy.stats import t
+
+    v = np.asarray(values, dtype=np.float64)
+    if v.size < 2:
+        return None
+    half = float(t.ppf((1.0 + level) / 2.0, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
+    return Interval(float(v.mean()) - half, float(v.mean()) + half, level, "seeds")
+
+
+def episodes_interval(values) -> Interval:
+    """The few-shot convention: mean +- 1.96 * std / sqrt(episodes) (vlbench.metrics.mean_confidence_interval)."""
+    from vlbench.metrics import mean_confidence_interval
+
+    mean, half = mean_confidence_interval(values, LEVEL)
+    return Interval(mean - half, mean + half, LEVEL, "episodes")
