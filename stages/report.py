@@ -2,7 +2,6 @@
 (the verdicts against the papers' tables), the charts each analysis names, and reports/index.html (the page)."""
 
 import json
-import subprocess
 
 from stages.common import parser, run
 from vlbench.config import load_params
@@ -10,20 +9,10 @@ from vlbench.report.aggregate import INDEX_FILE, report_datasets, write_report
 from vlbench.results import REFERENCE_FILE
 
 
-def git_commit() -> str | None:
-    """The commit checked out now (the page names it as the code that made the report), or None outside git."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
-    except OSError:
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
 def main() -> None:
     args = parser(__doc__, dataset=False).parse_args()
     params = load_params(args.params)
-    reproduce = {"model": (params.get("model") or {}).get("slug"), "suite": (params.get("suite") or {}).get("slug"),
-                 "commit": git_commit()}
+    reproduce = {"model": (params.get("model") or {}).get("slug"), "suite": (params.get("suite") or {}).get("slug")}
     metrics = write_report(report_datasets(params), reproduce)
     print(json.dumps(metrics, indent=2))
     reference = json.loads(REFERENCE_FILE.read_text())

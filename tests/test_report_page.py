@@ -17,7 +17,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "reports"
-RUN = {"model": "toy", "suite": "demo", "commit": "0123456789abcdef0123456789abcdef01234567"}
+RUN = {"model": "toy", "suite": "demo"}
 # intervals as the uncertainty branch writes them (its contract): result JSON, top-level `intervals`
 INTERVALS = {
     ("zeroshot", "shapes"): {"accuracy": {"low": 0.7412, "high": 0.7934, "level": 0.95, "method": "bootstrap",
@@ -159,7 +159,7 @@ def test_the_page_has_its_sections_and_every_chart_inline(built):
     model = json.loads((COMMITTED / "model.json").read_text())
     assert ["weights_sha256", model["weights_sha256"]] in page.rows
     assert "No reference applies to this run: no published number for model &#x27;toy&#x27;" in text
-    assert "dvc exp run -S model=toy -S suite=demo" in text and f"git checkout {RUN['commit']}" in text
+    assert "dvc exp run -S model=toy -S suite=demo" in text and "git log -1 --format=%H -- reports/index.html" in text
     figures = {v.removeprefix("chart-") for t, k, v in page.attrs if t == "figure" and k == "id"}
     assert figures == {p.stem for p in (COMMITTED / "plots").glob("*.svg")}
     assert text.count("<svg ") == len(figures)
@@ -249,7 +249,7 @@ def test_every_string_is_escaped():
     assert "<script" not in text and text.count("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;") >= 5
     page = index_page(model={"model": evil, "arch": "a&b"}, metrics={"zeroshot": {"d": {"accuracy": 0.5}}},
                       results={}, reference={"applies": False, "reason": evil}, charts={},
-                      run={"model": evil, "suite": "demo", "commit": evil})
+                      run={"model": evil, "suite": "demo"})
     assert "<script" not in page and "a&amp;b" in page and page.count("&lt;script&gt;") >= 4
 
 
@@ -357,7 +357,7 @@ def test_the_page_gives_each_reference_verdict(tmp_path, monkeypatch):
         write_result("zeroshot", dataset, Result({"accuracy": value}, {"samples": 10},
                                                  {"scoring": "elevater", "split": "test"}),
                      {"model": "vitb32", "precision": "fp32"})
-    write_report({"zeroshot": ["cifar-10", "cifar-100"]}, {"model": "vitb32", "suite": "elevater", "commit": None})
+    write_report({"zeroshot": ["cifar-10", "cifar-100"]}, {"model": "vitb32", "suite": "elevater"})
     reference = json.loads((tmp_path / "reports" / "reference.json").read_text())
     page = Tables((tmp_path / "reports" / "index.html").read_text())
     shown = [r for r in page.rows if len(r) == 10 and r[0] == "zeroshot"]

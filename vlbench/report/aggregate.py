@@ -57,7 +57,7 @@ def write_charts(results: Mapping[str, Mapping[str, Any]], metrics: Mapping[str,
 
 def write_report(datasets_by_analysis: Mapping[str, list[str]], run: Mapping[str, Any] | None = None
                  ) -> dict[str, Any]:
-    """Everything `report` writes; `run`: what the page says about reproducing it ({"model", "suite", "commit"})."""
+    """Everything `report` writes; `run`: what the page says about reproducing it ({"model", "suite"})."""
     from vlbench.report.html import index_page
 
     results = read_results(datasets_by_analysis)

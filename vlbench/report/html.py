@@ -159,20 +159,22 @@ def _analysis_section(analysis: str, charts: Sequence[Path]) -> list[str]:
 
 
 def _reproduce_section(run: Mapping[str, Any]) -> list[str]:
-    model, suite, commit = run.get("model"), run.get("suite"), run.get("commit")
+    model, suite = run.get("model"), run.get("suite")
     command = f"dvc exp run -S model={model} -S suite={suite}" if model and suite else "dvc repro"
-    lines = [f"git checkout {commit}" if commit else "# (not built in a git checkout: no commit to name)",
+    lines = ["git checkout $(git log -1 --format=%H -- reports/index.html)  # the commit that holds this page",
              "make setup", command]
     return ["<h2 id=\"reproduce\">Reproduce</h2>",
-            f"<p>Built by the <code>report</code> stage from the result files of commit "
-            f"<code>{_e(commit or 'unknown')}</code> (the checkout it ran in). To make these numbers again:</p>",
+            "<p>Built by the <code>report</code> stage from result files only. The commit that holds this page holds "
+            "the code, params and <code>dvc.lock</code> that made it (the page does not name it: a page naming its own "
+            "commit would change at every commit and could not be rerun byte for byte). To make these numbers "
+            "again:</p>",
             "<pre>" + _e("\n".join(lines)) + "</pre>"]
 
 
 def index_page(*, model: Mapping[str, Any], metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]],
                reference: Mapping[str, Any], charts: Mapping[str, Sequence[Path]], run: Mapping[str, Any]) -> str:
     """reports/index.html: the model, the headline table with intervals, the reference comparison, each analysis's
-    charts with what its numbers mean, and how to reproduce it (`run`: {"model", "suite", "commit"})."""
+    charts with what its numbers mean, and how to reproduce it (`run`: {"model", "suite"})."""
     body = _model_section(model) + _headline_section(metrics, results) + _reference_section(reference)
     for analysis in metrics:
         body += _analysis_section(analysis, charts.get(analysis) or [])
