@@ -92,15 +92,18 @@ def _relabel(path: Path, dest: Path, labels: pa.Table | None, fingerprint: dict[
     metadata = {**schema.metadata, features.FINGERPRINT_KEY: json.dumps(fingerprint, sort_keys=True).encode()}
     if labels is not None:
         schema = pa.schema([schema.field("sample_id"), labels.schema.field(1), schema.field("embedding")])
-        ids, values = (pa.concat_arrays(labels.column(i).chunks) for i in (0, 1))
+        ids = pq.read_table(path, columns=["sample_id"]).column(0)
+        values = labels.column(1).take(pc.index_in(ids, value_set=labels.column(0))).combine_chunks()
+        if values.null_count:
+            raise SharedImagesError(f"{path}: {values.null_count} sample ids are not in the split's prepared rows")
 
     def batches():
+        start = 0
         for batch in source.iter_batches():
-            if labels is None:
-                yield batch
-                continue
-            where = pc.index_in(batch.column("sample_id"), value_set=ids)
-            yield pa.record_batch([batch.column("sample_id"), values.take(where), batch.column("embedding")],
-                                  schema=schema)
+            if labels is not None:
+                batch = pa.record_batch([batch.column("sample_id"), values.slice(start, batch.num_rows),
+                                         batch.column("embedding")], schema=schema)
+                start += batch.num_rows
+            yield batch
 
     return features.write_table(dest, batches(), schema.with_metadata(metadata))
