@@ -15,8 +15,8 @@ def main() -> None:
 
     source = check_suite_dataset(params, get(params, f"suite.share_images.{args.dataset}", str))
     slug = get(params, "model.slug", str)
-    summary = share_image_features(prepared_dir(source), prepared_dir(args.dataset), features_dir(slug, source) / "images",
-                                   features_dir(slug, args.dataset) / "images")
+    summary = share_image_features(prepared_dir(source), prepared_dir(args.dataset),
+                                   features_dir(slug, source) / "images", features_dir(slug, args.dataset) / "images")
     print(json.dumps(summary))
 
 

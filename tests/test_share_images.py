@@ -96,8 +96,8 @@ def test_shared_features_are_the_sources_rows_with_their_own_labels(pairs, split
     assert b.table.column("label").to_pylist() == [label_b(i) for i in k]
     assert a.table.column("label").to_pylist() == [label_a(i) for i in k]
     source = json.loads((pairs / "data/prepared/pair_a/classes.json").read_text())["version"]
-    assert b.fingerprint["images_of"] == {"dataset": "pair_a", "dataset_version": source,
-                                          "images_sha256": rows_sha256(pairs / f"data/prepared/pair_a/splits/{split}.parquet")}
+    digest = rows_sha256(pairs / f"data/prepared/pair_a/splits/{split}.parquet")
+    assert b.fingerprint["images_of"] == {"dataset": "pair_a", "dataset_version": source, "images_sha256": digest}
     assert {k: v for k, v in b.fingerprint.items() if k not in ("dataset", "dataset_version", "images_of")} == \
            {k: v for k, v in a.fingerprint.items() if k not in ("dataset", "dataset_version")}
 
@@ -108,7 +108,8 @@ def test_the_analyses_of_the_sharing_dataset_score_its_own_labels(pairs):
     assert probe["fingerprint"]["images_of"]["dataset"] == "pair_a"
     predictions = pq.read_table(pairs / "reports/zeroshot/pair_b.predictions.parquet").to_pylist()
     assert [r["label"] for r in predictions] == [label_b(int(Path(r["sample_id"]).stem)) for r in predictions]
-    assert {len(r["logits"]) for r in predictions} == {3} and {r["predicted_name"] for r in predictions} <= {"one", "two", "three"}
+    assert {len(r["logits"]) for r in predictions} == {3}
+    assert {r["predicted_name"] for r in predictions} <= {"one", "two", "three"}
 
 
 def test_new_labels_reshare_without_embedding_again(pairs):
@@ -122,10 +123,12 @@ def test_new_labels_reshare_without_embedding_again(pairs):
 
 def test_different_images_are_refused_naming_both_datasets(pairs):
     (pairs / "pairs/img/copy.png").write_bytes(png(COLORS["blue"], seed=99))
-    (pairs / "pairs/pair_b.csv").write_text(manifest("pair_b", label_b, lambda k: "img/copy.png" if k == 12 else f"img/{k}.png"))
+    other = manifest("pair_b", label_b, lambda k: "img/copy.png" if k == 12 else f"img/{k}.png")
+    (pairs / "pairs/pair_b.csv").write_text(other)
     proc = run(pairs, *DVC, "repro", "share_images@pair_b", check=False)
     assert proc.returncode != 0
-    assert "error: datasets 'pair_b' and 'pair_a' cannot share image features: split 'test' differs" in proc.stderr + proc.stdout
+    message = "error: datasets 'pair_b' and 'pair_a' cannot share image features: split 'test' differs"
+    assert message in proc.stderr + proc.stdout
 
 
 def suite(**changes) -> dict:
@@ -163,3 +166,28 @@ def test_vtab_embeds_each_pair_of_tasks_once():
                                      "vtab-smallnorb_elevation": "vtab-smallnorb_azimuth"}
     assert suite["embed_images"] == [d for d in suite["embed"] if d not in suite["share_images"]]
     assert len(suite["embed_images"]) == 16
+
+
+def test_dvc_composes_embed_images_from_an_overridden_embed(tmp_path):
+    from dvc.utils.hydra import compose_and_dump
+
+    overrides = ["suite.embed=[shapes,colors]"]
+    compose_and_dump(tmp_path / "params.yaml", str(ROOT / "conf"), None, "config", str(tmp_path), overrides)
+    suite = yaml.safe_load((tmp_path / "params.yaml").read_text())["suite"]
+    assert suite["embed_images"] == ["shapes", "colors"] and suite["share_images"] == {}
+
+
+def test_the_digest_covers_sample_ids_images_and_their_order(tmp_path):
+    import pyarrow as pa
+
+    from vlbench.share import images_digest
+
+    def digest(ids, images):
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.parquet"
+        pq.write_table(pa.table({"sample_id": ids, "image": pa.array(images, pa.binary())}), path)
+        return images_digest(path)
+
+    base = digest(["a", "b"], [b"x", b"y"])
+    assert base == rows_sha256(tmp_path / "0.parquet") == digest(["a", "b"], [b"x", b"y"])
+    assert len({base, digest(["a", "c"], [b"x", b"y"]), digest(["a", "b"], [b"x", b"z"]),
+                digest(["b", "a"], [b"y", b"x"]), digest(["a", "b"], [b"xy", b""])}) == 5
