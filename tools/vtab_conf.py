@@ -53,9 +53,26 @@ def entry_text(task: str, group: str, templates: list[str]) -> str:
     return head + yaml.dump(entry, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
 
 
+def _images(task: str) -> tuple:
+    """What decides a task's images: TFDS builder, version, split slices, image feature and pixel scaling."""
+    t = TASKS[task]
+    return t.tfds, t.version, json.dumps(t.splits, sort_keys=True), t.image_key, t.pixel_scale
+
+
+def shared_images(tasks: list[str]) -> dict[str, str]:
+    """{task: the first earlier task with the same images} (the two CLEVR, dSprites and SmallNORB tasks): its image
+    features are reused (suite.share_images; share_images@ checks the bytes)."""
+    first: dict[tuple, str] = {}
+    for task in tasks:
+        first.setdefault(_images(task), task)
+    return {task: first[_images(task)] for task in tasks if first[_images(task)] != task}
+
+
 def suite_text(tasks: list[str]) -> str:
     names = [dataset_name(t) for t in tasks]
     flow = "[" + ", ".join(names) + "]"
+    shared = {dataset_name(t): dataset_name(s) for t, s in shared_images(tasks).items()}
+    embedded = "[" + ", ".join(n for n in names if n not in shared) + "]"
     lines = [
         "# @package _global_",
         "# VTAB's 19 tasks (Zhai et al. 2019) on TFDS-prepared files (vlbench/datasets/vtab.py; docs/datasets.md \"VTAB\"):",
@@ -68,6 +85,10 @@ def suite_text(tasks: list[str]) -> str:
         *[f"    {n}: {DATA_ROOT}" for n in names],
         "  slug: vtab",
         f"  embed: {flow}",
+        "  # tasks that read the same images embed them once: share_images@<task> reuses its source's image features",
+        f"  embed_images: {embedded}",
+        "  share_images:",
+        *[f"    {t}: {s}" for t, s in shared.items()],
         f"  zeroshot: {flow}",
         f"  adapt: {flow}",
         "",

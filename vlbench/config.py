@@ -88,12 +88,38 @@ def check_suite(suite: Mapping[str, Any], config_dir: str | Path | None = None) 
     lists += [(f"{k}.{name}", members) for k, v in suite.items() if k != "datasets" and isinstance(v, Mapping)
               for name, members in v.items() if isinstance(members, list)]
     lists.append(("entries", list(suite.get("entries") or {})))
+    shared = suite.get("share_images") or {}
+    lists.append(("share_images", [*shared, *shared.values()]))
     for analysis, names in lists:
         for name in names:
             if name not in datasets:
                 raise ParamsError(f"suite {slug!r}: {analysis} lists dataset {name!r}, which is not among the suite's "
                                   f"datasets {datasets}; {_did_you_mean(str(name), datasets)}add "
                                   f"`{name}: <its input>` to the suite's datasets or remove it from {analysis}")
+    check_shared_images(suite)
+
+
+def check_shared_images(suite: Mapping[str, Any]) -> None:
+    """`share_images: {B: A}` (B reuses A's image features): A's images are embedded, B's are not, and every dataset
+    of `embed` gets image features one way: `embed` is `embed_images` plus the keys of `share_images`."""
+    slug, shared = suite.get("slug"), suite.get("share_images") or {}
+    embed = list(suite.get("embed") or [])
+    embedded = list(suite.get("embed_images", embed) or [])
+    if not isinstance(shared, Mapping) or not all(isinstance(v, str) for v in shared.values()):
+        raise ParamsError(f"suite {slug!r}: share_images must map a dataset to the dataset whose image features it "
+                          f"reuses ({{B: A}}), got {shared!r}")
+    for target, source in shared.items():
+        if source not in embedded:
+            raise ParamsError(f"suite {slug!r}: share_images.{target} is {source!r}, whose images are not embedded: "
+                              f"list {source!r} in embed_images (a dataset can only reuse features the model made)")
+    both, missing = sorted(set(shared) & set(embedded)), sorted(set(embed) - set(embedded) - set(shared))
+    extra = sorted((set(embedded) | set(shared)) - set(embed))
+    for problem, names in (("are in both embed_images and share_images (embedded twice)", both),
+                           ("are in embed but neither in embed_images nor a key of share_images (no image features)",
+                            missing), ("are in embed_images or share_images but not in embed", extra)):
+        if names:
+            raise ParamsError(f"suite {slug!r}: datasets {names} {problem}; embed must be embed_images plus the keys "
+                              f"of share_images (a suite that shares images lists embed_images itself)")
 
 
 def get(params: Mapping[str, Any], dotted: str, kind: type | tuple[type, ...] | None = None) -> Any:
