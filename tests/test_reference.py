@@ -314,3 +314,20 @@ def test_open_clip_rows_equal_the_published_csv():
         name, pretrained = r.row.split(",")
         assert conf[r.model]["pretrained"] == pretrained
         assert conf[r.model]["arch"].removesuffix("-quickgelu") == name.removesuffix("-quickgelu")
+
+
+def test_a_fewtrans_suite_run_is_compared_with_the_fewtrans_tables_dataset_by_dataset_and_on_average():
+    """Tables 5-7 name the fewtrans suite's entries: a run of the suite's datasets is compared row by row, and the
+    average row over the ten (the mean computed here from the per-dataset numbers)."""
+    (table5,) = [t for t in load_tables("fewtrans") if t.table == "Table 5"]
+    linear = [r for r in table5.rows if r.metric == "fewtrans/base/linear"]
+    datasets = [r.dataset for r in linear if r.dataset != "average"]
+    assert len(datasets) == 10
+    metrics = {"adapt": {r.dataset: {"fewtrans/base/linear": r.value} for r in linear if r.dataset != "average"}}
+    results = {"adapt": {d: {"params": {}} for d in datasets}}
+    report = reference_report([table5], metrics, {"model": "vitb16", "precision": "fp32"}, results)
+    compared = {c["dataset"]: c for c in report["comparisons"] if c["metric"] == "fewtrans/base/linear"}
+    assert sorted(compared) == sorted(datasets + ["average"])
+    mean = sum(r.value for r in linear if r.dataset != "average") / 10
+    assert compared["average"]["ours"] == pytest.approx(mean)
+    assert all(c["verdict"] == "reproduced" for c in compared.values())

@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "vlbench" / "reference" / "data"
@@ -369,7 +370,18 @@ def test_fewtrans_text_claims():
 def test_fewtrans_runnable_rows_name_vlbench_methods():
     """The rows vlbench can run on cached features carry its metric names; the zero-shot rows of base and novel
     evaluation are different numbers."""
-    assert fewtrans_rows(5)["Linear"]["DTD"]["metric"] == "fewtrans/base/linear"
-    assert fewtrans_rows(6)["Zero-shot"]["DTD"]["metric"] == "fewtrans/base/zeroshot"
-    assert fewtrans_rows(7)["Zero-shot"]["DTD"]["metric"] == "fewtrans/novel/zeroshot"
+    assert fewtrans_rows(5)["Linear"]["fewtrans-dtd"]["metric"] == "fewtrans/base/linear"
+    assert fewtrans_rows(6)["Zero-shot"]["fewtrans-dtd"]["metric"] == "fewtrans/base/zeroshot"
+    assert fewtrans_rows(7)["Zero-shot"]["fewtrans-dtd"]["metric"] == "fewtrans/novel/zeroshot"
     assert fewtrans_rows(6)["Zero-shot"]["average"]["value"] != fewtrans_rows(7)["Zero-shot"]["average"]["value"]
+
+
+def test_fewtrans_rows_name_the_fewtrans_suites_entries():
+    """Each row names a dataset of conf/suite/fewtrans.yaml (so a run of that suite gets verdicts); every average
+    row lists all ten, in the suite's order."""
+    suite = yaml.safe_load((ROOT / "conf/suite/fewtrans.yaml").read_text())
+    datasets = list((suite.get("suite") or suite)["datasets"])
+    for n in (5, 6, 7):
+        for row, by_dataset in fewtrans_rows(n).items():
+            assert sorted(by_dataset) == sorted(datasets + ["average"]), (n, row)
+            assert by_dataset["average"]["settings"]["datasets"] == datasets, (n, row)
