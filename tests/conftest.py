@@ -76,3 +76,16 @@ def toy_model_cfg(tmp_path_factory):
     path = tmp_path_factory.mktemp("toy") / "checkpoint.pt"
     torch.save(model.state_dict(), path)
     return {"slug": "toy-random", "arch": "vlbench-toy", "pretrained": str(path), "precision": "fp32"}
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    """For the download-source tests: (www: the served folder, mirror: the local mirror folder, out: prepared
+    datasets); the download cache is private to the test."""
+    www, mirror = tmp_path / "www", tmp_path / "mirror"
+    www.mkdir()
+    mirror.mkdir()
+    monkeypatch.setenv("VLBENCH_DOWNLOADS", str(tmp_path / "cache"))
+    monkeypatch.setenv("VLBENCH_MIRROR", str(mirror))
+    monkeypatch.setenv("VLBENCH_DOWNLOAD_BACKOFF", "0")
+    return www, mirror, tmp_path / "out"

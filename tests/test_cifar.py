@@ -7,7 +7,6 @@ import hashlib
 import io
 import json
 import pickle
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from tests.archives import write_tgz
 from tests.http_server import serve
 from vlbench.datasets import cifar
 from vlbench.datasets.canonical import DatasetError
@@ -60,14 +60,6 @@ def _pixels(rng, n: int) -> np.ndarray:
     return rng.integers(0, 256, (n, 3072), dtype=np.uint8)
 
 
-def _tar_gz(path: Path, members: dict[str, bytes]) -> Path:
-    with tarfile.open(path, "w:gz") as tar:
-        for member, data in members.items():
-            info = tarfile.TarInfo(member)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
-
 
 def make_cifar10(www: Path, per_batch: int = 4, test: int = 6) -> dict:
     """cifar-10-python.tar.gz: data_batch_1..5, test_batch, batches.meta (the official member names)."""
@@ -81,7 +73,7 @@ def make_cifar10(www: Path, per_batch: int = 4, test: int = 6) -> dict:
     members["cifar-10-batches-py/batches.meta"] = _pickle(
         {"num_cases_per_batch": 10000, "label_names": CIFAR10_NAMES, "num_vis": 3072})
     members["cifar-10-batches-py/readme.html"] = b"<html></html>"
-    archive = _tar_gz(www / "cifar-10-python.tar.gz", members)
+    archive = write_tgz(www / "cifar-10-python.tar.gz", members)
     return {"archive": archive, "batches": batches, "members": members}
 
 
@@ -97,7 +89,7 @@ def make_cifar100(www: Path, per_class_train: int = 2, per_class_test: int = 1) 
         members[f"cifar-100-python/{name}"] = _pickle(batches[name])
     members["cifar-100-python/meta"] = _pickle(
         {"fine_label_names": CIFAR100_FINE, "coarse_label_names": CIFAR100_COARSE})
-    archive = _tar_gz(www / "cifar-100-python.tar.gz", members)
+    archive = write_tgz(www / "cifar-100-python.tar.gz", members)
     return {"archive": archive, "batches": batches, "members": members}
 
 

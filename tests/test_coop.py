@@ -44,18 +44,6 @@ def read_split(out: Path, split: str) -> list[dict]:
     return pq.read_table(out / "splits" / f"{split}.parquet").to_pylist()
 
 
-@pytest.fixture
-def dirs(tmp_path, monkeypatch):
-    """(www: served folder, mirror: the local mirror folder, out: prepared datasets); the cache is private."""
-    www, mirror = tmp_path / "www", tmp_path / "mirror"
-    www.mkdir()
-    mirror.mkdir()
-    monkeypatch.setenv("VLBENCH_DOWNLOADS", str(tmp_path / "cache"))
-    monkeypatch.setenv("VLBENCH_MIRROR", str(mirror))
-    monkeypatch.setenv("VLBENCH_DOWNLOAD_BACKOFF", "0")
-    return www, mirror, tmp_path / "out"
-
-
 # ------------------------------------------------------------------------------------- Flowers102 layout
 
 FLOWER_NAMES = ["pink primrose", "hard-leaved pocket orchid", "canterbury bells"]

@@ -58,17 +58,6 @@ def code_listing(root: Path) -> tuple[list[str], dict[str, list[str]]]:
     return classes, {c: [os.path.relpath(p, root) for p in ps] for c, ps in pools.items()}
 
 
-@pytest.fixture
-def dirs(tmp_path, monkeypatch):
-    www, mirror = tmp_path / "www", tmp_path / "mirror"
-    www.mkdir()
-    mirror.mkdir()
-    monkeypatch.setenv("VLBENCH_DOWNLOADS", str(tmp_path / "cache"))
-    monkeypatch.setenv("VLBENCH_MIRROR", str(mirror))
-    monkeypatch.setenv("VLBENCH_DOWNLOAD_BACKOFF", "0")
-    return www, mirror, tmp_path / "out"
-
-
 def served(spec: dict, base_url: str, **checksums: str) -> dict:
     """The spec with every URL file on the local server and its md5 replaced by the miniature's."""
     spec = copy.deepcopy(spec)
