@@ -25,7 +25,7 @@ def main() -> None:
     identity = model_identity(get(params, "model", dict))
     meta = load_meta(prepared_dir(args.dataset))
     inputs = Inputs(meta, identity, features_dir(identity["model"], args.dataset), texts_dir(args.dataset),
-                    knowledge_dir(args.dataset))
+                    knowledge_dir(args.dataset), decode=get(params, "embed.decode", str))
     result = module.run(inputs, get(params, args.analysis, dict), int(get(params, "seed", int)))
     skipped = meta.provenance.get("skipped_corrupt", []) + [s for ids in inputs.skipped.values() for s in ids]
     result.counts["skipped_corrupt"] = len(skipped)

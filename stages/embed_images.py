@@ -20,7 +20,8 @@ def main() -> None:
     loaded = load_model(get(params, "model", dict), device=args.device)
     summary = embed_image_splits(loaded, prepared_dir(args.dataset), features_dir(loaded.fingerprint["model"], args.dataset) / "images",
                                  batch_size=args.batch_size, num_workers=args.workers,
-                                 pre_projection=get(params, "embed.pre_projection", bool))
+                                 pre_projection=get(params, "embed.pre_projection", bool),
+                                 decode=get(params, "embed.decode", str))
     print(json.dumps(summary))
 
 

@@ -20,7 +20,8 @@ def main() -> None:
     params = load_params(args.params)
     identity = model_identity(get(params, "model", dict))
     members = [(d, Inputs(meta=load_meta(prepared_dir(d)), identity=identity,
-                          features_dir=features_dir(identity["model"], d), texts_dir=texts_dir(d)))
+                          features_dir=features_dir(identity["model"], d), texts_dir=texts_dir(d),
+                          decode=get(params, "embed.decode", str)))
                for d in set_members(params, args.name)]
     result = run_union(members, get(params, "extensibility", dict), int(get(params, "seed", int)))
     result.counts["skipped_corrupt"] = sum(len(i.meta.provenance.get("skipped_corrupt", []))

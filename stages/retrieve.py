@@ -26,8 +26,9 @@ from vlbench.results import Result, write_result
 from vlbench.texts import text_set_names
 
 
-def dataset_inputs(dataset: str, identity: dict) -> Inputs:
-    return Inputs(load_meta(prepared_dir(dataset)), identity, features_dir(identity["model"], dataset), texts_dir(dataset))
+def dataset_inputs(dataset: str, identity: dict, decode: str) -> Inputs:
+    return Inputs(load_meta(prepared_dir(dataset)), identity, features_dir(identity["model"], dataset), texts_dir(dataset),
+                  decode=decode)
 
 
 def class_owned_sets(dataset: str) -> list[str]:
@@ -47,7 +48,8 @@ def main() -> None:
     except ParamsError as err:
         raise ParamsError(f"retrieve.corpus {cfg.corpus!r}: {err}") from err
     identity = model_identity(get(params, "model", dict))
-    target, corpus_inputs = dataset_inputs(args.dataset, identity), dataset_inputs(cfg.corpus, identity)
+    decode = get(params, "embed.decode", str)
+    target, corpus_inputs = dataset_inputs(args.dataset, identity, decode), dataset_inputs(cfg.corpus, identity, decode)
     class_sets = class_owned_sets(args.dataset)
     retrieval.check_prompt_set(args.dataset, cfg.prompts, class_sets)
     corpus = retrieval.load_corpus(corpus_inputs, cfg)

@@ -238,7 +238,8 @@ def test_default_datasets_are_embedded_exactly_as_before(loaded, tmp_path):
     embed_image_splits(loaded, tmp_path / "prepared" / "default", tmp_path / "features", num_workers=0, progress=False)
     assert read_fingerprint(tmp_path / "features" / "test.parquet") == {
         **loaded.fingerprint, "dataset": "kitti", "dataset_version": meta.version,
-        "logit_scale": float(loaded.model.logit_scale.detach().exp())}  # the model's, for heads that start from it
+        "logit_scale": float(loaded.model.logit_scale.detach().exp()),  # the model's, for heads that start from it
+        "decode": "pil"}  # embed.decode's default (vlbench/decoding.py)
     expected, _ = embed_images(loaded, tmp_path / "prepared" / "default" / "splits" / "test.parquet", "kitti", "test",
                                num_workers=0, progress=False)
     got = pq.read_table(tmp_path / "features" / "test.parquet").column("embedding").to_pylist()

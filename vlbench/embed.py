@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,10 +32,11 @@ from torchvision.transforms import (
 )
 from tqdm import tqdm
 
-from vlbench import features
+from vlbench import decoding, features
 from vlbench.datasets.canonical import DatasetMeta, load_meta, split_path
 from vlbench.errors import VlbenchError
-from vlbench.datasets.images import decode_rgb
+from vlbench.datasets.images import ImageDecodeError
+from vlbench.decoding import DEFAULT_DECODE
 from vlbench.io import atomic_dir
 from vlbench.models.loading import LoadedModel
 from vlbench.models.projection import PreProjectionEncoder, VisualProjection
@@ -60,11 +62,12 @@ MAX_LISTED_CORRUPT = 20  # sample ids named in a CorruptImageError; the total co
 
 
 class ParquetImages(IterableDataset):
-    """Yields (row index, preprocessed tensor or CorruptSample) for one split; each worker reads every n-th row group.
-    A corrupt image never raises in a worker, so that the main process can report every corrupt file of the split."""
+    """Yields (row index, `load(image bytes)` or CorruptSample) for one split; each worker reads every n-th row group.
+    `load` is a decoder's worker step (`vlbench.decoding`). A corrupt image never raises in a worker, so that the main
+    process can report every corrupt file of the split."""
 
-    def __init__(self, path: Path, preprocess: Callable):
-        self.path, self.preprocess = Path(path), preprocess
+    def __init__(self, path: Path, load: Callable[[bytes | None], Any]):
+        self.path, self.load = Path(path), load
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor | CorruptSample]]:
         info = get_worker_info()
@@ -79,18 +82,20 @@ class ParquetImages(IterableDataset):
 
     def _decode(self, sample_id: str, data: bytes | None) -> torch.Tensor | CorruptSample:
         try:
-            return self.preprocess(decode_rgb(data))
+            return self.load(data)
         except (OSError, ValueError, SyntaxError) as err:  # ImageDecodeError is a ValueError
             return CorruptSample(sample_id, str(err))
 
 
-def collate(batch: list[tuple[int, torch.Tensor | CorruptSample]],
-            ) -> tuple[torch.Tensor, torch.Tensor | None, list[tuple[int, CorruptSample]]]:
-    """(row indices of the decoded images, their stacked tensors or None, [(row, CorruptSample)] of the others)."""
+def collate(batch: list[tuple[int, torch.Tensor | CorruptSample]], stack: bool = True,
+            ) -> tuple[torch.Tensor, torch.Tensor | list[torch.Tensor] | None, list[tuple[int, CorruptSample]]]:
+    """(row indices of the decoded images, their tensors stacked (a list without `stack`) or None,
+    [(row, CorruptSample)] of the others)."""
     good = [(i, x) for i, x in batch if isinstance(x, torch.Tensor)]
     bad = [(i, x) for i, x in batch if isinstance(x, CorruptSample)]
     rows = torch.tensor([i for i, _ in good], dtype=torch.long)
-    return rows, torch.stack([x for _, x in good]) if good else None, bad
+    images = [x for _, x in good]
+    return rows, (torch.stack(images) if stack else images) if good else None, bad
 
 
 def corrupt_images_error(dataset: str, split: str, path: Path, bad: list[tuple[int, CorruptSample]]) -> CorruptImageError:
@@ -107,6 +112,14 @@ def corrupt_images_error(dataset: str, split: str, path: Path, bad: list[tuple[i
     return CorruptImageError(
         f"dataset {dataset!r} split {split!r}: {len(bad)} images cannot be decoded in {path}: samples {listed}{more} "
         f"(first error: {bad[0][1].reason}); fix or remove these samples, " + fix.format("them"))
+
+
+def device_decode_error(dataset: str, split: str, path: Path, rows: torch.Tensor, err: Exception) -> CorruptImageError:
+    ids = pq.read_table(path, columns=["sample_id"]).column("sample_id").to_pylist()
+    listed = ", ".join(repr(ids[i]) for i in rows.tolist()[:MAX_LISTED_CORRUPT])
+    return CorruptImageError(f"dataset {dataset!r} split {split!r}: a batch of {len(rows)} images in {path} "
+                             f"(samples {listed}, ...) cannot be decoded on the device: {err}; embed with "
+                             f"embed.decode: pil to name the image (prepare checked every image with Pillow)")
 
 
 def default_workers(device: torch.device) -> int:
@@ -183,10 +196,6 @@ def model_for_dataset(loaded: LoadedModel, meta: DatasetMeta) -> LoadedModel:
     return replace(loaded, preprocess=preprocess, fingerprint={**loaded.fingerprint, "preprocess": described})
 
 
-def _unchanged(batch: torch.Tensor) -> torch.Tensor:
-    return batch
-
-
 def worker_preprocess(
     preprocess: Callable, device: torch.device, normalise_in_workers: bool | None = None,
 ) -> tuple[Callable, Callable[[torch.Tensor], torch.Tensor]]:
@@ -197,28 +206,31 @@ def worker_preprocess(
     give bitwise-equal model inputs, hence identical features; only speed differs (docs/benchmarks.md)."""
     if normalise_in_workers is None:
         normalise_in_workers = device.type == "cpu"
-    return (preprocess, _unchanged) if normalise_in_workers else split_preprocess(preprocess)
+    return (preprocess, decoding.unchanged) if normalise_in_workers else split_preprocess(preprocess)
 
 
 def embed_images(
     loaded: LoadedModel, path: Path, dataset: str, split: str, *, batch_size: int = 256,
     num_workers: int | None = None, skip_corrupt: bool = False, progress: bool = True,
     normalise_in_workers: bool | None = None, encode: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    decode: str = DEFAULT_DECODE,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return (embeddings in row order, row indices that were kept).
 
     Corrupt images: with `skip_corrupt` their rows are left out of the result; without it the whole split is still
     read (the model stops at the first one) and one CorruptImageError names them all. `normalise_in_workers`: see
     `worker_preprocess` (None: on the CPU only); it changes speed, never the features. `encode`: what runs on each
-    batch of model inputs (default `model.encode_image`; `PreProjectionEncoder` adds the pre-projection features)."""
+    batch of model inputs (default `model.encode_image`; `PreProjectionEncoder` adds the pre-projection features).
+    `decode`: how bytes become model inputs (`vlbench.decoding.DECODERS`; `pil` unless the params say otherwise)."""
     path = Path(path)
     encode = encode or loaded.model.encode_image
     num_rows = pq.ParquetFile(path).metadata.num_rows
     workers = default_workers(loaded.device) if num_workers is None else num_workers
-    decode, finish = worker_preprocess(loaded.preprocess, loaded.device, normalise_in_workers)
+    dec = decoding.decoder(decode, loaded.preprocess, loaded.device, loaded.fingerprint.get("model", "?"),
+                           worker_preprocess(loaded.preprocess, loaded.device, normalise_in_workers))
     loader = DataLoader(
-        ParquetImages(path, decode), batch_size=batch_size,
-        num_workers=workers, collate_fn=collate, pin_memory=loaded.device.type == "cuda",
+        ParquetImages(path, dec.worker), batch_size=batch_size, num_workers=workers,
+        collate_fn=partial(collate, stack=dec.stack), pin_memory=loaded.device.type == "cuda" and dec.stack,
     )
     out: np.ndarray | None = None
     kept = np.zeros(num_rows, dtype=bool)
@@ -230,8 +242,13 @@ def embed_images(
             corrupt += bad
             if images is None or (corrupt and not skip_corrupt):  # the split fails: only look for more corrupt files
                 continue
+            batch = images.to(loaded.device, non_blocking=True) if dec.stack else images
+            try:
+                batch = dec.finish(batch)
+            except ImageDecodeError as err:  # a decoder that decodes on the device (torchvision)
+                raise device_decode_error(dataset, split, path, rows, err) from err
             with loaded.autocast():
-                emb = encode(finish(images.to(loaded.device, non_blocking=True)))
+                emb = encode(batch)
             emb = emb.float().cpu().numpy()
             if out is None:
                 out = np.zeros((num_rows, emb.shape[1]), dtype=np.float32)
@@ -258,17 +275,18 @@ def embed_texts(loaded: LoadedModel, texts: list[str], batch_size: int = 512) ->
 def embed_image_splits(
     loaded: LoadedModel, dataset_dir: Path, out_dir: Path, *, batch_size: int = 256,
     num_workers: int | None = None, skip_corrupt: bool = False, progress: bool = True, pre_projection: bool = False,
+    decode: str = DEFAULT_DECODE,
 ) -> dict[str, Any]:
     """Write `out_dir/<split>.parquet` for every split of a prepared dataset (the folder replaced whole), with the
     preprocessing the dataset asks for (`model_for_dataset`). With `pre_projection`, the same forward pass also gives
     the image tower's features before its projection: `out_dir/pre_projection/<split>.parquet` and the projection in
     `out_dir/pre_projection/projection.weights.parquet` (`vlbench.models.projection`; the projected embeddings are the
-    same either way)."""
+    same either way). `decode` (params' embed.decode) is recorded in every file's fingerprint."""
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
     meta = load_meta(dataset_dir)
     loaded = model_for_dataset(loaded, meta)
     fingerprint = {**loaded.fingerprint, "dataset": meta.name, "dataset_version": meta.version,
-                   **model_logit_scale(loaded.model)}
+                   **model_logit_scale(loaded.model), **decoding.decode_fingerprint(decode, loaded.device)}
     encoder = PreProjectionEncoder(loaded.model, loaded.fingerprint.get("model", "?")) if pre_projection else None
     summary: dict[str, Any] = {"dataset": meta.name, "splits": {}}
     with atomic_dir(out_dir) as tmp:
@@ -276,7 +294,7 @@ def embed_image_splits(
             path = split_path(dataset_dir, split)
             start = time.perf_counter()
             emb, kept = embed_images(loaded, path, meta.name, split, batch_size=batch_size, num_workers=num_workers,
-                                     skip_corrupt=skip_corrupt, progress=progress, encode=encoder)
+                                     skip_corrupt=skip_corrupt, progress=progress, encode=encoder, decode=decode)
             seconds = time.perf_counter() - start
             ids_labels = pq.read_table(path, columns=["sample_id", meta.label_column])
             skipped = ids_labels.column("sample_id").to_numpy(zero_copy_only=False)[

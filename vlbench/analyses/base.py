@@ -24,13 +24,17 @@ class Inputs:
     knowledge_dir: Path | None = None  # data/knowledge/<dataset> (the knowledge stage's sets), where there is one
     skipped: dict[str, list[str]] = field(default_factory=dict)  # split -> sample ids embed left out
     fingerprint: dict[str, Any] = field(default_factory=dict)  # of the first image features read
+    decode: str | None = None  # params' embed.decode, which image features must have been decoded with (None: any)
 
     def has_split(self, split: str) -> bool:
         return split in self.meta.splits
 
+    def image_identity(self) -> dict[str, Any]:
+        """What this dataset's image features (projected or not) must have been made with."""
+        return {**self.identity, "dataset": self.meta.name, "dataset_version": self.meta.version, "decode": self.decode}
+
     def images(self, split: str) -> Features:
-        expect = {**self.identity, "dataset": self.meta.name, "dataset_version": self.meta.version}
-        found = read_features(self.features_dir / "images" / f"{split}.parquet", expect)
+        found = read_features(self.features_dir / "images" / f"{split}.parquet", self.image_identity())
         self.skipped[split] = found.skipped
         self.fingerprint = self.fingerprint or found.fingerprint
         return found

@@ -581,7 +581,7 @@ def load_pre_projection(inputs, s: Settings, pool: Pool) -> tuple[Pool, Projecti
         raise AdaptError(f"dataset {name!r}: adapt.elevater.heads has language_1p, which trains on pre-projection image "
                          f"features, but {missing[0]} does not exist; set embed.pre_projection: true and re-run "
                          f"embed_images@{name} (or leave language_1p out of adapt.elevater.heads)")
-    expect = {**inputs.identity, "dataset": name, "dataset_version": inputs.meta.version}
+    expect = inputs.image_identity()
     train, test = (read_features(paths[split], {**expect, "representation": PRE_PROJECTION})
                    for split in (s.train_split, s.test_split))
     projection = read_projection(projection_path(images), {**expect, "representation": PROJECTION})

@@ -274,8 +274,7 @@ def pre_projection_images(inputs, split: str) -> Features:
     if not path.is_file():
         raise AdaptError(f"dataset {meta.name!r}: adapt.vtab.representation is pre_projection but {path} does not exist; "
                          f"set embed.pre_projection: true and re-run embed_images@{meta.name}")
-    expect = {**inputs.identity, "dataset": meta.name, "dataset_version": meta.version, "representation": PRE_PROJECTION}
-    return read_features(path, expect)
+    return read_features(path, {**inputs.image_identity(), "representation": PRE_PROJECTION})
 
 
 def _l2n(x: np.ndarray) -> np.ndarray:
