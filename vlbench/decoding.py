@@ -69,7 +69,7 @@ def draft_scale(image_size: tuple[int, int], target: tuple[int, int]) -> int:
     """The DCT scale Pillow's `draft` picks for a JPEG of `image_size` (w, h) asked for at least `target` (w, h):
     the largest of 8, 4, 2, 1 that both sides divide into at least their target (JpegImagePlugin.draft)."""
     ratio = min(image_size[0] // target[0], image_size[1] // target[1])
-    return next(s for s in (8, 4, 2, 1) if ratio >= s)
+    return next((s for s in (8, 4, 2) if ratio >= s), 1)
 
 
 def decode_rgb_draft(data: bytes | None, target: tuple[int, int]) -> Image.Image:

@@ -1,0 +1,147 @@
+"""embed.decode (vlbench/decoding.py): Pillow's DCT-scaled JPEG decoding and torchvision's device decoding are
+options that change pixels, are recorded in the features' fingerprint and are demanded by readers."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from PIL import Image
+
+from tests.conftest import png
+from vlbench.analyses.base import Inputs
+from vlbench.datasets.canonical import ClassInfo, DatasetMeta, split_schema, write_dataset, write_split
+from vlbench.datasets.images import decode_rgb
+from vlbench.decoding import (
+    DecodeOptionError,
+    decode_rgb_draft,
+    decoder,
+    draft_scale,
+    first_resize,
+    tensor_steps,
+)
+from vlbench.embed import embed_image_splits, embed_images
+from vlbench.features import StaleFeaturesError, read_fingerprint
+from vlbench.models.identity import model_identity
+from vlbench.models.loading import load_model
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def loaded(toy_model_cfg):
+    return load_model(toy_model_cfg, device="cpu")
+
+
+def photo(size: tuple[int, int], seed: int = 0, quality: int = 90) -> bytes:
+    """A smooth image with edges (as photos have: blocks of colour and gradients), as a JPEG of `size` (w, h)."""
+    rng = np.random.default_rng(seed)
+    w, h = size
+    yy, xx = np.mgrid[0:h, 0:w]
+    pixels = np.stack([(xx * 255 // max(w - 1, 1)), (yy * 255 // max(h - 1, 1)), ((xx // 7 + yy // 5) % 2) * 200],
+                      axis=-1).astype(np.uint8)
+    pixels[rng.integers(0, h, 3)] = 255
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("size, target", [((640, 480), (224, 224)), ((1000, 300), (224, 224)), ((256, 256), (32, 32)),
+                                          ((257, 130), (32, 32)), ((100, 80), (224, 224)), ((448, 448), (224, 224))])
+def test_draft_decodes_at_the_scale_pillow_picks_and_never_below_the_target(size, target):
+    img = decode_rgb_draft(photo(size), target)
+    scale = draft_scale(size, target)
+    assert img.size == (math.ceil(size[0] / scale), math.ceil(size[1] / scale))
+    assert img.size[0] >= min(target[0], size[0]) and img.size[1] >= min(target[1], size[1])
+    assert img.mode == "RGB"
+
+
+def test_draft_is_pillows_full_decode_where_the_image_is_under_twice_the_target():
+    data = photo((400, 300))  # 300 // 224 = 1: no DCT scaling
+    assert np.array_equal(np.asarray(decode_rgb_draft(data, (224, 224))), np.asarray(decode_rgb(data)))
+    png_data = png((10, 200, 30), size=512)  # not a JPEG: decoded whole whatever its size
+    assert np.array_equal(np.asarray(decode_rgb_draft(png_data, (32, 32))), np.asarray(decode_rgb(png_data)))
+
+
+def test_first_resize_reads_the_models_resize(loaded):
+    assert first_resize(loaded.preprocess) == (32, 32)
+    with pytest.raises(DecodeOptionError, match="needs a Resize"):
+        first_resize(lambda x: x, "m")
+
+
+def model_inputs(loaded, name: str, images: list[bytes]) -> torch.Tensor:
+    dec = decoder(name, loaded.preprocess, CPU, "toy")
+    items = [dec.worker(data) for data in images]
+    return dec.finish(torch.stack(items) if dec.stack else items)
+
+
+def test_torchvision_decodes_jpegs_as_pillow_does_and_differs_only_by_the_resize_kernel(loaded):
+    images = [photo((300, 200), seed=1), png((40, 90, 200), size=48, seed=2), photo((64, 64), seed=3)]
+    pil = model_inputs(loaded, "pil", images)
+    tv = model_inputs(loaded, "torchvision", images)
+    assert tv.shape == pil.shape and tv.dtype == torch.float32
+    # libjpeg-turbo in torchvision and in Pillow: the same RGB pixels before any resize
+    data = images[0]
+    decoded = torch.from_numpy(np.asarray(decode_rgb(data)).copy()).permute(2, 0, 1)
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    assert torch.equal(decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB), decoded)
+    # after the resize: torch's antialiased bicubic is not Pillow's, so the inputs differ, by little
+    diff = (tv - pil).abs()
+    assert diff.max() > 0
+    assert diff.mean() < 0.1  # in normalised units (about 7 grey levels / 255 / std); measured values in docs
+
+
+def test_torchvision_runs_only_transforms_it_can_apply_to_tensors(loaded):
+    geometric, normalize = tensor_steps(loaded.preprocess)
+    assert [type(s).__name__ for s in geometric] == ["Resize", "CenterCrop"]
+    from torchvision.transforms import ColorJitter, Compose, Normalize
+
+    with pytest.raises(DecodeOptionError, match="ColorJitter"):
+        tensor_steps(Compose([ColorJitter(), Normalize([0.5] * 3, [0.5] * 3)]), "m")
+
+
+def test_an_unknown_decoder_is_refused_naming_the_param(loaded):
+    with pytest.raises(DecodeOptionError, match=r"embed.decode 'nvdali' is not one of \['pil', 'pil_draft', 'torchvision'\]"):
+        decoder("nvdali", loaded.preprocess, CPU)
+
+
+def write_photos(out_dir, n: int = 12) -> DatasetMeta:
+    rows = [{"sample_id": f"p{k:02d}", "label": k % 3,
+             "image": photo((160 + 8 * k, 128), seed=k) if k % 4 else png((20 * k, 90, 200), size=64, seed=k)}
+            for k in range(n)]
+    meta = DatasetMeta(name="photos", task="single-label", metric="accuracy",
+                       classes=[ClassInfo(i, name) for i, name in enumerate(["red", "green", "blue"])])
+    return write_dataset(out_dir, meta, {"test": iter(rows)})
+
+
+@pytest.mark.parametrize("name", ["pil_draft", "torchvision"])
+def test_each_decoder_gives_features_that_say_so_and_that_a_pil_reader_refuses(loaded, toy_model_cfg, tmp_path, name):
+    meta = write_photos(tmp_path / "prepared")
+    embed_image_splits(loaded, tmp_path / "prepared", tmp_path / "pil" / "images", num_workers=0, progress=False)
+    embed_image_splits(loaded, tmp_path / "prepared", tmp_path / name / "images", num_workers=2, progress=False,
+                       decode=name)
+    found = read_fingerprint(tmp_path / name / "images" / "test.parquet")
+    assert found["decode"] == name and read_fingerprint(tmp_path / "pil" / "images" / "test.parquet")["decode"] == "pil"
+    assert found.get("decode_device") == ("cpu" if name == "torchvision" else None)
+
+    identity = model_identity(toy_model_cfg)
+    assert Inputs(meta, identity, tmp_path / name, tmp_path / "texts", decode=name).images("test").embeddings.shape[0] == 12
+    with pytest.raises(StaleFeaturesError, match=f"decode: file has '{name}', expected 'pil'"):
+        Inputs(meta, identity, tmp_path / name, tmp_path / "texts", decode="pil").images("test")
+    pil = pq.read_table(tmp_path / "pil" / "images" / "test.parquet").column("embedding").to_numpy()
+    other = pq.read_table(tmp_path / name / "images" / "test.parquet").column("embedding").to_numpy()
+    assert not all(np.array_equal(a, b) for a, b in zip(pil, other))  # 160-248 px JPEGs for a 32 px model: pixels change
+
+
+def test_draft_features_equal_pil_features_when_no_jpeg_is_twice_the_models_input(loaded, tmp_path):
+    path = tmp_path / "small.parquet"
+    rows = [{"sample_id": f"s{k}", "label": 0, "image": photo((40 + k, 36 + k), seed=k)} for k in range(6)]
+    write_split(path, iter(rows), split_schema(False))
+    pil, _ = embed_images(loaded, path, "small", "test", num_workers=0, progress=False)
+    draft, _ = embed_images(loaded, path, "small", "test", num_workers=0, progress=False, decode="pil_draft")
+    assert np.array_equal(pil, draft)
