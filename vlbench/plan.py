@@ -221,13 +221,13 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_decode_seconds(preprocess, datasets: list[str], sample: int = DECODE_SAMPLE) -> tuple[float | None, int]:
-    """Seconds per image to decode and preprocess (one process), over the first `sample` images of the first split of
-    each prepared dataset; (None, 0) when none is prepared."""
+def measure_decode_seconds(load, datasets: list[str], sample: int = DECODE_SAMPLE) -> tuple[float | None, int]:
+    """Seconds per image of `load` (a decoder's worker step: bytes to the model's input, `vlbench.decoding`) in one
+    process, over the first `sample` images of the first split of each prepared dataset; (None, 0) when none is
+    prepared."""
     import pyarrow.parquet as pq
 
     from vlbench.datasets.canonical import load_meta, split_path
-    from vlbench.datasets.images import decode_rgb
 
     images = []
     for dataset in datasets:
@@ -238,18 +238,19 @@ def measure_decode_seconds(preprocess, datasets: list[str], sample: int = DECODE
             images += batch.column("image").to_pylist() if batch is not None else []
     if not images:
         return None, 0
-    preprocess(decode_rgb(images[0]))  # untimed: the decoders' and transforms' first-call costs
+    load(images[0])  # untimed: the decoders' and transforms' first-call costs
     start = time.perf_counter()
     for data in images:
-        preprocess(decode_rgb(data))
+        load(data)
     return (time.perf_counter() - start) / len(images), len(images)
 
 
 def estimate(model_cfg: Mapping[str, Any], images: int, datasets: list[str], device: str | None,
-             warmup: bool) -> dict[str, Any]:
+             warmup: bool, decoding: str = "pil") -> dict[str, Any]:
     """{"seconds", "device", "images_per_second", "reason"}: images / the stage's rate, from the model's measured
-    forward pass and the measured decode cost spread over the stage's DataLoader workers, whichever is slower
-    (docs/benchmarks.md, "The plan's estimate": how close this comes to the stage)."""
+    forward pass and the measured decode cost (of `decoding`, the params' embed.decode: what the workers run; with
+    `torchvision` the JPEG decoding runs on the device and is not counted) spread over the stage's DataLoader
+    workers, whichever is slower (docs/benchmarks.md, "The plan's estimate": how close this comes to the stage)."""
     from vlbench.models.loading import pick_device
 
     dev = pick_device(device)
@@ -258,11 +259,12 @@ def estimate(model_cfg: Mapping[str, Any], images: int, datasets: list[str], dev
         return {**unknown, "reason": "warm-up skipped (--no-warmup)"}
     if not images:
         return {**unknown, "seconds": 0.0, "reason": "no image to embed"}
+    from vlbench.decoding import decoder
     from vlbench.embed import default_workers
 
     model, preprocess, precision = build_image_model(model_cfg, dev)
     model_rate = measure_model_rate(model, precision, dev)
-    decode, sampled = measure_decode_seconds(preprocess, datasets)
+    decode, sampled = measure_decode_seconds(decoder(decoding, preprocess, dev, model_cfg["slug"]).worker, datasets)
     workers = default_workers(dev)
     rate = model_rate if decode is None else min(model_rate, workers / decode)  # the two run at once: the slower rules
     how = (f"model {model_rate:.0f} img/s measured on random input in batches of {WARMUP_BATCH}; " +
@@ -288,7 +290,8 @@ def make_plan(params: Mapping[str, Any], device: str | None = None, warmup: bool
     plan = {"model": params["model"]["slug"], "suite": params["suite"]["slug"], "stages": stages, "images": images,
             "texts": sum(row["texts"] or 0 for row in todo), "manual_downloads": manual_downloads(params, stages),
             "remote": remote}
-    return {**plan, "estimate": estimate(params["model"], images, embedded, device, warmup)}
+    return {**plan, "estimate": estimate(params["model"], images, embedded, device, warmup,
+                                         params.get("embed", {}).get("decode", "pil"))}
 
 
 def summary(plan: Mapping[str, Any], arch: str) -> str:
