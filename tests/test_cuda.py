@@ -36,3 +36,17 @@ def test_cuda_embeddings_match_cpu_fp32(toy_model_cfg, tiny_dataset, tmp_path, p
     assert cosine_rows(gpu_images.embeddings, cpu_images.embeddings).min() > min_cosine
     assert cosine_rows(gpu_text.embeddings, cpu_text.embeddings).min() > min_cosine
 
+
+
+def test_torchvision_decoding_on_cuda_is_recorded_and_close_to_pillows(toy_model_cfg, tmp_path):
+    """embed.decode: torchvision decodes JPEGs with nvJPEG on the device: the features say so (decode_device cuda)
+    and stay close to Pillow's (the resize kernel and nvJPEG's IDCT differ: docs/protocols.md "Image decoding")."""
+    from tests.test_decoding import write_photos
+
+    write_photos(tmp_path / "prepared")
+    loaded = load_model(toy_model_cfg, device="cuda")
+    embed_image_splits(loaded, tmp_path / "prepared", tmp_path / "pil", num_workers=2, progress=False)
+    embed_image_splits(loaded, tmp_path / "prepared", tmp_path / "tv", num_workers=2, progress=False, decode="torchvision")
+    pil, tv = read_features(tmp_path / "pil" / "test.parquet", {}), read_features(tmp_path / "tv" / "test.parquet", {})
+    assert tv.fingerprint["decode"] == "torchvision" and tv.fingerprint["decode_device"] == "cuda"
+    assert cosine_rows(tv.embeddings, pil.embeddings).min() > 0.99
