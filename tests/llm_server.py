@@ -8,9 +8,9 @@
 
 POST /v1/chat/completions answers `n` choices (at most `max_n` per response), each a deterministic text made from the
 last line of the user message and the choice number (`answer(prompt, i)`). `requests` holds every request body
-received (failed ones too), `headers` their headers. Queued faults apply to the next requests in order:
-`ok()` answers as usual, `fail(status, retry_after=None, body=None)` answers that status (with an OpenAI-style error body unless `body`
-is given), `malformed()` answers 200 with a body that is not JSON, `stall(seconds)` waits before answering.
+received (failed ones too), `headers` their headers. Queued faults apply to the next requests in order: `ok()`
+answers as usual, `fail(status, retry_after=None, body=None)` answers that status (with an OpenAI-style error body
+unless `body` is given), `malformed()` answers 200 with a body that is not JSON, `stall(seconds)` waits, then answers.
 With `key` set, a request without "Authorization: Bearer <key>" gets 401.
 """
 

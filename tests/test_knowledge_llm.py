@@ -169,8 +169,8 @@ def test_a_refusal_is_one_error_naming_endpoint_and_class_without_retry(tmp_path
 def test_a_wrong_key_is_refused_at_once(tmp_path):
     with serve_llm(key="right") as server:
         with pytest.raises(LLMError, match=r"class 0 \('apple'\), llm style cupl: HTTP 401 .*VLBENCH_LLM_API_KEY"):
-            generate(cupl_plan(["{c}?"]), ["apple"], AnswerCache(tmp_path / "a.jsonl"), endpoint(server, api_key="wrong"),
-                     progress=False)
+            generate(cupl_plan(["{c}?"]), ["apple"], AnswerCache(tmp_path / "a.jsonl"),
+                     endpoint(server, api_key="wrong"), progress=False)
         assert len(server.requests) == 1
 
 
@@ -183,7 +183,8 @@ def test_malformed_json_timeouts_and_exhausted_retries_name_the_class(tmp_path):
         for _ in range(3):
             server.fail(502)
         with pytest.raises(LLMError, match=r"class 0 \('apple'\), llm style cupl: HTTP 502 after 3 tries: fault 502"):
-            generate(cupl_plan(["{c}?"]), ["apple"], cache, endpoint(server, retries=2), progress=False, sleep=lambda s: None)
+            generate(cupl_plan(["{c}?"]), ["apple"], cache, endpoint(server, retries=2), progress=False,
+                     sleep=lambda seconds: None)
         server.stall(2)
         started = time.monotonic()
         with pytest.raises(LLMError, match=r"class 0 \('apple'\), llm style cupl: no answer after 1 tries \(timeout "

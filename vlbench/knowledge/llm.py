@@ -4,13 +4,13 @@ ELEVATER's GPT-3 file, CuPL's and Menon & Vondrick's files describe only their d
 knowledge variants ask a chat-completions endpoint instead, for any class list, with the prompts of a *style*
 (`data/llm_styles.json`; every prompt text, sampling setting and post-processing rule there is data):
 
-| style           | requests per class                                  | settings                          | answer -> text         |
-|-----------------|-----------------------------------------------------|-----------------------------------|------------------------|
-| `cupl`          | one per question of a list (default `imagenet`, 5), | temperature .99, max_tokens 50,   | "\\n\\n" removed, "." appended |
-|                 |   "{article} {c}" filled as CuPL's code does        |   n 10, stop "."                  |                        |
-| `elevater_gpt3` | 5 in-context prompts: a header, 3 "Q: concept /     | temperature 0, max_tokens 50, n 1,| as it comes            |
-|                 |   A: definition" shots drawn with replacement, then |   stop ["\\n", "<|endoftext|>"]    |                        |
-|                 |   "Q: {c}\\nA:"                                      |                                   |                        |
+- `cupl` (CuPL's generate_image_prompts.py): per class, one request per question of a list (default `imagenet`, its
+  five questions, "{article} {c}" filled by CuPL's article rule); temperature .99, max_tokens 50, n 10, stop ".";
+  each answer with "\n\n" removed and "." appended; the class's texts are all its answers (as the cupl variant).
+- `elevater_gpt3` (ELEVATER's extract_gpt3_knowledge.py with run_gpt3.sh): per class, 5 in-context prompts, each a
+  header, 3 "Q: concept / A: definition" shots drawn with replacement from the dataset's Wiktionary definitions, then
+  "Q: {c}\nA:"; temperature 0, max_tokens 50, n 1, stop ["\n", "<|endoftext|>"]; answers as they come, composed as
+  the gpt3 variant composes ELEVATER's GPT-3 file (first `gpt3_items`).
 
 The endpoint comes from the environment: `VLBENCH_LLM_BASE_URL` (POST `{url}/chat/completions`), `VLBENCH_LLM_API_KEY`
 (sent as a bearer token, never written anywhere), `VLBENCH_LLM_TIMEOUT` (seconds, default 60); the model from the
@@ -98,7 +98,8 @@ def llm_options(cfg: Mapping[str, Any] | None) -> LLMOptions:
     cfg = dict(cfg or {})
     unknown = sorted(set(cfg) - set(LLM_KEYS))
     if unknown:
-        raise ParamsError(f"params.yaml: unknown key(s) {unknown} under 'knowledge.llm'; allowed: {', '.join(LLM_KEYS)}")
+        raise ParamsError(f"params.yaml: unknown key(s) {unknown} under 'knowledge.llm'; "
+                          f"allowed: {', '.join(LLM_KEYS)}")
     model = cfg.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise ParamsError(f"params.yaml: knowledge.llm.model must be a model name or null, got {model!r}")
@@ -289,7 +290,8 @@ def _choices(endpoint: Endpoint, request: Request, raw: bytes) -> list[str]:
     try:
         choices = [choice["message"]["content"] or "" for choice in data["choices"]]
     except (KeyError, TypeError):
-        raise LLMError(f"{_where(endpoint, request)}: the answer has no choices[].message.content: {raw[:120]!r}") from None
+        raise LLMError(f"{_where(endpoint, request)}: the answer has no choices[].message.content: "
+                       f"{raw[:120]!r}") from None
     if not choices or not all(isinstance(c, str) for c in choices):
         raise LLMError(f"{_where(endpoint, request)}: the answer has no text choices: {raw[:120]!r}")
     return choices
@@ -356,8 +358,9 @@ class AnswerCache:
             try:
                 row = json.loads(line)
             except ValueError:
-                raise LLMError(f"{path}: line {number} is not JSON; delete the line (its answers are asked again)") from None
-            if not isinstance(row, dict) or not isinstance(row.get("key"), str) or not isinstance(row.get("answers"), list):
+                raise LLMError(f"{path}: line {number} is not JSON; delete the line (its answers are asked "
+                               f"again)") from None
+            if not (isinstance(row, dict) and isinstance(row.get("key"), str) and isinstance(row.get("answers"), list)):
                 raise LLMError(f"{path}: line {number} lacks 'key' or 'answers'")
             rows.append(row)
         return rows
@@ -377,8 +380,8 @@ class AnswerCache:
         """Write every row into the cache at once (atomic), then drop the journal."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(self.path) as tmp:
-            tmp.write_text("".join(json.dumps(rows[k], sort_keys=True, ensure_ascii=False) + "\n" for k in sorted(rows)),
-                           encoding="utf-8")
+            lines = (json.dumps(rows[key], sort_keys=True, ensure_ascii=False) + "\n" for key in sorted(rows))
+            tmp.write_text("".join(lines), encoding="utf-8")
         self.journal.unlink(missing_ok=True)
 
     def ensure(self) -> None:

@@ -102,7 +102,8 @@ VARIANTS = {
     "wn30_path": Variant("+WordNet 3.0 path by wnid", "wn30", external="wordnet_path"),
     "wn30_definition": Variant("+WordNet 3.0 definition by wnid", "wn30", external="wordnet_definition"),
     "llm_cupl": Variant("LLM descriptions, CuPL's questions", "llm", llm_style="cupl"),
-    "llm_elevater_gpt3": Variant("+LLM knowledge, ELEVATER's GPT-3 prompt", "llm", gpt3=True, llm_style="elevater_gpt3"),
+    "llm_elevater_gpt3": Variant("+LLM knowledge, ELEVATER's GPT-3 prompt", "llm", gpt3=True,
+                                 llm_style="elevater_gpt3"),
 }
 DEFAULT_VARIANTS = tuple(v for v, spec in VARIANTS.items() if spec.kind != "llm")  # nothing calls an endpoint unasked
 OPTION_KEYS = ("variants", "gpt3_items", "style", "tokenizer", "aggregation", "llm")
@@ -281,8 +282,8 @@ def llm_contexts(dataset: str, table: KnowledgeTable | None, records) -> tuple[l
             return pairs, {"context": "wiktionary", "file": table.file}
     pairs = [(r["name"], r["definition"]) for r in records() if r.get("definition")]
     if not pairs:
-        raise LLMError(f"dataset {dataset!r}: llm style elevater_gpt3 needs classes with a definition for its in-context "
-                       f"examples, and neither a Wiktionary file nor WordNet 3.0 defines any of its classes")
+        raise LLMError(f"dataset {dataset!r}: llm style elevater_gpt3 needs classes with a definition for its "
+                       f"in-context examples, and neither a Wiktionary file nor WordNet 3.0 defines any of its classes")
     return pairs, {"context": "wordnet_definition", "file": WORDNET_FILE}
 
 
