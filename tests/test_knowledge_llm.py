@@ -14,12 +14,14 @@ import pyarrow as pa
 import pytest
 
 from tests.llm_server import answer, serve_llm
+from tests.test_knowledge_variants import cache as download_cache  # noqa: F401 (a fixture)
+from tests.test_knowledge_variants import shapes_meta
 from vlbench.analyses import zeroshot
 from vlbench.analyses.base import Inputs
 from vlbench.config import ParamsError
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta
 from vlbench.features import embedding_array, features_schema, write_table
-from vlbench.knowledge import llm
+from vlbench.knowledge import demo, llm
 from vlbench.knowledge.llm import AnswerCache, Endpoint, LLMError, generate, plan_for, requests_for
 from vlbench.knowledge.variants import DEFAULT_VARIANTS, VARIANTS, build_knowledge, knowledge_options
 from vlbench.knowledge.wordnet import load_wordnet
@@ -275,6 +277,26 @@ def test_the_variants_reach_zero_shot_scoring(tmp_path, monkeypatch, wn):
     assert list(variants) == ["templates", "llm_cupl", "llm_elevater_gpt3", "wn30_definition"]
     assert variants["llm_cupl"]["texts"] == 150 and variants["llm_cupl"]["metrics"] == {"accuracy": 1.0}
     assert variants["llm_elevater_gpt3"]["texts"] == 6
+
+
+def test_elevater_contexts_are_the_vocabularys_wiktionary_definitions(tmp_path, monkeypatch, download_cache):
+    """With a Wiktionary file (the demo shapes' vocabulary), the in-context pairs are its defined concepts (all 22 of
+    the file, as the toolkit samples from the whole file), and the stamp says so."""
+    monkeypatch.setenv("VLBENCH_LLM_MODEL", "test-model")
+    options = knowledge_options({"variants": ["llm_elevater_gpt3"]})
+    with serve_llm() as server:
+        monkeypatch.setenv("VLBENCH_LLM_BASE_URL", server.url)
+        built = build_knowledge("shapes", {"texts": {"knowledge": "demo-shapes"}}, shapes_meta(), TEMPLATES, options,
+                                llm_cache=AnswerCache(tmp_path / "shapes.jsonl"))
+        shots = {shot for body in server.requests for shot in body["messages"][0]["content"].split("\n\n===\n")[:-1]}
+    concepts = {shot.split("\n")[-2].removeprefix("Q: ") for shot in shots}
+    assert len(server.requests) == 12 * 5
+    assert {"plane figure", "conic section"} & concepts and concepts <= set(demo.WIKTIONARY)  # beyond the 12 classes
+    assert all(shot.endswith(f"A: {demo.WIKTIONARY[c]}") for shot, c in
+               ((shot, shot.split("\n")[-2].removeprefix("Q: ")) for shot in shots))
+    stamp = built.stamps["llm_elevater_gpt3"]["knowledge"]
+    assert stamp["files"][1] == {"context": "wiktionary", "file": "demo-shapes_knowledge.tsv"}
+    assert stamp["coverage"]["gpt3"]["covered"] == 12 and built.sets["llm_elevater_gpt3"].num_rows == 12
 
 
 def text_vectors(texts: list[str], dim: int = 16) -> np.ndarray:
