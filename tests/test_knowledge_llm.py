@@ -14,7 +14,6 @@ import pyarrow as pa
 import pytest
 
 from tests.llm_server import answer, serve_llm
-from tests.test_knowledge_variants import cache as download_cache  # noqa: F401 (a fixture)
 from tests.test_knowledge_variants import shapes_meta
 from vlbench.analyses import zeroshot
 from vlbench.analyses.base import Inputs
@@ -40,6 +39,12 @@ def no_endpoint(monkeypatch):
     """No test sees an endpoint from the machine's environment."""
     for name in ENV:
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def download_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLBENCH_DOWNLOADS", str(tmp_path / "cache"))
+    monkeypatch.delenv("VLBENCH_MIRROR", raising=False)
 
 
 @pytest.fixture(scope="module")
