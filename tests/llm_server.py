@@ -10,7 +10,8 @@ POST /v1/chat/completions answers `n` choices (at most `max_n` per response), ea
 last line of the user message and the choice number (`answer(prompt, i)`). `requests` holds every request body
 received (failed ones too), `headers` their headers. Queued faults apply to the next requests in order: `ok()`
 answers as usual, `fail(status, retry_after=None, body=None)` answers that status (with an OpenAI-style error body
-unless `body` is given), `malformed()` answers 200 with a body that is not JSON, `stall(seconds)` waits, then answers.
+unless `body` is given), `malformed()` answers 200 with a body that is not JSON, `stall(seconds)` waits, then answers,
+`truncate()` sends half of its answer and closes the connection.
 With `key` set, a request without "Authorization: Bearer <key>" gets 401.
 """
 
@@ -47,6 +48,9 @@ class FakeLLM:
 
     def malformed(self) -> None:
         self.faults.append(("malformed",))
+
+    def truncate(self) -> None:
+        self.faults.append(("truncate",))
 
     def stall(self, seconds: float) -> None:
         self.faults.append(("stall", seconds))
@@ -86,14 +90,14 @@ def _handler(llm: FakeLLM):
             n = min(body.get("n", 1), llm.max_n or body.get("n", 1))
             choices = [{"index": i, "message": {"role": "assistant", "content": answer(prompt, i)},
                         "finish_reason": "stop"} for i in range(n)]
-            self._send(200, json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
-                                        "choices": choices}).encode())
+            data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"], "choices": choices})
+            self._send(200, data.encode(), cut=fault is not None and fault[0] == "truncate")
 
         @staticmethod
         def _error(message: str) -> bytes:
             return json.dumps({"error": {"message": message, "type": "invalid_request_error"}}).encode()
 
-        def _send(self, status: int, body: bytes, headers: dict | None = None):
+        def _send(self, status: int, body: bytes, headers: dict | None = None, cut: bool = False):
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -101,7 +105,8 @@ def _handler(llm: FakeLLM):
                 self.send_header(name, value)
             self.end_headers()
             with contextlib.suppress(OSError):
-                self.wfile.write(body)
+                self.wfile.write(body[: len(body) // 2] if cut else body)
+            self.close_connection = cut
 
     return Handler
 

@@ -137,16 +137,17 @@ def test_answers_are_cached_and_a_second_run_makes_no_request(tmp_path):
         assert len(server.requests) == 5
 
 
-def test_429_with_retry_after_and_500_are_retried(tmp_path):
+def test_429_with_retry_after_5xx_and_a_cut_answer_are_retried(tmp_path):
     slept, sleep = record_sleep()
     with serve_llm() as server:
         server.fail(429, retry_after="7")
         server.fail(500)
         server.fail(503)
+        server.truncate()
         texts = generate(cupl_plan(["{c}?"]), ["apple"], AnswerCache(tmp_path / "a.jsonl"), endpoint(server),
                          progress=False, sleep=sleep)
-        assert len(server.requests) == 4 and len(texts[0]) == 10
-    assert slept == [7.0, 0.02, 0.04]  # Retry-After honoured, then exponential backoff from 0.01 s
+        assert len(server.requests) == 5 and len(texts[0]) == 10
+    assert slept == [7.0, 0.02, 0.04, 0.08]  # Retry-After honoured, then exponential backoff from 0.01 s
     assert llm.retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0 and llm.retry_after("soon") is None
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import email.utils
 import functools
 import hashlib
+import http.client
 import json
 import os
 import random
@@ -305,8 +306,8 @@ def _post(endpoint: Endpoint, request: Request, n: int, sleep: Callable[[float],
     for attempt in range(endpoint.retries + 1):
         last = attempt == endpoint.retries
         try:
-            http = urllib.request.Request(endpoint.url, data=data, headers=headers, method="POST")
-            with urllib.request.urlopen(http, timeout=endpoint.timeout) as response:
+            post = urllib.request.Request(endpoint.url, data=data, headers=headers, method="POST")
+            with urllib.request.urlopen(post, timeout=endpoint.timeout) as response:
                 return _choices(endpoint, request, response.read())
         except urllib.error.HTTPError as err:
             body, after = err.read(), retry_after(err.headers.get("Retry-After"))
@@ -317,7 +318,7 @@ def _post(endpoint: Endpoint, request: Request, n: int, sleep: Callable[[float],
             if last:
                 raise LLMError(f"{_where(endpoint, request)}: HTTP {err.code} after {attempt + 1} tries: "
                                f"{_detail(body)}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
+        except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as err:
             if last:
                 reason = getattr(err, "reason", err)
                 raise LLMError(f"{_where(endpoint, request)}: no answer after {attempt + 1} tries "
