@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.llm_server import answer, serve_llm
@@ -311,8 +312,10 @@ def text_vectors(texts: list[str], dim: int = 16) -> np.ndarray:
 
 
 def zero_shot_inputs(tmp_path, built) -> Inputs:
-    """The knowledge sets as the knowledge stage writes them, text features for them and the prompts, and one test
-    image per class at its llm_cupl class weight (so llm_cupl scores 1.0 only if its own texts are scored)."""
+    """The knowledge sets as the knowledge stage writes them, text features for them and the prompts (a fixed vector
+    per text in place of a model: tests/test_knowledge_pipeline.py embeds an llm set with a real toy model under DVC),
+    and one test image per class at its llm_cupl class weight (so llm_cupl scores 1.0 only if its own texts are
+    scored)."""
     identity = {"model": "m", "arch": "a", "pretrained": "p", "weights_sha256": "w"}
     texts_dir, knowledge_dir, features = tmp_path / "texts", tmp_path / "knowledge", tmp_path / "features"
     prompts = pa.table({"class_index": [0, 1, 2], "source": ["template"] * 3, "text": CLASSES})
@@ -321,7 +324,7 @@ def zero_shot_inputs(tmp_path, built) -> Inputs:
     write_text_sets(knowledge_dir, "mine", built.sets, built.stamps)
     sets.update({name: (knowledge_dir, "knowledge", table) for name, table in built.sets.items()})
     for name, (folder, kind, table) in sets.items():
-        stamp = json.loads(pa.parquet.read_schema(folder / f"{name}.parquet").metadata[b"vlbench.text_set"])
+        stamp = json.loads(pq.read_schema(folder / f"{name}.parquet").metadata[b"vlbench.text_set"])
         write(features / kind / f"{name}.parquet", table, text_vectors(table.column("text").to_pylist()),
               {**identity, **stamp})
     cupl = built.sets["llm_cupl"]
