@@ -1,10 +1,13 @@
 """knowledge@<dataset>: one text set per knowledge variant (ELEVATER's Wiktionary / WordNet / GPT-3 prompts, CuPL,
-Menon & Vondrick, WordNet 3.0 by wnid) -> data/knowledge/<dataset>/ (no model; knowledge files via the download layer)."""
+Menon & Vondrick, WordNet 3.0 by wnid, LLM descriptions) -> data/knowledge/<dataset>/ (no model; knowledge files via the
+download layer), and the LLM answers in data/llm/<dataset>.jsonl (kept across runs; empty unless an llm_* variant is
+asked for; the endpoint is asked only for answers it lacks)."""
 
 from stages.common import parser, run, use_download_settings
-from vlbench.config import dataset_entry, get, knowledge_dir, load_params, prepared_dir
+from vlbench.config import dataset_entry, get, knowledge_dir, llm_answers_path, load_params, prepared_dir
 from vlbench.datasets.canonical import load_meta
 from vlbench.io import write_json
+from vlbench.knowledge.llm import AnswerCache
 from vlbench.knowledge.variants import build_knowledge, knowledge_options
 from vlbench.texts import entry_templates, write_text_sets
 
@@ -16,7 +19,10 @@ def main() -> None:
     entry = dataset_entry(params, args.dataset)
     options = knowledge_options(get(params, "knowledge", dict))
     templates = entry_templates(args.dataset, entry["texts"] or {})
-    built = build_knowledge(args.dataset, entry, load_meta(prepared_dir(args.dataset)), templates, options)
+    answers = AnswerCache(llm_answers_path(args.dataset))
+    built = build_knowledge(args.dataset, entry, load_meta(prepared_dir(args.dataset)), templates, options,
+                            llm_cache=answers)
+    answers.ensure()
     out = knowledge_dir(args.dataset)
     versions = write_text_sets(out, args.dataset, built.sets, built.stamps)
     write_json(out / "knowledge.json", built.summary())

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.llm_server import serve_llm
 from tests.pipeline_repo import make_repo, run, synthetic_entry, write_suite
-from vlbench.knowledge.variants import VARIANTS
+from vlbench.knowledge.variants import DEFAULT_VARIANTS as VARIANTS
 
 DVC = (sys.executable, "-m", "dvc")
 SUITE = {
@@ -103,3 +104,36 @@ def test_knowledge_params_rerun_the_knowledge_stage_only(repo):
     finally:
         params.write_text(before)
     assert status(repo) == set()
+
+
+def test_an_llm_variant_asks_the_endpoint_once_and_its_answers_survive_reruns(repo):
+    """llm_cupl under DVC against a local OpenAI-compatible server: the first run asks 12 classes x 5 questions, the
+    answers land in data/llm/shapes.jsonl (a persistent output), the variant is embedded and scored by zeroshot, and a
+    rerun for another knowledge param asks nothing, without any endpoint set."""
+    cache = repo / "data/llm/shapes.jsonl"
+    assert cache.is_file() and cache.read_text() == ""  # made empty when no llm variant is asked for
+    params = repo / "params.yaml"
+    before = params.read_text()
+    with_llm = before.replace("  - wn30_definition\n", "  - wn30_definition\n  - llm_cupl\n", 1)
+    assert with_llm != before
+    try:
+        params.write_text(with_llm)
+        with serve_llm() as server:
+            run(repo, *DVC, "repro", "zeroshot@shapes",
+                env={"VLBENCH_LLM_BASE_URL": server.url, "VLBENCH_LLM_MODEL": "test-model"})
+            assert len(server.requests) == 12 * 5
+        answers = cache.read_bytes()
+        assert len(answers.splitlines()) == 60 and (repo / "data/knowledge/shapes/llm_cupl.parquet").is_file()
+        scored = json.loads((repo / "reports/zeroshot/shapes.json").read_text())["details"]["variants"]["llm_cupl"]
+        assert scored["texts"] == 12 * 5 * 10 and 0 <= scored["metrics"]["accuracy"] <= 1  # embedded and scored
+        assert scored["coverage"]["cupl"]["covered"] == 12 and scored["options"]["llm_style"] == "cupl"
+        params.write_text(with_llm.replace("gpt3_items: 1", "gpt3_items: 2"))
+        assert status(repo) >= {"knowledge@shapes"}
+        run(repo, *DVC, "repro", "knowledge@shapes", env={"VLBENCH_LLM_MODEL": "test-model"})  # no endpoint at all
+        assert cache.read_bytes() == answers
+        summary = json.loads((repo / "data/knowledge/shapes/knowledge.json").read_text())
+        assert summary["variants"]["llm_cupl"]["files"][0]["model"] == "test-model"
+    finally:
+        params.write_text(before)
+        run(repo, *DVC, "repro", "knowledge@shapes")
+    assert "knowledge@shapes" not in status(repo) and cache.read_bytes() == answers  # turned off: the answers stay

@@ -32,6 +32,7 @@ from vlbench.features import (
 from vlbench.knowledge import demo, sources
 from vlbench.knowledge.sources import KnowledgeError
 from vlbench.knowledge.variants import (
+    DEFAULT_VARIANTS,
     VARIANTS,
     build_knowledge,
     knowledge_options,
@@ -110,7 +111,7 @@ def test_the_elevater_wordnet_rule_reproduces_every_real_definition(wn):
 def test_every_variant_of_the_demo_shapes_with_coverage_and_wordnet_records(cache, wn):
     built = build_knowledge("shapes", {"texts": {"knowledge": "demo-shapes"}}, shapes_meta(), SHAPES_TEMPLATES,
                             knowledge_options({}), wn)
-    assert list(built.sets) == list(VARIANTS) and built.skipped == {}
+    assert list(built.sets) == list(DEFAULT_VARIANTS) and built.skipped == {}
     rows = {v: built.sets[v].to_pylist() for v in built.sets}
     assert {v: len(r) for v, r in rows.items()} == {
         "wordnet_path": 24, "wordnet_definition": 24, "wiktionary": 24, "gpt3": 24, "wiktionary_gpt3": 48,
@@ -185,7 +186,7 @@ def test_fallbacks_are_counted_per_source(tmp_path, cache, monkeypatch):
 
 
 def test_knowledge_options_name_the_key():
-    assert knowledge_options(None).variants == tuple(VARIANTS)
+    assert knowledge_options(None).variants == DEFAULT_VARIANTS == tuple(v for v in VARIANTS if not v.startswith("llm_"))
     with pytest.raises(ParamsError, match=r"knowledge.variants .* unknown or repeated names \['wiki'\]"):
         knowledge_options({"variants": ["wiki"]})
     with pytest.raises(ParamsError, match=r"knowledge.gpt3_items must be an integer >= 1, got 0"):

@@ -21,6 +21,7 @@ CONF = Path("conf")
 PREPARED = Path("data/prepared")
 TEXTS = Path("data/texts")
 KNOWLEDGE = Path("data/knowledge")
+LLM_ANSWERS = Path("data/llm")
 MODELS = Path("data/models")
 FEATURES = Path("features")
 REPORTS = Path("reports")
@@ -220,6 +221,11 @@ def texts_dir(dataset: str) -> Path:
 def knowledge_dir(dataset: str) -> Path:
     """The knowledge stage's text sets (one per knowledge variant), apart from the texts stage's data/texts/<dataset>."""
     return _inside(KNOWLEDGE / check_name("dataset", dataset))
+
+
+def llm_answers_path(dataset: str) -> Path:
+    """The knowledge stage's cache of LLM answers (a persistent DVC output: kept when the stage reruns)."""
+    return _inside(LLM_ANSWERS / f"{check_name('dataset', dataset)}.jsonl")
 
 
 def model_dir(slug: str) -> Path:

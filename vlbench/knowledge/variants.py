@@ -12,6 +12,8 @@
 | `menon`              | Menon & Vondrick's "{c}, which has ..." descriptors                | mean of similarities|
 | `wn30_path`          | as wordnet_path, from WordNet 3.0 by the class's wnid (this loader) | renormalised mean   |
 | `wn30_definition`    | as wordnet_definition, from WordNet 3.0 by wnid                    | renormalised mean   |
+| `llm_cupl`           | as cupl, from an LLM asked CuPL's questions (off by default)       | renormalised mean   |
+| `llm_elevater_gpt3`  | as gpt3, from an LLM asked ELEVATER's GPT-3 prompt (off by default)| renormalised mean   |
 
 The ELEVATER, CuPL and Menon variants read the dataset's knowledge vocabulary (`sources.vocabulary_for`), whose
 files the download layer fetches (cache, local mirror, upstream, all verified by sha256); a variant whose files the
@@ -20,10 +22,16 @@ wnid, else of its name (then its aliases), recorded with the candidates (`wordne
 `knowledge`: the variant, per source coverage counts (covered / empty / null / missing of the classes), how many
 classes fell back to their templates alone, the files (name, sha256, upstream) and options, and how the zero-shot
 analysis makes a class weight from its texts. docs/protocols.md, "Knowledge variants in the pipeline".
+
+The `llm_*` variants work for any class list: their texts come from an OpenAI-compatible chat endpoint, through the
+answer cache of `vlbench.knowledge.llm` (the knowledge stage's `data/llm/<dataset>.jsonl`); they are composed per class
+index as the cupl and gpt3 variants compose the files' texts. Not in the default `knowledge.variants`, so nothing calls
+an endpoint unless asked.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,9 +47,21 @@ from vlbench.knowledge.compose import (
     elevater_texts,
     menon_texts,
 )
+from vlbench.knowledge.llm import (
+    AnswerCache,
+    LLMError,
+    LLMOptions,
+    cache_record,
+    generate,
+    llm_options,
+    plan_for,
+    resolve_model,
+    styles,
+)
 from vlbench.knowledge.sources import (
     KnowledgeFile,
     KnowledgeTable,
+    entry_status,
     vocabulary_files,
     vocabulary_for,
 )
@@ -54,17 +74,19 @@ MEAN_SIMILARITY = "mean_similarity"  # class score: mean of the cosine similarit
 @dataclass(frozen=True)
 class Variant:
     title: str
-    kind: str  # elevater, cupl, menon, wn30
+    kind: str  # elevater, cupl, menon, wn30, llm
     external: str | None = None  # wiktionary, wordnet_definition, wordnet_path
     gpt3: bool = False
     weights: str = NORMALIZED_MEAN
+    llm_style: str | None = None  # llm: the style of vlbench/knowledge/data/llm_styles.json
 
     @property
     def sources(self) -> tuple[str, ...]:
-        """The knowledge sources (file tables) the variant needs; the wn30 variants need WordNet only."""
+        """The knowledge sources (file tables) the variant needs; the wn30 variants need WordNet only, the llm ones
+        an endpoint or their cached answers."""
         if self.kind in ("cupl", "menon"):
             return (self.kind,)
-        if self.kind == "wn30":
+        if self.kind in ("wn30", "llm"):
             return ()
         return tuple(s for s in (self.external, "gpt3" if self.gpt3 else None) if s)
 
@@ -79,27 +101,34 @@ VARIANTS = {
     "menon": Variant("Menon & Vondrick descriptors", "menon", weights=MEAN_SIMILARITY),
     "wn30_path": Variant("+WordNet 3.0 path by wnid", "wn30", external="wordnet_path"),
     "wn30_definition": Variant("+WordNet 3.0 definition by wnid", "wn30", external="wordnet_definition"),
+    "llm_cupl": Variant("LLM descriptions, CuPL's questions", "llm", llm_style="cupl"),
+    "llm_elevater_gpt3": Variant("+LLM knowledge, ELEVATER's GPT-3 prompt", "llm", gpt3=True,
+                                 llm_style="elevater_gpt3"),
 }
-OPTION_KEYS = ("variants", "gpt3_items", "style", "tokenizer", "aggregation")
+DEFAULT_VARIANTS = tuple(v for v, spec in VARIANTS.items() if spec.kind != "llm")  # nothing calls an endpoint unasked
+OPTION_KEYS = ("variants", "gpt3_items", "style", "tokenizer", "aggregation", "llm")
 
 
 @dataclass(frozen=True)
 class KnowledgeOptions:
-    variants: tuple[str, ...] = tuple(VARIANTS)
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
     gpt3_items: int = DEFAULT_GPT3_ITEMS
     style: str = "elevater"
     tokenizer: str = "punkt-untrained"
     aggregation: str = "and"
+    llm: LLMOptions = LLMOptions()
 
     def for_variant(self, variant: Variant) -> dict[str, Any]:
         """The options that shape this variant's texts (recorded in its stamp)."""
-        if variant.kind not in ("elevater", "wn30"):
-            return {}
-        used = {"style": self.style, "tokenizer": self.tokenizer if self.style == "elevater" else None}
+        used: dict[str, Any] = {}
+        if variant.kind in ("elevater", "wn30") or variant.gpt3:
+            used = {"style": self.style, "tokenizer": self.tokenizer if self.style == "elevater" else None}
         if variant.gpt3:
             used["gpt3_items"] = self.gpt3_items
         if variant.gpt3 and variant.external:
             used["aggregation"] = self.aggregation
+        if variant.llm_style:
+            used.update(self.llm.for_style(variant.llm_style))
         return {k: v for k, v in used.items() if v is not None}
 
 
@@ -109,6 +138,7 @@ def knowledge_options(cfg: Mapping[str, Any] | None) -> KnowledgeOptions:
     unknown = sorted(set(cfg) - set(OPTION_KEYS))
     if unknown:
         raise ParamsError(f"params.yaml: unknown key(s) {unknown} under 'knowledge'; allowed: {', '.join(OPTION_KEYS)}")
+    llm = llm_options(cfg.pop("llm", None))
     opts = KnowledgeOptions(**{k: v for k, v in cfg.items() if v is not None})
     variants = opts.variants
     if isinstance(variants, str) or not isinstance(variants, (list, tuple)):
@@ -122,7 +152,7 @@ def knowledge_options(cfg: Mapping[str, Any] | None) -> KnowledgeOptions:
     for key, allowed in (("style", STYLES), ("tokenizer", TOKENIZERS), ("aggregation", AGGREGATIONS)):
         if getattr(opts, key) not in allowed:
             raise ParamsError(f"params.yaml: knowledge.{key} {getattr(opts, key)!r} is not one of {list(allowed)}")
-    return KnowledgeOptions(tuple(variants), opts.gpt3_items, opts.style, opts.tokenizer, opts.aggregation)
+    return KnowledgeOptions(tuple(variants), opts.gpt3_items, opts.style, opts.tokenizer, opts.aggregation, llm)
 
 
 # ---------------------------------------------------------------------------------------------------- WordNet 3.0
@@ -216,6 +246,62 @@ def compose_variant(variant: Variant, class_names: Sequence[str], templates: Seq
                           aggregation=options.aggregation, style=options.style, tokenizer=options.tokenizer)
 
 
+# ---------------------------------------------------------------------------------------------------- LLM answers
+
+
+def _llm_cupl(name: str, texts: list[str], templates: Sequence[str], options: KnowledgeOptions) -> ComposedTexts:
+    return cupl_texts([name], KnowledgeTable("cupl", "llm:cupl", {name: texts}), templates)
+
+
+def _llm_gpt3(name: str, texts: list[str], templates: Sequence[str], options: KnowledgeOptions) -> ComposedTexts:
+    return elevater_texts([name], templates, gpt3=KnowledgeTable("gpt3", "llm:elevater_gpt3", {name: texts}),
+                          gpt3_items=options.gpt3_items, style=options.style, tokenizer=options.tokenizer)
+
+
+LLM_TEXTS = {"cupl": _llm_cupl, "gpt3": _llm_gpt3}  # a style's `texts`: composed as that variant composes a file's
+
+
+def llm_texts(style: str, class_names: Sequence[str], texts: Sequence[list[str]], templates: Sequence[str],
+              options: KnowledgeOptions) -> ComposedTexts:
+    """The generated texts composed per class *index* (two classes with one name keep their own answers)."""
+    compose = LLM_TEXTS[styles()[style]["texts"]]
+    result = ComposedTexts()
+    for index, (name, class_texts) in enumerate(zip(class_names, texts)):
+        _merge(result, compose(name, list(class_texts), templates, options), index)
+    return result
+
+
+def llm_contexts(dataset: str, table: KnowledgeTable | None, records) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """ELEVATER's in-context (concept, explanation) pairs and where they come from: the classes of the dataset's
+    Wiktionary file that have a definition (the toolkit's `if k2v['def_wiki']`), else, for a dataset without one, the
+    WordNet 3.0 definitions of its classes (`records()`: wordnet_records)."""
+    if table is not None:
+        pairs = [(name, value) for name, value in table.entries.items() if entry_status(value) == "covered"
+                 and isinstance(value, str)]
+        if pairs:
+            return pairs, {"context": "wiktionary", "file": table.file}
+    pairs = [(r["name"], r["definition"]) for r in records() if r.get("definition")]
+    if not pairs:
+        raise LLMError(f"dataset {dataset!r}: llm style elevater_gpt3 needs classes with a definition for its "
+                       f"in-context examples, and neither a Wiktionary file nor WordNet 3.0 defines any of its classes")
+    return pairs, {"context": "wordnet_definition", "file": WORDNET_FILE}
+
+
+def llm_variant(dataset: str, variant: Variant, meta, templates: Sequence[str], tables: Mapping[str, KnowledgeTable],
+                records, options: KnowledgeOptions, cache: AnswerCache | None) -> tuple[ComposedTexts, list[dict]]:
+    """(texts, file records) of an llm variant: its requests answered from the cache, else by the endpoint."""
+    if cache is None:
+        raise LLMError(f"dataset {dataset!r}: knowledge variant {variant.llm_style!r} needs an LLM answer cache")
+    spec = styles()[variant.llm_style]
+    contexts, used = [], []
+    if spec["prompts"] == "in_context":
+        contexts, source = llm_contexts(dataset, tables.get(spec["context"]), records)
+        used.append(source)
+    plan = plan_for(variant.llm_style, resolve_model(options.llm), options.llm, contexts)
+    texts = generate(plan, meta.class_names, cache)
+    return llm_texts(variant.llm_style, meta.class_names, texts, templates, options), [cache_record(plan, cache), *used]
+
+
 # ---------------------------------------------------------------------------------------------------- a dataset
 
 
@@ -258,15 +344,18 @@ def _file_record(kfile: KnowledgeFile) -> dict[str, str]:
 
 
 def build_knowledge(dataset: str, entry: Mapping[str, Any], meta, templates: Sequence[str],
-                    options: KnowledgeOptions, wn=None) -> KnowledgeSets:
-    """Every asked-for variant that has its sources for this dataset, as text sets with their stamps."""
+                    options: KnowledgeOptions, wn=None, llm_cache: AnswerCache | None = None) -> KnowledgeSets:
+    """Every asked-for variant that has its sources for this dataset, as text sets with their stamps; the llm
+    variants answer from `llm_cache`, asking the environment's endpoint for what it lacks."""
     vocabulary = vocabulary_for(dataset, entry)
     wanted = [VARIANTS[v] for v in options.variants]
-    tables, files = load_tables(dataset, vocabulary, {s for v in wanted for s in v.sources})
+    contexts = {styles()[v.llm_style].get("context") for v in wanted if v.llm_style} - {None}
+    tables, files = load_tables(dataset, vocabulary, {s for v in wanted for s in v.sources} | contexts)
     built = KnowledgeSets(dataset, vocabulary)
     names = meta.class_names
     if any(v.kind == "wn30" for v in wanted):
         built.wordnet = wordnet_records(meta.classes, wn)
+    records = functools.cache(lambda: built.wordnet if built.wordnet is not None else wordnet_records(meta.classes, wn))
     for order, name in enumerate(options.variants):
         variant = VARIANTS[name]
         lacking = [s for s in variant.sources if s not in tables]
@@ -274,9 +363,12 @@ def build_knowledge(dataset: str, entry: Mapping[str, Any], meta, templates: Seq
             where = f"vocabulary {vocabulary!r}" if vocabulary else "no knowledge vocabulary (texts.knowledge)"
             built.skipped[name] = f"no {' or '.join(lacking)} file for {where}"
             continue
-        composed = compose_variant(variant, names, templates, tables, built.wordnet, options)
+        if variant.kind == "llm":
+            composed, used = llm_variant(dataset, variant, meta, templates, tables, records, options, llm_cache)
+        else:
+            composed = compose_variant(variant, names, templates, tables, built.wordnet, options)
+            used = [files[s] for s in variant.sources]
         built.sets[name] = composed.table()
-        used = [files[s] for s in variant.sources]
         if variant.kind == "wn30":
             used = [{"file": WORDNET_FILE, "upstream": "WordNet 3.0 through vlbench.knowledge.wordnet"}]
         built.stamps[name] = {"knowledge": _stamp(name, order, variant, composed, len(names), used, options)}
