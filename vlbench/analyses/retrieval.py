@@ -215,7 +215,7 @@ def run(inputs, cfg, seed: int):
                 "i2t_tied_queries": int(i2t_tied.sum()), "t2i_tied_queries": int(t2i_tied.sum()),
                 **duplicate_counts(owner, texts)},
         params={"split": cfg["split"], "text_set": name, "text_version": stamp.get("text_version"),
-                "caption_prompt": stamp.get("caption_prompt"), "recall_at": list(cfg["recall_at"]),
+                "example_text": texts[0], "recall_at": list(cfg["recall_at"]),
                 "ties": cfg["ties"], "duplicates": cfg["duplicates"], "score": "cosine"},
         details={"captions_per_image": {str(k): v for k, v in sorted(per_image.items())},
                  "median_rank": {d: float(np.median(ranks[d])) for d in DIRECTIONS},
