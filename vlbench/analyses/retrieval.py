@@ -200,7 +200,8 @@ def run(inputs, cfg, seed: int):
     owner_all = caption_owners(captions.table.column("sample_id").to_pylist(), image_ids)
     check_coverage(inputs.texts_dir / f"{name}.parquet", image_ids, owner_all)
     keep = np.flatnonzero(owner_all >= 0)  # captions of other splits' images are not in this gallery
-    owner, texts = owner_all[keep], [captions.table.column("text").to_pylist()[i] for i in keep]
+    all_texts = captions.table.column("text").to_pylist()
+    owner, texts = owner_all[keep], [all_texts[i] for i in keep]
     x, t = l2_normalize(images.embeddings), l2_normalize(captions.embeddings[keep])
     i2t_pos, t2i_pos = positive_sets(owner, texts, len(image_ids), cfg["duplicates"])
     i2t, i2t_tied = first_positive_ranks(x, t, i2t_pos, cfg["ties"])
