@@ -49,7 +49,7 @@ def repo(tmp_path_factory):
 def test_results_ranks_metrics_and_chart(repo):
     coco = json.loads((repo / "reports/retrieval/coco-karpathy-5k.json").read_text())
     assert coco["counts"]["images"] == 3 and coco["counts"]["captions"] == 18
-    assert coco["params"]["text_set"] == "captions_prompted" and coco["params"]["example_text"].startswith("a photo of ")
+    assert coco["params"]["text_set"] == "captions_prompted" and coco["details"]["example_text"].startswith("a photo of ")
     assert coco["details"]["captions_per_image"] == {"5": 1, "6": 1, "7": 1}
     for direction in ("i2t", "t2i"):
         ranks = np.array(pq.read_table(repo / f"reports/retrieval/coco-karpathy-5k.{direction}_ranks.parquet")

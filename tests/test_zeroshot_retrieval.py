@@ -229,6 +229,11 @@ def test_bad_params_and_inputs_are_one_line_errors(world, tmp_path):
     with pytest.raises(r.RetrievalError, match="captions_prompted.parquet: text set 'captions_prompted' missing.*"
                                                "texts.caption_prompt"):
         r.run(inputs, {}, 0)
+    wide = make_world(tmp_path / "wide", ["a"], ["a"], ["only a"], np.eye(1, 4, dtype=np.float32),
+                      np.eye(1, 3, dtype=np.float32))
+    with pytest.raises(r.RetrievalError, match="text/captions.parquet: text features have 3 dimensions, the test image "
+                                               "features 4"):
+        r.run(wide, CFG, 0)
     bare = make_world(tmp_path / "bare", ["a", "b"], ["a"], ["only a"], np.eye(2, 3, dtype=np.float32),
                       np.eye(1, 3, dtype=np.float32))
     with pytest.raises(r.RetrievalError, match="captions.parquet: 1 image\\(s\\) of the split have no caption, "

@@ -202,6 +202,10 @@ def run(inputs, cfg, seed: int):
     keep = np.flatnonzero(owner_all >= 0)  # captions of other splits' images are not in this gallery
     all_texts = captions.table.column("text").to_pylist()
     owner, texts = owner_all[keep], [all_texts[i] for i in keep]
+    if images.embeddings.shape[1] != captions.embeddings.shape[1]:
+        raise RetrievalError(f"{inputs.features_dir / 'text' / (name + '.parquet')}: text features have "
+                             f"{captions.embeddings.shape[1]} dimensions, the {cfg['split']} image features "
+                             f"{images.embeddings.shape[1]}; embed both with the same model")
     x, t = l2_normalize(images.embeddings), l2_normalize(captions.embeddings[keep])
     i2t_pos, t2i_pos = positive_sets(owner, texts, len(image_ids), cfg["duplicates"])
     i2t, i2t_tied = first_positive_ranks(x, t, i2t_pos, cfg["ties"])
@@ -216,9 +220,9 @@ def run(inputs, cfg, seed: int):
                 "i2t_tied_queries": int(i2t_tied.sum()), "t2i_tied_queries": int(t2i_tied.sum()),
                 **duplicate_counts(owner, texts)},
         params={"split": cfg["split"], "text_set": name, "text_version": stamp.get("text_version"),
-                "example_text": texts[0], "recall_at": list(cfg["recall_at"]),
+                "recall_at": list(cfg["recall_at"]),
                 "ties": cfg["ties"], "duplicates": cfg["duplicates"], "score": "cosine"},
-        details={"captions_per_image": {str(k): v for k, v in sorted(per_image.items())},
+        details={"example_text": texts[0], "captions_per_image": {str(k): v for k, v in sorted(per_image.items())},
                  "median_rank": {d: float(np.median(ranks[d])) for d in DIRECTIONS},
                  "mean_rank": {d: float(np.mean(ranks[d])) for d in DIRECTIONS}},
         tables=rank_tables(image_ids, owner, keep, texts, i2t, i2t_tied, t2i, t2i_tied),
