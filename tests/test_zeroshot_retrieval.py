@@ -257,3 +257,32 @@ def test_result_file_and_rank_tables_are_written(world, tmp_path, monkeypatch):
     assert set(saved["metrics"]) == {f"{d}_r{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)}
     assert pq.read_table(tmp_path / "reports/retrieval/cap.i2t_ranks.parquet").num_rows == 8
     assert pq.read_table(tmp_path / "reports/retrieval/cap.t2i_ranks.parquet").num_rows == 42
+
+
+def test_open_clip_retrieval_reference_compares_only_clip_benchmarks_setting():
+    """open_clip's CLIP_benchmark numbers (vlbench/reference/data/open_clip_retrieval.json) apply to a run with raw
+    captions (retrieval.text_set: captions) and are refused, with the reason, for the paper's prompted captions."""
+    from vlbench.reference import load_tables
+    from vlbench.reference.compare import reference_report
+
+    tables = [t for t in load_tables("open_clip") if t.table == "openclip_retrieval_results.csv"]
+    (table,) = tables
+    assert len(table.rows) == 7 * 2 * 6
+    row = next(r for r in table.rows if (r.model, r.dataset, r.metric) == ("vitb32", "coco-karpathy-5k", "t2i_r1"))
+    assert (row.value, row.column) == (0.3044, "MSCOCO image retr. R@1")  # CLIP_benchmark's image retrieval = t2i
+    spot = {(r.model, r.dataset, r.metric): r.value for r in table.rows}  # read off the published CSV
+    assert spot[("vitl14-laion2b", "flickr30k-karpathy-1k", "i2t_r1")] == 0.8950
+    assert spot[("rn50", "coco-karpathy-5k", "i2t_r10")] == 0.8212
+    ours = {f"{d}_r{k}": 0.5 for d in ("i2t", "t2i") for k in (1, 5, 10)} | {"t2i_r1": 0.3090}
+    model = {"model": "vitb32"}
+    for text_set, compared in (("captions", True), ("captions_prompted", False)):
+        params = {"split": "test", "text_set": text_set, "duplicates": "distinct"}
+        report = reference_report(tables, {"retrieval": {"coco-karpathy-5k": ours}}, model,
+                                  {"retrieval": {"coco-karpathy-5k": {"params": params}}})
+        if compared:
+            found = {(c["dataset"], c["metric"]): c for c in report["comparisons"]}
+            assert len(found) == 6 and found[("coco-karpathy-5k", "t2i_r1")]["verdict"] == "reproduced"  # 0.46 points
+            assert found[("coco-karpathy-5k", "i2t_r5")]["verdict"] == "off"  # 0.5 against 0.7500
+        else:
+            assert report["applies"] is False
+            assert all("text_set" in s["reason"] for s in report["not_compared"])
