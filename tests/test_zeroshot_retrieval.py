@@ -224,6 +224,8 @@ def test_bad_params_and_inputs_are_one_line_errors(world, tmp_path):
         r.run(inputs, {**CFG, "ties": "random"}, 0)
     with pytest.raises(ParamsError, match="retrieval.recall_at must be"):
         r.run(inputs, {**CFG, "recall_at": [0]}, 0)
+    with pytest.raises(ParamsError, match="retrieval.split 'val' is not a split of dataset 'cap' \\(test\\)"):
+        r.run(inputs, {**CFG, "split": "val"}, 0)
     with pytest.raises(ParamsError, match="unknown retrieval key"):
         r.run(inputs, {**CFG, "tie": "index"}, 0)
     with pytest.raises(r.RetrievalError, match="captions_prompted.parquet: text set 'captions_prompted' missing.*"

@@ -194,6 +194,9 @@ def run(inputs, cfg, seed: int):
 
     cfg = check_config(cfg)
     name = text_set_for(cfg, inputs.meta.name)
+    if cfg["split"] not in inputs.meta.splits:
+        raise ParamsError(f"params.yaml: retrieval.split {cfg['split']!r} is not a split of dataset "
+                          f"{inputs.meta.name!r} ({', '.join(inputs.meta.splits)})")
     images = inputs.images(cfg["split"])
     captions = load_captions(inputs, name)
     image_ids = images.table.column("sample_id").to_pylist()
