@@ -29,11 +29,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
+from vlbench.analyses.base import Result
 from vlbench.analyses.specificity import text_ids
 from vlbench.analyses.zeroshot import l2_normalize, similarities
 from vlbench.config import ParamsError
 from vlbench.errors import VlbenchError
+from vlbench.stats import cluster_ratio_interval
+from vlbench.texts import read_text_set
 
 TIES = ("pessimistic", "index")
 DUPLICATES = ("distinct", "merge")
@@ -189,9 +193,6 @@ def check_coverage(path, image_ids: list[str], owner: np.ndarray) -> None:
 
 def run(inputs, cfg, seed: int):
     """The retrieval analysis of one dataset (module docstring)."""
-    from vlbench.analyses.base import Result
-    from vlbench.texts import read_text_set
-
     cfg = check_config(cfg)
     name = text_set_for(cfg, inputs.meta.name)
     if cfg["split"] not in inputs.meta.splits:
@@ -235,8 +236,6 @@ def run(inputs, cfg, seed: int):
 
 def intervals(ranks: dict[str, np.ndarray], owner: np.ndarray, n_images: int, ks: list[int], seed: int) -> dict:
     """Bootstrap over images: i2t one query per image; t2i an image's captions' hits over their number."""
-    from vlbench.stats import cluster_ratio_interval
-
     sizes = np.bincount(owner, minlength=n_images)
     out = {}
     for k in ks:
@@ -249,8 +248,6 @@ def intervals(ranks: dict[str, np.ndarray], owner: np.ndarray, n_images: int, ks
 def rank_tables(image_ids, owner, keep, texts, i2t, i2t_tied, t2i, t2i_tied) -> dict:
     """Per query: `i2t_ranks` (sample_id, captions, rank, tied) and `t2i_ranks` (caption_row: the row in the text set,
     sample_id: its image, text, rank, tied)."""
-    import pyarrow as pa
-
     return {
         "i2t_ranks": pa.table({"sample_id": pa.array(image_ids, pa.string()),
                                "captions": pa.array(np.bincount(owner, minlength=len(image_ids)), pa.int64()),
