@@ -126,6 +126,7 @@ def test_every_headline_number_and_interval_is_on_the_page(built):
         "zeroshot": {"accuracy", "map_11point", "knowledge_best_accuracy", "knowledge_best_map_11point",
                      "knowledge_best_variant"},
         "linear_probe": {"accuracy"}, "specificity": None, "extensibility": None,
+        "retrieval": {f"{d}_r{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)},
         "granularity": {"leaf_map", "coarse_map_direct", "coarse_map_child", "coarse_map_leaf", "twolevel_fine_top1",
                         "twolevel_coarse_direct_top1", "twolevel_coarse_from_fine_top1",
                         "twolevel_coarse_mean_children_top1"}}

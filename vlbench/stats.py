@@ -324,6 +324,25 @@ def median_of_runs_interval(correct, *, resamples: int = RESAMPLES, seed: int = 
     return Interval(*_quantiles(np.concatenate(reps), level), level, "bootstrap", int(resamples), int(seed))
 
 
+def cluster_ratio_interval(numerators, denominators, *, resamples: int = RESAMPLES, seed: int = 0,
+                           level: float = LEVEL, chunk: int = 100) -> Interval:
+    """Percentile bootstrap interval of sum(numerators) / sum(denominators) when whole clusters are resampled: n
+    clusters drawn with replacement, each bringing its numerator and denominator (a test image with its captions'
+    hits and count for text-to-image recall; with denominators 1 the plain bootstrap of a mean over samples). Clusters
+    are what the test set samples; resampling their members alone would ignore that captions of one image move
+    together."""
+    num, den = (np.asarray(x, dtype=np.float64) for x in (numerators, denominators))
+    if num.ndim != 1 or num.shape != den.shape or num.size == 0 or np.any(den <= 0):
+        raise StatsError(f"numerators and denominators must be two non-empty 1-D arrays of one size, denominators > 0; "
+                         f"got shapes {num.shape} and {den.shape}")
+    _check_resamples(resamples)
+    rng, reps = np.random.default_rng(seed), []
+    for start in range(0, resamples, chunk):
+        weights = resample_counts(rng, num.size, min(chunk, resamples - start))
+        reps.append((weights @ num) / (weights @ den))
+    return Interval(*_quantiles(np.concatenate(reps), level), level, "bootstrap", int(resamples), int(seed))
+
+
 def seeds_interval(values, level: float = LEVEL) -> Interval | None:
     """Student-t interval of the mean over seeds, mean +- t_{(1+level)/2, n-1} * s / sqrt(n) (s with ddof=1); None
     for fewer than two seeds."""

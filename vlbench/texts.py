@@ -28,7 +28,11 @@ META_KEY = b"vlbench.text_set"
 DEFAULT_TEMPLATES = ["a photo of a {c}."]
 ELEVATER_DATA = Path(__file__).resolve().parent / "datasets" / "data" / "elevater.json"
 OPENCLIP_TEMPLATES = {"simple_imagenet": "SIMPLE_IMAGENET_TEMPLATES", "openai_imagenet": "OPENAI_IMAGENET_TEMPLATES"}
-TEXTS_KEYS = ("templates", "hierarchy", "groups", "specificity", "knowledge", "vocabulary", "prompt_sets")
+TEXTS_KEYS = ("templates", "hierarchy", "groups", "specificity", "knowledge", "vocabulary", "prompt_sets",
+              "caption_prompt")
+# caption_prompt: a template with '{c}' filled with every caption: the text set `captions_prompted` (the CLIP paper's
+# "a photo of {c}" for zero-shot retrieval; vlbench/analyses/retrieval.py)
+CAPTION_PROMPT_SET = "captions_prompted"
 # vocabulary, prompt_sets: adversarial candidate words and named class-prompt sets (prompts_<name>), made by the texts
 # stage with vlbench.knowledge.vocabulary (the extensibility analysis reads them)
 # knowledge: the knowledge vocabulary whose files describe the classes (vlbench.knowledge.sources.vocabulary_for); read
@@ -158,7 +162,20 @@ def build_text_sets(meta: DatasetMeta, dataset_dir: Path, cfg: Mapping[str, Any]
     sets = {"prompts": prompts(meta, entry_templates(meta.name, cfg))}
     for column in _sample_text_columns(meta, dataset_dir):
         sets[column] = sample_texts(meta, dataset_dir, column)
+    if cfg.get("caption_prompt") is not None:
+        sets[CAPTION_PROMPT_SET] = prompted_captions(meta.name, sets.get("captions"), cfg["caption_prompt"])
     return sets
+
+
+def prompted_captions(dataset: str, captions: pa.Table | None, template: Any) -> pa.Table:
+    """The captions set with every caption put into `template` ('{c}' the caption), same owners and order."""
+    if not isinstance(template, str) or "{c}" not in template:
+        raise DatasetError(f"dataset {dataset!r}: texts.caption_prompt must be a text with a '{{c}}' placeholder for the "
+                           f"caption, e.g. 'a photo of {{c}}'; got {template!r}")
+    if captions is None:
+        raise DatasetError(f"dataset {dataset!r}: texts.caption_prompt is set but the prepared dataset has no captions")
+    texts = [template.replace("{c}", t) for t in captions.column("text").to_pylist()]
+    return text_table("sample_id", captions.column("sample_id").to_pylist(), captions.column("source").to_pylist(), texts)
 
 
 def write_text_sets(out_dir: Path, dataset: str, sets: Mapping[str, pa.Table],

@@ -51,6 +51,13 @@ ANALYSES = {a.name: a for a in (
              explain="For each kind of true text (captions, single labels, multi labels) against each kind of wrong "
                      "text (random, relevant, altered), the mAP with which an image's true texts rank above the wrong "
                      "ones; 1 is perfect, the heat map gives each cell's chance level."),
+    Analysis("retrieval", "vlbench.analyses.retrieval", "Zero-shot image-text retrieval (Recall@1/5/10, CLIP Table 13)",
+             headline=("i2t_r*", "t2i_r*"),
+             explain="Image-to-text (i2t): each test image ranks every caption of the test set by cosine similarity; "
+                     "R@K is the fraction of images with one of their own captions among the K best. Text-to-image "
+                     "(t2i): each caption ranks every image; R@K is the fraction of captions whose image is among the "
+                     "K best. A negative that ties with a positive ranks above it; intervals resample test images "
+                     "with their captions."),
     Analysis("granularity", "vlbench.analyses.granularity", "Granularity (WordNet levels: direct vs propagated mAP)",
              charts=("vlbench.report.plots:bars", "vlbench.report.plots:granularity_levels"),
              headline=("leaf_map", "coarse_map_*", "twolevel_*"),

@@ -31,6 +31,7 @@ SOURCES = {
     "cifar": "vlbench.datasets.cifar:build",
     "coop": "vlbench.datasets.coop:build",
     "coco": "vlbench.datasets.coco:build",
+    "karpathy": "vlbench.datasets.karpathy:build",  # Karpathy's caption splits (COCO 5k, Flickr30k 1k) for retrieval
     "vtab": "vlbench.datasets.vtab:build",  # TFDS-prepared TFRecord files, read without TensorFlow
     "fewtrans": "vlbench.datasets.fewtrans:build",
 }
