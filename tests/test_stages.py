@@ -102,6 +102,7 @@ def test_every_analysis_has_a_module_a_dvc_block_and_a_config_section():
         assert block["foreach"] == f"${{suite.{name}}}"
         assert f"--analysis {name} " in block["do"]["cmd"]
         assert name in block["do"]["params"]
+        assert "embed.decode" in block["do"]["params"], f"{name}: its image reader demands embed.decode (Inputs)"
         assert name in config and config["suite"][name] == [], name
         assert f"reports/{name}" in stages["report"]["deps"]
     # the whole suite: every analysis list and the dataset-level vocabularies whose results the report reads, and a
