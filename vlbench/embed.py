@@ -267,8 +267,7 @@ def embed_image_splits(
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
     meta = load_meta(dataset_dir)
     loaded = model_for_dataset(loaded, meta)
-    fingerprint = {**loaded.fingerprint, "dataset": meta.name, "dataset_version": meta.version,
-                   **model_logit_scale(loaded.model)}
+    fingerprint = {**loaded.fingerprint, "dataset": meta.name, "dataset_version": meta.version}
     encoder = PreProjectionEncoder(loaded.model, loaded.fingerprint.get("model", "?")) if pre_projection else None
     summary: dict[str, Any] = {"dataset": meta.name, "splits": {}}
     with atomic_dir(out_dir) as tmp:
@@ -290,15 +289,6 @@ def embed_image_splits(
         if encoder is not None:
             summary["pre_projection"] = _write_projection(tmp, encoder.projection, fingerprint)
     return summary
-
-
-def model_logit_scale(model: torch.nn.Module) -> dict[str, float]:
-    """{"logit_scale": exp of the model's learned logit scale} (CLIP's 100 after training), recorded with the image
-    features for heads that start from it (ELEVATER's LOGIT_SCALE_INIT 'pretrained'); {} for a model without one."""
-    scale = getattr(model, "logit_scale", None)
-    if not isinstance(scale, torch.Tensor) or scale.numel() != 1:
-        return {}
-    return {"logit_scale": float(scale.detach().float().exp().item())}
 
 
 def _write_image_features(path: Path, rows: pa.Table, emb: np.ndarray, fingerprint: dict[str, Any],
