@@ -215,3 +215,44 @@ def test_identity_of_an_entry_is_computed_without_torch():
             "assert 'torch' not in sys.modules, 'torch imported'; print(i['model_preprocess']['resize_mode'], i['text'])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "squash {'context_length': 64, 'clean': 'canonicalize'}"
+
+
+def test_a_squashing_model_embeds_squash_datasets_with_its_own_resize(hub, offline):
+    """VTAB's squash datasets (`preprocess: squash` / `fewtrans`) work with a model that squashes already (SigLIP):
+    its one Resize is kept, the mode's interpolation and normalisation replace its own where the mode says."""
+    from vlbench.datasets.canonical import ClassInfo, DatasetMeta
+    from vlbench.embed import model_for_dataset
+
+    loaded = load_model(TINY, device="cpu", cache_dir=hub)
+    classes = [ClassInfo(index=0, name="a"), ClassInfo(index=1, name="b")]
+    squash = model_for_dataset(loaded, DatasetMeta(name="kitti", task="single-label", metric="accuracy",
+                                                   classes=classes, preprocess="squash"))
+    assert repr(squash.preprocess) == repr(loaded.preprocess)
+    fewtrans = model_for_dataset(loaded, DatasetMeta(name="dtd", task="single-label", metric="accuracy",
+                                                     classes=classes, preprocess="fewtrans"))
+    resize, *_, normalize = fewtrans.preprocess.transforms
+    assert tuple(resize.size) == (32, 32) and resize.interpolation.value == "bilinear"
+    assert normalize.mean == [0.485, 0.456, 0.406]
+    assert fewtrans.fingerprint["preprocess"]["interpolation"] == "bilinear"
+    assert fewtrans.fingerprint["model_preprocess"] == loaded.fingerprint["model_preprocess"]
+
+
+def test_the_sigmoid_bias_changes_no_argmax_or_per_class_ranking_but_would_change_elevater_roc_auc():
+    """Why the analyses keep 100 * cos for SigLIP models (docs/protocols.md, "The sigmoid logit bias in the analyses"):
+    with the model's own scores sigmoid(scale * cos + bias), accuracy, mean-per-class accuracy and per-class 11-point
+    mAP are the same numbers; ELEVATER's ROC-AUC (probability of class 1) is not, so ELEVATER scoring keeps its
+    toolkit's softmax(100 * cos) for every model."""
+    from vlbench import metrics
+
+    rng = np.random.default_rng(0)
+    cos = rng.uniform(-0.2, 0.4, (400, 5)).astype(np.float32)
+    own = 1 / (1 + np.exp(-(LOGIT_SCALE * cos.astype(np.float64) + LOGIT_BIAS)))
+    labels = rng.integers(0, 5, 400)
+    for name in ("accuracy", "mean_per_class"):
+        assert metrics.compute(name, own, labels) == metrics.compute(name, 100 * cos, labels)
+    multi = (rng.uniform(size=(400, 5)) < 0.3).astype(int)
+    assert metrics.compute("map_11point", own, multi) == pytest.approx(metrics.compute("map_11point", 100 * cos, multi))
+    binary = rng.integers(0, 2, 400)
+    softmax = np.exp(100 * cos[:, :2]) / np.exp(100 * cos[:, :2]).sum(axis=1, keepdims=True)
+    assert metrics.compute("roc_auc", own[:, :2], binary, "elevater") != pytest.approx(
+        metrics.compute("roc_auc", softmax, binary, "elevater"), abs=1e-3)

@@ -148,19 +148,24 @@ def squash_preprocess(preprocess: Callable, model: str = "?", interpolation: str
     """The model's transform with its Resize + CenterCrop replaced by one Resize to the crop size (h, w), with the
     same interpolation and antialiasing unless `interpolation` names another: the whole image is squashed to the
     model's input, its aspect ratio not kept and nothing cropped (ELEVATER's KITTI distance; open_clip's
-    `resize_mode="squash"`). The steps after it (RGB, ToTensor, Normalize) are kept, with `mean` / `std` replacing the Normalize's if given, so `split_preprocess`
+    `resize_mode="squash"`). A model that squashes already (SigLIP's transform: one Resize to (h, w)) keeps its Resize,
+    with `interpolation` if given. The steps after it (RGB, ToTensor, Normalize) are kept, with `mean` / `std` replacing the Normalize's if given, so `split_preprocess`
     still stops at uint8 for accelerators."""
     steps = list(getattr(preprocess, "transforms", []))
-    pairs = [i for i in range(len(steps) - 1) if isinstance(steps[i], Resize) and isinstance(steps[i + 1], CenterCrop)]
-    if not pairs:
+    pairs = [(i, 2) for i in range(len(steps) - 1) if isinstance(steps[i], Resize) and isinstance(steps[i + 1], CenterCrop)]
+    # a model that squashes already (open_clip's resize_mode 'squash', SigLIP's): one Resize to (h, w), kept
+    squashing = [(i, 1) for i, step in enumerate(steps) if isinstance(step, Resize) and isinstance(step.size, (list, tuple))
+                 and len(step.size) == 2 and not any(isinstance(s, CenterCrop) for s in steps)]
+    if not pairs + squashing:
         raise PreprocessError(
-            f"model {model!r}: cannot squash images: its preprocess has no Resize followed by CenterCrop "
-            f"(steps: {[type(step).__name__ for step in steps]}); use a model with open_clip's default resize_mode 'shortest'")
-    i = pairs[0]
-    resize, crop = steps[i], steps[i + 1]
+            f"model {model!r}: cannot squash images: its preprocess has no Resize followed by CenterCrop nor a Resize "
+            f"to (h, w) (steps: {[type(step).__name__ for step in steps]}); use a model with open_clip's resize_mode "
+            "'shortest' or 'squash'")
+    i, width = (pairs + squashing)[0]
+    resize = steps[i]
     mode = InterpolationMode(interpolation) if interpolation else resize.interpolation
-    squash = Resize(tuple(crop.size), interpolation=mode, antialias=resize.antialias)
-    steps = steps[:i] + [squash] + steps[i + 2:]
+    squash = Resize(tuple(steps[i + width - 1].size), interpolation=mode, antialias=resize.antialias)
+    steps = steps[:i] + [squash] + steps[i + width:]
     if mean is not None:
         if not isinstance(steps[-1], Normalize):
             raise PreprocessError(f"model {model!r}: cannot set the normalisation: its preprocess does not end in "
