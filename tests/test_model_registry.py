@@ -256,3 +256,12 @@ def test_the_sigmoid_bias_changes_no_argmax_or_per_class_ranking_but_would_chang
     softmax = np.exp(100 * cos[:, :2]) / np.exp(100 * cos[:, :2]).sum(axis=1, keepdims=True)
     assert metrics.compute("roc_auc", own[:, :2], binary, "elevater") != pytest.approx(
         metrics.compute("roc_auc", softmax, binary, "elevater"), abs=1e-3)
+
+
+def test_plan_builds_an_hf_hub_arch_from_its_cached_config_without_weights(hub, monkeypatch, offline):
+    from vlbench.plan import build_image_model
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", hub)  # where open_clip looks without cache_dir
+    model, preprocess, precision = build_image_model(TINY, "cpu")
+    assert model.visual.image_size == (32, 32) and precision == "fp32"
+    assert model.logit_bias.item() == pytest.approx(-10)  # the config's init, not the checkpoint's: no weights read
