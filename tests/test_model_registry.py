@@ -265,3 +265,19 @@ def test_plan_builds_an_hf_hub_arch_from_its_cached_config_without_weights(hub, 
     model, preprocess, precision = build_image_model(TINY, "cpu")
     assert model.visual.image_size == (32, 32) and precision == "fp32"
     assert model.logit_bias.item() == pytest.approx(-10)  # the config's init, not the checkpoint's: no weights read
+
+
+def test_a_hub_tokenizer_missing_from_the_cache_is_a_model_error_naming_it(tmp_path, offline):
+    snapshot = write_repo(tmp_path, REPO)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (snapshot / name).unlink()
+    start = time.monotonic()
+    with pytest.raises(ModelError, match=f"Hugging Face tokenizer is not in the cache {tmp_path}"):
+        load_model(TINY, device="cpu", cache_dir=str(tmp_path))
+    assert time.monotonic() - start < 20
+
+
+@pytest.mark.parametrize("arch", ["hf-hub:", "hf-hub:just-a-name", "hf-hub:a/b/c"])
+def test_a_malformed_hub_name_is_refused(arch):
+    with pytest.raises(ModelError, match="must name a hub repo as hf-hub:org/name"):
+        validate_model_config({**TINY, "arch": arch})

@@ -205,7 +205,8 @@ def build_tokenizer(cfg: Mapping[str, Any], cache_dir: str | None = None) -> Cal
     try:
         return open_clip.get_tokenizer(cfg["arch"], context_length=text.get("context_length"), cache_dir=cache_dir,
                                        **options)
-    except OSError as err:  # transformers: files neither cached nor downloadable
+    except (OSError, ValueError) as err:  # transformers: files neither cached nor downloadable (ValueError: no
+        # tokenizer file next to a cached config.json)
         raise ModelError(f"model {cfg['slug']!r} ({cfg['arch']}): its Hugging Face tokenizer is not in the cache "
                          f"{cache_dir or hub_cache()} and cannot be downloaded: {str(err).splitlines()[0]}") from err
 
