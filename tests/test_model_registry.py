@@ -281,3 +281,26 @@ def test_a_hub_tokenizer_missing_from_the_cache_is_a_model_error_naming_it(tmp_p
 def test_a_malformed_hub_name_is_refused(arch):
     with pytest.raises(ModelError, match="must name a hub repo as hf-hub:org/name"):
         validate_model_config({**TINY, "arch": arch})
+
+
+def test_a_run_with_another_preprocessing_gets_no_verdict_against_the_published_number():
+    """open_clip's rows check the entry's preprocessing and text handling against reports/model.json: the entry's
+    own run is compared; a run that squashed differently or cut texts shorter is listed as not compared."""
+    from vlbench.reference.compare import reference_report
+
+    table = next(t for t in load_tables() if t.file == "open_clip_results.json")
+    cfg = ENTRIES["siglip-vitb16"]
+    model = {"model": "siglip-vitb16", "model_preprocess": model_identity(cfg)["model_preprocess"],
+             "text": cfg["text"], "logits": "sigmoid"}
+    metrics = {"zeroshot": {"imagenet-1k": {"accuracy": 0.7601}}}
+    results = {"zeroshot": {"imagenet-1k": {"params": {"prompts_per_class": 80, "split": "test"}}}}
+    (c,) = reference_report([table], metrics, model, results)["comparisons"]
+    assert c["verdict"] == "reproduced" and "model.model_preprocess.resize_mode" in c["settings_checked"]
+    assert "model.text.clean" in c["settings_checked"]
+    other = {**model, "model_preprocess": {**model["model_preprocess"], "resize_mode": "shortest"},
+             "text": {"context_length": 16, "clean": "canonicalize"}}
+    report = reference_report([table], metrics, other, results)
+    assert report["applies"] is False
+    reason = report["not_compared"][0]["reason"]
+    assert "model.model_preprocess.resize_mode: run 'shortest', reference 'squash'" in reason
+    assert "model.text.context_length: run 16, reference 64" in reason

@@ -29,6 +29,7 @@ COLUMNS = {
     "CIFAR-10": ("cifar-10", "accuracy", 18),
     "CIFAR-100": ("cifar-100", "accuracy", 18),
 }
+PREPROCESS_CHECKED = ("size", "mean", "std", "interpolation", "resize_mode")
 SOURCE = ("open_clip (Ilharco et al., OpenCLIP, Zenodo 2021; github.com/mlfoundations/open_clip), "
           "docs/openclip_results.csv: zero-shot results with LAION's CLIP_benchmark; row = (name, pretrained)")
 
@@ -62,13 +63,24 @@ def pick_records(csv_path: Path, conf: Path) -> list[tuple[str, dict]]:
     return list(found.items())
 
 
+def entry_settings(conf: Path, slug: str) -> dict:
+    """The checkable settings of a model's rows: the preprocessing and text handling its entry declares, which are
+    open_clip's for the tag, what CLIP_benchmark ran (it builds models and tokenizers with open_clip's defaults). A
+    run that deviates (reports/model.json's model_preprocess / text) gets no verdict against the published number."""
+    cfg = yaml.safe_load((conf / "model" / f"{slug}.yaml").read_text())
+    pp = dict(cfg["preprocess"])
+    pp["size"] = [pp["size"], pp["size"]] if isinstance(pp["size"], int) else pp["size"]
+    return {**{f"model.model_preprocess.{k}": pp[k] for k in PREPROCESS_CHECKED},
+            **{f"model.text.{k}": v for k, v in cfg["text"].items()}}
+
+
 def build(csv_path: Path, conf: Path) -> dict:
     exact, _ = model_rows(conf)
     rows = []
     for slug, record in pick_records(csv_path, conf):
         for column, (dataset, metric, prompts) in COLUMNS.items():
             printed = record[column]
-            settings = {} if prompts is None else {"params.prompts_per_class": prompts}
+            settings = {**entry_settings(conf, slug), **({} if prompts is None else {"params.prompts_per_class": prompts})}
             if dataset == "average":
                 settings["datasets"] = None
             rows.append({"model": slug, "model_name": f"{record['name']} {record['pretrained']}",

@@ -39,7 +39,9 @@ MODEL_FILE = REPORTS / "model.json"
 PLOTS_DIR = REPORTS / "plots"
 REFERENCE_FILE = REPORTS / "reference.json"  # the run's headline numbers against the papers' (vlbench.reference)
 RUNS = Path("runs")  # run facts (timings, host): git-ignored, no stage's output or dependency
-MODEL_KEYS = ("model", "arch", "pretrained", "weights_sha256", "precision", "vlbench_version")
+MODEL_KEYS = ("model", "arch", "pretrained", "weights_sha256", "precision", "vlbench_version",
+              # how the model saw images and texts and scores pairs (reference rows check these: docs/protocols.md)
+              "model_preprocess", "text", "logits", "logit_scale", "logit_bias")
 # keys of run facts, never of results: a timing differs on every run and would make committed results change
 RUN_FACT_KEY = re.compile(r"(^|_)(seconds|elapsed|duration|timestamp|hostname|per_second|per_s)($|_)")
 
