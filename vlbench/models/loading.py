@@ -81,7 +81,7 @@ def validate_model_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise ModelError(f"model {cfg['slug']!r}: precision {precision!r} is not one of {PRECISIONS}")
     validate_declared(cfg)
     if hub_repo(cfg["arch"]) is not None:
-        if not hub_repo(cfg["arch"]).count("/") == 1:
+        if hub_repo(cfg["arch"]).count("/") != 1:
             raise ModelError(f"model {cfg['slug']!r}: arch {cfg['arch']!r} must name a hub repo as {HF_HUB_PREFIX}org/name")
         if cfg["pretrained"] != HUB_WEIGHTS:
             raise ModelError(f"model {cfg['slug']!r}: arch {cfg['arch']!r} carries its repo's weights: set "
@@ -235,19 +235,23 @@ def describe_logits(model: torch.nn.Module) -> dict[str, Any]:
 
 def check_declared(cfg: Mapping[str, Any], built: Mapping[str, Any], model: torch.nn.Module) -> None:
     """The model as built has what the entry declares (`preprocess`, `text`, `logits`), else one ModelError."""
-    declared = {"model_preprocess": normalize_preprocess(cfg.get("preprocess") or {}), "text": cfg.get("text") or {},
-                "logits": {"logits": cfg["logits"]} if cfg.get("logits") else {}}
-    found = {**built, "logits": {"logits": built["logits"]}}
-    names = {"model_preprocess": "preprocess", "text": "text", "logits": None}
-    diffs = [(f"model.{names[part]}.{key}" if names[part] else "model.logits", value, found[part].get(key))
-             for part, wanted in declared.items() for key, value in wanted.items() if found[part].get(key) != value]
+    declared = flat_declaration(normalize_preprocess(cfg.get("preprocess") or {}), cfg.get("text") or {},
+                                cfg.get("logits"))
+    found = flat_declaration(built["model_preprocess"], built["text"], built["logits"])
+    diffs = [(key, value, found.get(key)) for key, value in declared.items() if found.get(key) != value]
     if diffs:
         raise ModelError(f"model {cfg['slug']!r} ({cfg['arch']} / {cfg['pretrained']}): the model open_clip builds does "
-                         f"not have what the entry says: " + "; ".join(f"{k} is {v!r}, built {b!r}" for k, v, b in diffs))
+                         f"not have what the entry says: " + "; ".join(f"model.{k} is {v!r}, built {b!r}" for k, v, b in diffs))
     length = getattr(model, "context_length", None)
     if length is not None and built["text"]["context_length"] > length:
         raise ModelError(f"model {cfg['slug']!r}: model.text.context_length {built['text']['context_length']} exceeds "
                          f"the text tower's {length} positions")
+
+
+def flat_declaration(preprocess: Mapping[str, Any], text: Mapping[str, Any], logits: str | None) -> dict[str, Any]:
+    """{"preprocess.<key>", "text.<key>", "logits": value}: an entry's declaration or a built model's, comparable."""
+    return {**{f"preprocess.{k}": v for k, v in preprocess.items()}, **{f"text.{k}": v for k, v in text.items()},
+            **({"logits": logits} if logits else {})}
 
 
 def resolve_weights(cfg: Mapping[str, Any], cache_dir: str | None = None) -> tuple[Path, dict]:
