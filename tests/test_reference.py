@@ -253,7 +253,8 @@ def test_cli_json_shape_and_paper_filter():
     only = json.loads(CliRunner().invoke(main, ["reference", "--paper", "open_clip", "--json"]).output)["tables"]
     assert [t["file"] for t in only] == ["open_clip_results.json", "open_clip_retrieval.json"]
     assert only[0]["models"] == sorted(["vitb32", "vitb16", "vitl14", "rn50", "vitb32-laion400m", "vitb32-laion2b",
-                                        "vitl14-laion2b"])
+                                        "vitl14-laion2b", "siglip-vitb16", "datacomp-vitb16", "dfn-vitb16",
+                                        "dfn-vitl14", "metaclip-vitb16"])
     text = CliRunner().invoke(main, ["reference", "--paper", "elevater"]).output
     assert "elevater Table 3 (elevater_table3.json)" in text and "run: dvc exp run -S model=vitb32" in text
 

@@ -17,7 +17,11 @@ from pathlib import Path
 
 import yaml
 
-MODELS = ("vitb32", "vitb16", "vitl14", "rn50", "vitb32-laion400m", "vitb32-laion2b", "vitl14-laion2b")
+MODELS = ("vitb32", "vitb16", "vitl14", "rn50", "vitb32-laion400m", "vitb32-laion2b", "vitl14-laion2b",
+          "siglip-vitb16", "datacomp-vitb16", "dfn-vitb16", "dfn-vitl14", "metaclip-vitb16")
+# registered models the CSV has no row for (listed in the file's notes, so that their absence is said, not silent)
+NO_ROW = {"siglip2-vitb16": "open_clip's results table has no SigLIP 2 rows (the CSV read for this file lists SigLIP "
+                            "1 and nllb-clip SigLIP models only): no published number is compared for siglip2-vitb16"}
 # CSV column -> (vlbench dataset, metric, prompts per class in CLIP_benchmark's run: CLIP's template sets)
 COLUMNS = {
     "Average perf. on 38 datasets": ("average", "dataset_metric", None),
@@ -25,37 +29,65 @@ COLUMNS = {
     "CIFAR-10": ("cifar-10", "accuracy", 18),
     "CIFAR-100": ("cifar-100", "accuracy", 18),
 }
+PREPROCESS_CHECKED = ("size", "mean", "std", "interpolation", "resize_mode")
 SOURCE = ("open_clip (Ilharco et al., OpenCLIP, Zenodo 2021; github.com/mlfoundations/open_clip), "
           "docs/openclip_results.csv: zero-shot results with LAION's CLIP_benchmark; row = (name, pretrained)")
 
 
-def model_rows(conf: Path) -> dict[tuple[str, str], str]:
-    out = {}
+def model_rows(conf: Path) -> tuple[dict[tuple[str, str], str], dict[tuple[str, str], str]]:
+    """({(arch, tag): slug} exactly as conf/model names them, {(plain arch, tag): slug} for -quickgelu entries): the
+    CSV names some QuickGELU checkpoints by the plain arch (OpenAI's; DFN-2B B/16, whose tag open_clip marks
+    quick_gelu), which is the same weights and activation; a plain row is taken only where no exact row exists."""
+    exact, plain = {}, {}
     for slug in MODELS:
         cfg = yaml.safe_load((conf / "model" / f"{slug}.yaml").read_text())
-        out[(cfg["arch"], cfg["pretrained"])] = slug
-        if cfg["pretrained"] == "openai":  # OpenAI weights load with QuickGELU whatever the name: the CSV's plain row
-            out.setdefault((cfg["arch"].removesuffix("-quickgelu"), "openai"), slug)
-    return out
+        exact[(cfg["arch"], cfg["pretrained"])] = slug
+        if cfg["arch"].endswith("-quickgelu"):
+            plain[(cfg["arch"].removesuffix("-quickgelu"), cfg["pretrained"])] = slug
+    return exact, plain
+
+
+def pick_records(csv_path: Path, conf: Path) -> list[tuple[str, dict]]:
+    """[(slug, CSV record)]: each registered model's exact row, else its plain-arch row (the first of each)."""
+    exact, plain = model_rows(conf)
+    records = list(csv.DictReader(csv_path.open(newline="")))
+    found = {}
+    for r in records:
+        slug = exact.get((r["name"], r["pretrained"]))
+        if slug is not None and slug not in found:
+            found[slug] = r
+    for r in records:
+        slug = plain.get((r["name"], r["pretrained"]))
+        if slug is not None and slug not in found:
+            found[slug] = r
+    return list(found.items())
+
+
+def entry_settings(conf: Path, slug: str) -> dict:
+    """The checkable settings of a model's rows: the preprocessing and text handling its entry declares, which are
+    open_clip's for the tag, what CLIP_benchmark ran (it builds models and tokenizers with open_clip's defaults). A
+    run that deviates (reports/model.json's model_preprocess / text) gets no verdict against the published number."""
+    cfg = yaml.safe_load((conf / "model" / f"{slug}.yaml").read_text())
+    pp = dict(cfg["preprocess"])
+    pp["size"] = [pp["size"], pp["size"]] if isinstance(pp["size"], int) else pp["size"]
+    return {**{f"model.model_preprocess.{k}": pp[k] for k in PREPROCESS_CHECKED},
+            **{f"model.text.{k}": v for k, v in cfg["text"].items()}}
 
 
 def build(csv_path: Path, conf: Path) -> dict:
-    wanted = model_rows(conf)
+    exact, _ = model_rows(conf)
     rows = []
-    for record in csv.DictReader(csv_path.open(newline="")):
-        slug = wanted.get((record["name"], record["pretrained"]))
-        if slug is None or any(r["model"] == slug for r in rows):  # the first of a quickgelu / plain pair
-            continue
+    for slug, record in pick_records(csv_path, conf):
         for column, (dataset, metric, prompts) in COLUMNS.items():
             printed = record[column]
-            settings = {} if prompts is None else {"params.prompts_per_class": prompts}
+            settings = {**entry_settings(conf, slug), **({} if prompts is None else {"params.prompts_per_class": prompts})}
             if dataset == "average":
                 settings["datasets"] = None
             rows.append({"model": slug, "model_name": f"{record['name']} {record['pretrained']}",
                          "analysis": "zeroshot", "dataset": dataset, "metric": metric, "value": float(printed),
                          "published": printed, "spread": None, "settings": settings,
                          "row": f"{record['name']},{record['pretrained']}", "column": column})
-    missing = sorted(set(wanted.values()) - {r["model"] for r in rows})
+    missing = sorted(set(exact.values()) - {r["model"] for r in rows})
     if missing:
         raise SystemExit(f"{csv_path}: no row for {missing} (arch, pretrained as in conf/model/)")
     rows.sort(key=lambda r: (MODELS.index(r["model"]), list(COLUMNS).index(r["column"])))
@@ -75,7 +107,9 @@ def build(csv_path: Path, conf: Path) -> dict:
         "rows": rows,
         "notes": ["Rows are the CSV's (name, pretrained) pairs equal to conf/model's (arch, pretrained); "
                   "vitb32-laion400m is ViT-B-32-quickgelu laion400m_e32 (not the plain ViT-B-32 row); "
-                  "OpenAI models without a -quickgelu row take the plain row (the same weights and activation).",
+                  "QuickGELU models without a -quickgelu row take the plain row (the same weights and activation: "
+                  "OpenAI's, and dfn-vitb16's ViT-B-16 dfn2b, a tag open_clip marks quick_gelu).",
+                  *NO_ROW.values(),
                   "Other per-dataset columns are left out: vlbench's entries for them are ELEVATER's distributions "
                   "with ELEVATER's metrics (mean-per-class, 11-point mAP, ROC-AUC) and templates, which are not "
                   "CLIP_benchmark's.",

@@ -161,19 +161,24 @@ def squash_preprocess(preprocess: Callable, model: str = "?", interpolation: str
     """The model's transform with its Resize + CenterCrop replaced by one Resize to the crop size (h, w), with the
     same interpolation and antialiasing unless `interpolation` names another: the whole image is squashed to the
     model's input, its aspect ratio not kept and nothing cropped (ELEVATER's KITTI distance; open_clip's
-    `resize_mode="squash"`). The steps after it (RGB, ToTensor, Normalize) are kept, with `mean` / `std` replacing the Normalize's if given, so `split_preprocess`
+    `resize_mode="squash"`). A model that squashes already (SigLIP's transform: one Resize to (h, w)) keeps its Resize,
+    with `interpolation` if given. The steps after it (RGB, ToTensor, Normalize) are kept, with `mean` / `std` replacing the Normalize's if given, so `split_preprocess`
     still stops at uint8 for accelerators."""
     steps = list(getattr(preprocess, "transforms", []))
-    pairs = [i for i in range(len(steps) - 1) if isinstance(steps[i], Resize) and isinstance(steps[i + 1], CenterCrop)]
-    if not pairs:
+    pairs = [(i, 2) for i in range(len(steps) - 1) if isinstance(steps[i], Resize) and isinstance(steps[i + 1], CenterCrop)]
+    # a model that squashes already (open_clip's resize_mode 'squash', SigLIP's): one Resize to (h, w), kept
+    squashing = [(i, 1) for i, step in enumerate(steps) if isinstance(step, Resize) and isinstance(step.size, (list, tuple))
+                 and len(step.size) == 2 and not any(isinstance(s, CenterCrop) for s in steps)]
+    if not pairs + squashing:
         raise PreprocessError(
-            f"model {model!r}: cannot squash images: its preprocess has no Resize followed by CenterCrop "
-            f"(steps: {[type(step).__name__ for step in steps]}); use a model with open_clip's default resize_mode 'shortest'")
-    i = pairs[0]
-    resize, crop = steps[i], steps[i + 1]
+            f"model {model!r}: cannot squash images: its preprocess has no Resize followed by CenterCrop nor a Resize "
+            f"to (h, w) (steps: {[type(step).__name__ for step in steps]}); use a model with open_clip's resize_mode "
+            "'shortest' or 'squash'")
+    i, width = (pairs + squashing)[0]
+    resize = steps[i]
     mode = InterpolationMode(interpolation) if interpolation else resize.interpolation
-    squash = Resize(tuple(crop.size), interpolation=mode, antialias=resize.antialias)
-    steps = steps[:i] + [squash] + steps[i + 2:]
+    squash = Resize(tuple(steps[i + width - 1].size), interpolation=mode, antialias=resize.antialias)
+    steps = steps[:i] + [squash] + steps[i + width:]
     if mean is not None:
         if not isinstance(steps[-1], Normalize):
             raise PreprocessError(f"model {model!r}: cannot set the normalisation: its preprocess does not end in "
@@ -286,7 +291,7 @@ def embed_image_splits(
     meta = load_meta(dataset_dir)
     loaded = model_for_dataset(loaded, meta)
     fingerprint = {**loaded.fingerprint, "dataset": meta.name, "dataset_version": meta.version,
-                   **model_logit_scale(loaded.model), **decoding.decode_fingerprint(decode, loaded.device)}
+                   **decoding.decode_fingerprint(decode, loaded.device)}
     encoder = PreProjectionEncoder(loaded.model, loaded.fingerprint.get("model", "?")) if pre_projection else None
     summary: dict[str, Any] = {"dataset": meta.name, "splits": {}}
     with atomic_dir(out_dir) as tmp:
@@ -308,15 +313,6 @@ def embed_image_splits(
         if encoder is not None:
             summary["pre_projection"] = _write_projection(tmp, encoder.projection, fingerprint)
     return summary
-
-
-def model_logit_scale(model: torch.nn.Module) -> dict[str, float]:
-    """{"logit_scale": exp of the model's learned logit scale} (CLIP's 100 after training), recorded with the image
-    features for heads that start from it (ELEVATER's LOGIT_SCALE_INIT 'pretrained'); {} for a model without one."""
-    scale = getattr(model, "logit_scale", None)
-    if not isinstance(scale, torch.Tensor) or scale.numel() != 1:
-        return {}
-    return {"logit_scale": float(scale.detach().float().exp().item())}
 
 
 def _write_image_features(path: Path, rows: pa.Table, emb: np.ndarray, fingerprint: dict[str, Any],

@@ -5,7 +5,8 @@
 `features/<model>/<dataset>/images/pre_projection/<split>.parquet` (the embed step's `embed.pre_projection`): the same
 rows with the image tower's features before its projection, and `.../pre_projection/projection.weights.parquet` the
 projection itself (one row per output dimension: `weight` [d_pre], `bias`), so that projected = pre @ W.T + b.
-The schema metadata key `vlbench.fingerprint` holds a JSON object: the model (slug, arch, pretrained tag,
+The schema metadata key `vlbench.fingerprint` holds a JSON object: the model (slug, arch, pretrained tag, its own
+preprocessing `model_preprocess`, text handling `text`, scoring `logits` with `logit_scale` and `logit_bias`,
 weights hash, preprocessing, precision, vlbench version) and what was encoded (dataset and its image-data
 version, or dataset, text set and text-set version). Readers state what they expect and get a
 `StaleFeaturesError` on any mismatch: features are never silently reused.
@@ -79,9 +80,17 @@ def read_fingerprint(path: str | Path) -> dict[str, Any]:
     return json.loads(meta[FINGERPRINT_KEY])
 
 
+def matches(found: Any, expected: Any) -> bool:
+    """`found` satisfies `expected`: equal, or both mappings and every key `expected` names matches (a reader demands
+    what its params declare, e.g. the entry's preprocessing keys, and nothing it does not)."""
+    if isinstance(found, Mapping) and isinstance(expected, Mapping):
+        return all(k in found and matches(found[k], v) for k, v in expected.items())
+    return found == expected
+
+
 def check_fingerprint(path: str | Path, expect: Mapping[str, Any]) -> dict[str, Any]:
     found = read_fingerprint(path)
-    diffs = {k: (found.get(k), v) for k, v in expect.items() if v is not None and found.get(k) != v}
+    diffs = {k: (found.get(k), v) for k, v in expect.items() if v is not None and not matches(found.get(k), v)}
     if diffs:
         detail = "; ".join(f"{k}: file has {f!r}, expected {e!r}" for k, (f, e) in diffs.items())
         raise StaleFeaturesError(f"{path}: features do not match what was asked for ({detail}); re-run the embed stage")

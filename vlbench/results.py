@@ -40,6 +40,9 @@ PLOTS_DIR = REPORTS / "plots"
 REFERENCE_FILE = REPORTS / "reference.json"  # the run's headline numbers against the papers' (vlbench.reference)
 RUNS = Path("runs")  # run facts (timings, host): git-ignored, no stage's output or dependency
 MODEL_KEYS = ("model", "arch", "pretrained", "weights_sha256", "precision", "vlbench_version")
+# how the model saw images and texts and scores pairs (open_clip reference rows check them: docs/protocols.md); in
+# reports/model.json where the features recorded them (features embedded before they existed have none)
+RECORDED_MODEL_KEYS = ("model_preprocess", "text", "logits")
 # keys of run facts, never of results: a timing differs on every run and would make committed results change
 RUN_FACT_KEY = re.compile(r"(^|_)(seconds|elapsed|duration|timestamp|hostname|per_second|per_s)($|_)")
 
@@ -130,6 +133,12 @@ def read_result(analysis: str, dataset: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def model_of(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """reports/model.json's content from a result's fingerprint: MODEL_KEYS, then the RECORDED_MODEL_KEYS it has."""
+    return {**{k: fingerprint.get(k) for k in MODEL_KEYS},
+            **{k: fingerprint[k] for k in RECORDED_MODEL_KEYS if k in fingerprint}}
+
+
 def collect(datasets_by_analysis: Mapping[str, list[str]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """({analysis: {dataset: {metric: value}}}, the model fingerprint of those results)."""
     metrics: dict[str, Any] = {}
@@ -138,7 +147,7 @@ def collect(datasets_by_analysis: Mapping[str, list[str]]) -> tuple[dict[str, An
         for dataset in datasets:
             result = read_result(analysis, dataset)
             metrics.setdefault(analysis, {})[dataset] = result["metrics"]
-            model = model or {k: result["fingerprint"].get(k) for k in MODEL_KEYS}
+            model = model or model_of(result["fingerprint"])
     return metrics, model
 
 

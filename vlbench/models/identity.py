@@ -3,7 +3,10 @@
 A stage that reads features demands the model the params name: slug, architecture, pretrained tag or path,
 and for a local checkpoint the sha256 of that file, so features embedded with other weights are refused
 even when a stage is run by hand outside DVC. A published tag (`openai`, `laion2b_s34b_b79k`) names
-immutable weights, so the tag itself identifies them.
+immutable weights, so the tag itself identifies them. What the model's registry entry declares about preprocessing
+(`preprocess`), text handling (`text`) and scoring (`logits`) is demanded too, so that features made with another
+resize, interpolation, normalisation, token length or text cleaning are refused (docs/protocols.md, "Model registry:
+preprocessing, text, logits").
 """
 
 from __future__ import annotations
@@ -15,6 +18,27 @@ from typing import Any, Mapping
 from vlbench.io import sha256_file
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
+HF_HUB_PREFIX = "hf-hub:"  # open_clip's schema: the arch is a hub repo with open_clip_config.json and weights
+HUB_WEIGHTS = "hf-hub"  # model.pretrained of an hf-hub arch: the repo's own weights
+PREPROCESS_KEYS = ("size", "mode", "mean", "std", "interpolation", "resize_mode", "fill_color")  # open_clip PreprocessCfg
+TEXT_KEYS = ("context_length", "clean")
+CLEANS = ("canonicalize", "lower", "whitespace")  # open_clip's text cleaning; the first two lower-case
+LOGITS = ("softmax", "sigmoid")  # CLIP: softmax over scale * cos; SigLIP: sigmoid(scale * cos + bias) per pair
+# entry key -> the fingerprint key whose value must contain it
+DECLARED = {"preprocess": "model_preprocess", "text": "text", "logits": "logits"}
+
+
+def hub_repo(arch: str) -> str | None:
+    """`org/name` of an `hf-hub:org/name` arch, else None."""
+    return arch[len(HF_HUB_PREFIX):] if arch.startswith(HF_HUB_PREFIX) else None
+
+
+def normalize_preprocess(pp: Mapping[str, Any]) -> dict[str, Any]:
+    """open_clip's preprocess cfg as JSON compares it: tuples as lists, an int size as [size, size]."""
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in pp.items()}
+    if isinstance(out.get("size"), int):
+        out["size"] = [out["size"], out["size"]]
+    return out
 
 
 def is_local_checkpoint(pretrained: str) -> bool:
@@ -28,4 +52,6 @@ def model_identity(model: Mapping[str, Any]) -> dict[str, Any]:
     identity = {"model": model["slug"], "arch": model["arch"], "pretrained": pretrained}
     if is_local_checkpoint(pretrained) and Path(pretrained).is_file():
         identity["weights_sha256"] = sha256_file(pretrained)
+    declared = {**model, "preprocess": normalize_preprocess(model.get("preprocess") or {})}
+    identity.update({field: declared[key] for key, field in DECLARED.items() if declared.get(key)})
     return identity

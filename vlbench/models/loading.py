@@ -2,14 +2,24 @@
 
 `pretrained` is either an open_clip tag (`openai`, `laion2b_s34b_b79k`, ...) or a path to a local
 checkpoint. Tags resolve to a file in the weights cache; without network a missing file fails at once with
-a message naming the model, the cache and the fix, instead of open_clip's minutes of retries.
+a message naming the model, the cache and the fix, instead of open_clip's minutes of retries. An `hf-hub:org/repo`
+architecture carries its own weights (its repo's open_clip_config.json and checkpoint; `pretrained: hf-hub`).
+
+What the entry fixes besides the weights (docs/protocols.md, "Model registry: preprocessing, text, logits"):
+`preprocess` (size, mode, mean, std, interpolation, resize_mode, fill_color), `text` (context_length, clean: open_clip's
+text cleaning, `canonicalize` and `lower` lower-case) and `logits` (`softmax`: CLIP's scale * cos; `sigmoid`:
+SigLIP's sigmoid(scale * cos + bias)). Where given they override open_clip's defaults for the tag, and the model as
+built must then have exactly them (else ModelError); the fingerprint records what was built (`model_preprocess`,
+`text`, `logits`, `logit_scale`, `logit_bias`) and readers demand what the entry says (`identity.model_identity`).
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -20,11 +30,25 @@ from vlbench import __version__
 from vlbench.errors import VlbenchError
 from vlbench.io import sha256_file
 from vlbench.models import register_local_configs
-from vlbench.models.identity import is_local_checkpoint
+from vlbench.models.identity import (
+    CLEANS,
+    HF_HUB_PREFIX,
+    HUB_WEIGHTS,
+    LOGITS,
+    PREPROCESS_KEYS,
+    TEXT_KEYS,
+    hub_repo,
+    is_local_checkpoint,
+    normalize_preprocess,
+)
 
 PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
 REQUIRED_KEYS = ("slug", "arch", "pretrained")
 HF_HOST = ("huggingface.co", 443)
+HUB_CONFIG = "open_clip_config.json"  # an hf-hub repo's model_cfg and preprocess_cfg
+# entry preprocess key -> create_model_and_transforms' argument (size and mode are the architecture's: checked only)
+PREPROCESS_ARGS = {"mean": "image_mean", "std": "image_std", "interpolation": "image_interpolation",
+                   "resize_mode": "image_resize_mode"}
 
 
 class ModelError(VlbenchError):
@@ -55,6 +79,14 @@ def validate_model_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     precision = cfg.get("precision", "amp_bf16")
     if precision not in PRECISIONS:
         raise ModelError(f"model {cfg['slug']!r}: precision {precision!r} is not one of {PRECISIONS}")
+    validate_declared(cfg)
+    if hub_repo(cfg["arch"]) is not None:
+        if hub_repo(cfg["arch"]).count("/") != 1:
+            raise ModelError(f"model {cfg['slug']!r}: arch {cfg['arch']!r} must name a hub repo as {HF_HUB_PREFIX}org/name")
+        if cfg["pretrained"] != HUB_WEIGHTS:
+            raise ModelError(f"model {cfg['slug']!r}: arch {cfg['arch']!r} carries its repo's weights: set "
+                             f"model.pretrained to {HUB_WEIGHTS!r} (got {cfg['pretrained']!r})")
+        return {**cfg, "precision": precision}
     register_local_configs()
     import open_clip
 
@@ -62,6 +94,27 @@ def validate_model_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         close = difflib.get_close_matches(cfg["arch"], open_clip.list_models(), n=5, cutoff=0.5)
         raise ModelError(f"model {cfg['slug']!r}: unknown open_clip architecture {cfg['arch']!r}; close matches: {close}")
     return {**cfg, "precision": precision}
+
+
+def validate_declared(cfg: Mapping[str, Any]) -> None:
+    """The entry's optional `preprocess`, `text` and `logits`: known keys and values (one line naming the key)."""
+    for key, known in (("preprocess", PREPROCESS_KEYS), ("text", TEXT_KEYS)):
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise ModelError(f"model {cfg['slug']!r}: model.{key} must be a mapping, got {value!r}")
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ModelError(f"model {cfg['slug']!r}: unknown key(s) model.{key}.{unknown[0]} (known: {list(known)})")
+    text = cfg.get("text") or {}
+    if "clean" in text and text["clean"] not in CLEANS:
+        raise ModelError(f"model {cfg['slug']!r}: model.text.clean {text['clean']!r} is not one of {list(CLEANS)}")
+    if "context_length" in text and not (isinstance(text["context_length"], int) and text["context_length"] > 0):
+        raise ModelError(f"model {cfg['slug']!r}: model.text.context_length must be a positive integer, "
+                         f"got {text['context_length']!r}")
+    if cfg.get("logits") is not None and cfg["logits"] not in LOGITS:
+        raise ModelError(f"model {cfg['slug']!r}: model.logits {cfg['logits']!r} is not one of {list(LOGITS)}")
 
 
 def pick_device(requested: str | None = None) -> torch.device:
@@ -84,34 +137,121 @@ def load_model(cfg: Mapping[str, Any], device: str | torch.device | None = None,
     import open_clip
 
     weights, pretrained_cfg = resolve_weights(cfg, cache_dir)
-    kwargs = {}
-    if pretrained_cfg:
-        kwargs = dict(image_mean=pretrained_cfg.get("mean"), image_std=pretrained_cfg.get("std"),
-                      image_interpolation=pretrained_cfg.get("interpolation"),
-                      image_resize_mode=pretrained_cfg.get("resize_mode"))
-        kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    try:
-        model, _, preprocess = open_clip.create_model_and_transforms(cfg["arch"], pretrained=str(weights), device=device, **kwargs)
-    except (RuntimeError, AssertionError, KeyError) as err:  # open_clip asserts on some shape mismatches
-        raise ModelError(f"model {cfg['slug']!r}: checkpoint {weights} does not fit architecture {cfg['arch']!r}: {err}") from err
+    wanted = {**pretrained_cfg, **(cfg.get("preprocess") or {})}  # the entry's preprocessing overrides the tag's
+    kwargs = {arg: wanted[key] for key, arg in PREPROCESS_ARGS.items() if wanted.get(key) is not None}
+    # an hf-hub arch loads its repo (cached by resolve_weights); a tag or path loads the resolved file
+    source = {"pretrained": None, "cache_dir": cache_dir} if hub_repo(cfg["arch"]) else {"pretrained": str(weights)}
+    with hub_offline(not hub_needed(cfg) or offline()):
+        try:
+            model, _, preprocess = open_clip.create_model_and_transforms(cfg["arch"], device=device, **source, **kwargs)
+        except (RuntimeError, AssertionError, KeyError) as err:  # open_clip asserts on some shape mismatches
+            raise ModelError(f"model {cfg['slug']!r}: checkpoint {weights} does not fit architecture {cfg['arch']!r}: {err}") from err
+        tokenizer = build_tokenizer(cfg, cache_dir)
     model.eval()
     precision = effective_precision(cfg["precision"], device)
     dtype = autocast_dtype(cfg["precision"], device)
+    built = {"model_preprocess": describe_preprocess(model), "text": describe_tokenizer(tokenizer),
+             **describe_logits(model)}
+    check_declared(cfg, built, model)
     fingerprint = {
         "model": cfg["slug"],
         "arch": cfg["arch"],
         "pretrained": cfg["pretrained"],
         "weights_sha256": sha256_file(weights),
-        "preprocess": describe_preprocess(model),
+        "preprocess": built["model_preprocess"],
         "precision": precision,
         "vlbench_version": __version__,
+        **built,
     }
-    return LoadedModel(model, preprocess, open_clip.get_tokenizer(cfg["arch"]), fingerprint, device, dtype)
+    return LoadedModel(model, preprocess, tokenizer, fingerprint, device, dtype)
+
+
+def tag_declaration(arch: str, tag: str) -> dict[str, Any]:
+    """What open_clip builds for a published (arch, tag), as a registry entry declares it (`preprocess`, `text`,
+    `logits`), read from open_clip's registries without building a model: the tag's pretrained cfg (mean, std,
+    interpolation, resize_mode) over PreprocessCfg's defaults, the arch config's image size, token length and text
+    cleaning (its tokenizer_kwargs, else the default of the tokenizer class open_clip picks) and init_logit_bias."""
+    import inspect
+
+    import open_clip
+    from open_clip.factory import get_model_config
+    from open_clip.tokenizer import HFTokenizer, SimpleTokenizer
+    from open_clip.transform import PreprocessCfg
+
+    register_local_configs()
+    model_cfg, pcfg = get_model_config(arch), open_clip.get_pretrained_cfg(arch, tag)
+    if not model_cfg or not pcfg:
+        raise ModelError(f"open_clip has no pretrained tag {tag!r} of architecture {arch!r}")
+    defaults = {k: getattr(PreprocessCfg(), k) for k in PREPROCESS_KEYS}
+    preprocess = {**defaults, **{k: pcfg[k] for k in PREPROCESS_KEYS if k in pcfg},
+                  "size": model_cfg["vision_cfg"].get("image_size", defaults["size"])}
+    text_cfg = model_cfg["text_cfg"]
+    tokenizer = HFTokenizer if text_cfg.get("hf_tokenizer_name") else SimpleTokenizer
+    clean = text_cfg.get("tokenizer_kwargs", {}).get("clean",
+                                                     inspect.signature(tokenizer.__init__).parameters["clean"].default)
+    return {"preprocess": normalize_preprocess(preprocess),
+            "text": {"context_length": text_cfg.get("context_length", open_clip.tokenizer.DEFAULT_CONTEXT_LENGTH),
+                     "clean": clean},
+            "logits": "softmax" if model_cfg.get("init_logit_bias") is None else "sigmoid"}
+
+
+def build_tokenizer(cfg: Mapping[str, Any], cache_dir: str | None = None) -> Callable:
+    """open_clip's tokenizer for the arch, with the entry's `text.context_length` and `text.clean` where given. A
+    tokenizer that lives on the Hugging Face hub (SigLIP's) and is not in the cache fails with a ModelError."""
+    import open_clip
+
+    text = cfg.get("text") or {}
+    options = {"clean": text["clean"]} if "clean" in text else {}
+    try:
+        return open_clip.get_tokenizer(cfg["arch"], context_length=text.get("context_length"), cache_dir=cache_dir,
+                                       **options)
+    except (OSError, ValueError) as err:  # transformers: files neither cached nor downloadable (ValueError: no
+        # tokenizer file next to a cached config.json)
+        raise ModelError(f"model {cfg['slug']!r} ({cfg['arch']}): its Hugging Face tokenizer is not in the cache "
+                         f"{cache_dir or hub_cache()} and cannot be downloaded: {str(err).splitlines()[0]}") from err
 
 
 def describe_preprocess(model: torch.nn.Module) -> dict[str, Any]:
-    pp = dict(getattr(model.visual, "preprocess_cfg", {}) or {})
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in pp.items()}
+    return normalize_preprocess(getattr(model.visual, "preprocess_cfg", {}) or {})
+
+
+def describe_tokenizer(tokenizer: Callable) -> dict[str, Any]:
+    """{"context_length", "clean"}: the tokens' length and open_clip's text cleaning (`canonicalize`: lower-cased,
+    punctuation removed; `lower`: lower-cased; `whitespace`: as written), read off the tokenizer that was built."""
+    from open_clip.tokenizer import get_clean_fn
+
+    names = {get_clean_fn(name): name for name in CLEANS}
+    return {"context_length": int(tokenizer.context_length), "clean": names.get(getattr(tokenizer, "clean_fn", None))}
+
+
+def describe_logits(model: torch.nn.Module) -> dict[str, Any]:
+    """{"logits": "sigmoid" with the model's `logit_bias`, else "softmax"; "logit_scale": exp of its learned scale,
+    "logit_bias": the bias or None}: how the model turns cosines into scores (SigLIP: sigmoid(scale * cos + bias))."""
+    scale, bias = getattr(model, "logit_scale", None), getattr(model, "logit_bias", None)
+    return {"logits": "softmax" if bias is None else "sigmoid",
+            "logit_scale": float(scale.detach().float().exp().item()) if isinstance(scale, torch.Tensor) else None,
+            "logit_bias": float(bias.detach().float().item()) if isinstance(bias, torch.Tensor) else None}
+
+
+def check_declared(cfg: Mapping[str, Any], built: Mapping[str, Any], model: torch.nn.Module) -> None:
+    """The model as built has what the entry declares (`preprocess`, `text`, `logits`), else one ModelError."""
+    declared = flat_declaration(normalize_preprocess(cfg.get("preprocess") or {}), cfg.get("text") or {},
+                                cfg.get("logits"))
+    found = flat_declaration(built["model_preprocess"], built["text"], built["logits"])
+    diffs = [(key, value, found.get(key)) for key, value in declared.items() if found.get(key) != value]
+    if diffs:
+        raise ModelError(f"model {cfg['slug']!r} ({cfg['arch']} / {cfg['pretrained']}): the model open_clip builds does "
+                         f"not have what the entry says: " + "; ".join(f"model.{k} is {v!r}, built {b!r}" for k, v, b in diffs))
+    length = getattr(model, "context_length", None)
+    if length is not None and built["text"]["context_length"] > length:
+        raise ModelError(f"model {cfg['slug']!r}: model.text.context_length {built['text']['context_length']} exceeds "
+                         f"the text tower's {length} positions")
+
+
+def flat_declaration(preprocess: Mapping[str, Any], text: Mapping[str, Any], logits: str | None) -> dict[str, Any]:
+    """{"preprocess.<key>", "text.<key>", "logits": value}: an entry's declaration or a built model's, comparable."""
+    return {**{f"preprocess.{k}": v for k, v in preprocess.items()}, **{f"text.{k}": v for k, v in text.items()},
+            **({"logits": logits} if logits else {})}
 
 
 def resolve_weights(cfg: Mapping[str, Any], cache_dir: str | None = None) -> tuple[Path, dict]:
@@ -127,6 +267,9 @@ def resolve_weights(cfg: Mapping[str, Any], cache_dir: str | None = None) -> tup
         return path, {}
     import open_clip
 
+    repo = hub_repo(cfg["arch"])
+    if repo is not None:
+        return resolve_hub(cfg, repo, cache_dir)
     pcfg = open_clip.get_pretrained_cfg(cfg["arch"], pretrained)
     if not pcfg:
         tags = open_clip.list_pretrained_tags_by_model(cfg["arch"])
@@ -137,7 +280,7 @@ def resolve_weights(cfg: Mapping[str, Any], cache_dir: str | None = None) -> tup
     cached = find_cached_weights(pcfg, cache_dir)
     if cached:
         return cached, pcfg
-    if os.environ.get("VLBENCH_OFFLINE") == "1" or not network_reachable():
+    if offline():
         raise ModelError(
             f"model {cfg['slug']!r} ({cfg['arch']} / {pretrained}): weights are not in the cache "
             f"{weights_cache_location(pcfg, cache_dir)} and there is no network. Fix: run once on a machine with "
@@ -145,6 +288,59 @@ def resolve_weights(cfg: Mapping[str, Any], cache_dir: str | None = None) -> tup
             f"checkpoint path."
         )
     return Path(open_clip.download_pretrained(pcfg, cache_dir=cache_dir)), pcfg
+
+
+def resolve_hub(cfg: Mapping[str, Any], repo: str, cache_dir: str | None = None) -> tuple[Path, dict]:
+    """(weights file, the repo's preprocess_cfg) of an `hf-hub:` arch: its open_clip_config.json and checkpoint from
+    the cache, downloaded first when missing and the network is there; offline and missing: a ModelError at once."""
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    pcfg = {"hf_hub": f"{repo}/"}
+    config = try_to_load_from_cache(repo, HUB_CONFIG, cache_dir=cache_dir)
+    weights = find_cached_weights(pcfg, cache_dir)
+    if not (isinstance(config, str) and weights):
+        if offline():
+            raise ModelError(
+                f"model {cfg['slug']!r} ({cfg['arch']}): its {HUB_CONFIG} and weights are not in the cache "
+                f"{weights_cache_location(pcfg, cache_dir)} and there is no network. Fix: run once on a machine with "
+                f"internet (the repo is cached there; copy the cache over), or set model.arch to an open_clip "
+                f"architecture and model.pretrained to a local checkpoint path.")
+        import open_clip
+
+        config = hf_hub_download(repo, HUB_CONFIG, cache_dir=cache_dir)
+        weights = Path(open_clip.download_pretrained(pcfg, cache_dir=cache_dir))
+    preprocess = json.loads(Path(config).read_text()).get("preprocess_cfg", {})
+    return weights, dict(preprocess)
+
+
+def hub_needed(cfg: Mapping[str, Any]) -> bool:
+    """Whether loading may consult the Hugging Face hub: an hf-hub arch or a published tag (its tokenizer may live
+    there too, as SigLIP's do). A local checkpoint loads in offline mode: a hub tokenizer comes from the cache."""
+    return hub_repo(cfg["arch"]) is not None or not is_local_checkpoint(str(cfg["pretrained"]))
+
+
+def offline() -> bool:
+    return os.environ.get("VLBENCH_OFFLINE") == "1" or not network_reachable()
+
+
+@contextmanager
+def hub_offline(enabled: bool):
+    """huggingface_hub (and transformers through it) in offline mode while `enabled`: files come from the cache at
+    once instead of after minutes of retried requests (HF_HUB_OFFLINE is read at import; its constant at call time)."""
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = before or enabled
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+
+
+def hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
 
 
 def _hf_candidates(pcfg: Mapping) -> tuple[str, list[str]]:

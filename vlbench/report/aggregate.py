@@ -11,7 +11,7 @@ from typing import Any
 
 from vlbench.analyses import ANALYSES
 from vlbench.io import atomic_path, write_json
-from vlbench.results import MODEL_KEYS, PLOTS_DIR, REFERENCE_FILE, REPORTS, read_result, write_metrics
+from vlbench.results import PLOTS_DIR, REFERENCE_FILE, REPORTS, model_of, read_result, write_metrics
 
 INDEX_FILE = REPORTS / "index.html"
 
@@ -40,7 +40,7 @@ def headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> tuple[di
     """({analysis: {dataset: metrics}} with each entry's `summary` applied, the model fingerprint of the results)."""
     metrics: dict[str, Any] = {a: {d: r["metrics"] for d, r in per.items()} for a, per in results.items()}
     first = next((r for per in results.values() for r in per.values()), None)
-    model = {k: first["fingerprint"].get(k) for k in MODEL_KEYS} if first else {}
+    model = model_of(first["fingerprint"]) if first else {}
     for analysis in results:
         if ANALYSES[analysis].summary:
             metrics = _function(ANALYSES[analysis].summary)(metrics, results[analysis])
