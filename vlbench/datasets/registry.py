@@ -33,6 +33,7 @@ SOURCES = {
     "coco": "vlbench.datasets.coco:build",
     "vtab": "vlbench.datasets.vtab:build",  # TFDS-prepared TFRecord files, read without TensorFlow
     "fewtrans": "vlbench.datasets.fewtrans:build",
+    "shift": "vlbench.datasets.shifts:build",  # ImageNetV2, ImageNet-R/A, ObjectNet (robustness suite)
 }
 # FewTrans' base/novel class counts: the adapt analysis's table, read as data (importing the analysis would make
 # every prepare@ stage depend on it)
