@@ -56,9 +56,9 @@ def chart_spec(rows: list[dict[str, Any]], reference: str) -> dict[str, Any]:
                {"field": "reference_accuracy", "format": ".4f"}, {"field": "effective_robustness", "format": "+.4f"},
                {"field": "line"}]
     return {"$schema": "https://vega.github.io/schema/vega-lite/v5.json",
-            "title": {"text": "robustness: shift vs in-distribution accuracy (lines: reference fits; points: this "
-                              "model; height above its line = effective robustness)", "fontSize": 14,
-                      "anchor": "start"},
+            "title": {"text": ["robustness: accuracy under each shift vs in-distribution accuracy",
+                               "lines: reference fits; points: this model (height above its line = effective "
+                               "robustness)"], "fontSize": 13, "anchor": "start"},
             "background": "white", "padding": 12, "width": 420, "height": 420, "data": {"values": rows},
             "layer": [
                 {"transform": [{"filter": "datum.kind === 'line'"}], "mark": {"type": "line", "clip": True},
