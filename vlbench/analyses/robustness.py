@@ -21,8 +21,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
+from vlbench.analyses.base import Inputs, Result
+from vlbench.analyses.zeroshot import template_weights, zeroshot_logits
+from vlbench.config import prepared_dir
+from vlbench.datasets.canonical import load_meta
 from vlbench.errors import VlbenchError
+from vlbench.results import read_result
+from vlbench.stats import bootstrap_sample_metric
 
 LINES_FILE = Path(__file__).with_name("robustness_lines.json")
 TEXT_SET = "prompts"
@@ -99,8 +106,6 @@ def subset_predictions(image_emb: np.ndarray, weights: np.ndarray, labels: np.nd
                        targets: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(class sublist, predicted reference class per image, correct per image): logits over the sublist (the union
     of the targets, sorted), the top one mapped back to its reference class, right when among the label's targets."""
-    from vlbench.analyses.zeroshot import zeroshot_logits
-
     sublist = np.array(sorted({i for t in targets for i in t}), dtype=np.int64)
     logits = zeroshot_logits(image_emb, weights[sublist])
     predicted = sublist[logits.argmax(axis=1)]
@@ -112,18 +117,12 @@ def subset_predictions(image_emb: np.ndarray, weights: np.ndarray, labels: np.nd
 
 def reference_inputs(inputs, reference: str):
     """The reference dataset's inputs, beside the shift's (same model, sibling folders)."""
-    from vlbench.analyses.base import Inputs
-    from vlbench.config import prepared_dir
-    from vlbench.datasets.canonical import load_meta
-
     return Inputs(load_meta(prepared_dir(reference)), inputs.identity, inputs.features_dir.parent / reference,
                   inputs.texts_dir.parent / reference)
 
 
 def reference_accuracy(reference: str) -> float:
     """The reference's zero-shot accuracy (reports/zeroshot/<reference>.json), the line's x."""
-    from vlbench.results import read_result
-
     result = read_result("zeroshot", reference)
     if "accuracy" not in result["metrics"]:
         raise RobustnessError(f"reports/zeroshot/{reference}.json has no accuracy (metrics: {sorted(result['metrics'])})")
@@ -133,12 +132,6 @@ def reference_accuracy(reference: str) -> float:
 def run(inputs, cfg, seed: int):
     """robustness@<shift>: the shift's `cfg['split']` images against the reference's class prompts restricted to the
     shift's classes; effective robustness against the shift's line."""
-    import pyarrow as pa
-
-    from vlbench.analyses.base import Result
-    from vlbench.analyses.zeroshot import template_weights
-    from vlbench.stats import bootstrap_sample_metric
-
     reference = cfg["reference"]
     ref = reference_inputs(inputs, reference)
     texts = ref.texts(TEXT_SET)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from vlbench.io import atomic_path
+from vlbench.report.plots import PALETTE, render_svg
 
 CHART_FILE = "robustness.svg"
 LINE_POINTS = np.linspace(-4.0, 4.0, 33)  # logit x from 1.8% to 98.2%
@@ -39,8 +40,6 @@ def chart_rows(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]
 
 
 def chart_spec(rows: list[dict[str, Any]], reference: str) -> dict[str, Any]:
-    from vlbench.report.plots import PALETTE
-
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     ticks = [_logit(t) for t in TICKS]
     axis = {"values": ticks, "labelExpr": "format(1 / (1 + exp(-datum.value)), '.0%')", "grid": True}
@@ -71,8 +70,6 @@ def chart_spec(rows: list[dict[str, Any]], reference: str) -> dict[str, Any]:
 
 
 def write_chart(results: Mapping[str, Mapping[str, Any]], out_dir: Path) -> Path | None:
-    from vlbench.report.plots import render_svg
-
     rows = chart_rows(results)
     if not rows:
         return None
