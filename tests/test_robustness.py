@@ -367,3 +367,22 @@ def test_chart_draws_each_shifts_line_and_the_models_point(tmp_path):
     assert all(r["ly"] == pytest.approx(r["lx"]) for r in rows_ if r["kind"] == "line")
     path = write_chart({"shapes_outline": result}, tmp_path)
     assert path.read_text().lstrip().startswith(("<svg", "<?xml")) and "shapes_outline" in path.read_text()
+
+
+def test_open_clips_shift_accuracies_give_verdicts_for_the_robustness_results():
+    """open_clip's table (CLIP_benchmark, 80 templates) has ImageNetV2/Sketch/R/A for the registered models: a run's
+    robustness accuracy gets a verdict; ObjectNet has no row (CLIP_benchmark's protocol is not vlbench's)."""
+    from vlbench.reference import load_tables
+    from vlbench.reference.compare import reference_report
+
+    tables = [t for t in load_tables() if t.paper == "open_clip"]
+    rows_ = [r for t in tables for r in t.rows if r.analysis == "robustness"]
+    assert {r.dataset for r in rows_} == {"imagenetv2", "imagenet-sketch", "imagenet-r", "imagenet-a"}
+    theirs = next(r.value for r in rows_ if r.model == "vitb32" and r.dataset == "imagenetv2")
+    verdicts = {}
+    for ours in (theirs + 0.002, theirs - 0.02):
+        metrics = {"robustness": {"imagenetv2": {"accuracy": ours}}}
+        results = {"robustness": {"imagenetv2": {"params": {"prompts_per_class": 80.0}}}}
+        (c,) = reference_report(tables, metrics, {"model": "vitb32", "precision": "fp32"}, results)["comparisons"]
+        verdicts[ours] = c["verdict"]
+    assert list(verdicts.values()) == ["reproduced", "off"]

@@ -148,7 +148,8 @@ def run(inputs, cfg, seed: int):
                             "correct": pa.array(correct)})
     return Result(metrics,
                   counts={"samples": len(labels), "classes": len(targets), "reference_classes": int(sublist.size)},
-                  params={"split": cfg["split"], "reference": reference, "text_set": TEXT_SET, "line": key,
+                  params={"split": cfg["split"], "reference": reference, "text_set": TEXT_SET,
+                          "prompts_per_class": texts.table.num_rows / max(len(ref.meta.classes), 1), "line": key,
                           "slope": line["slope"], "intercept": line["intercept"]},
                   tables={"predictions": predictions},
                   details={"line": line, "reference_classes": sublist.tolist()},
