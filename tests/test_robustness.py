@@ -386,3 +386,4 @@ def test_open_clips_shift_accuracies_give_verdicts_for_the_robustness_results():
         (c,) = reference_report(tables, metrics, {"model": "vitb32", "precision": "fp32"}, results)["comparisons"]
         verdicts[ours] = c["verdict"]
     assert list(verdicts.values()) == ["reproduced", "off"]
+
