@@ -249,7 +249,7 @@ def test_default_datasets_are_embedded_exactly_as_before(loaded, tmp_path):
 def test_an_unknown_preprocess_is_refused_naming_the_dataset():
     from vlbench.datasets.canonical import DatasetError
 
-    with pytest.raises(DatasetError, match=r"dataset 'kitti': preprocess 'crop' is not one of \('default', 'squash', 'fewtrans'\)"):
+    with pytest.raises(DatasetError, match=r"dataset 'kitti': preprocess 'crop' is not one of \('default', 'squash', 'fewtrans', 'objectnet'\)"):
         DatasetMeta(name="kitti", task="single-label", metric="accuracy", classes=[ClassInfo(0, "a")], preprocess="crop")
 
 

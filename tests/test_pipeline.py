@@ -200,3 +200,27 @@ def test_real_models_have_no_pretrain_stage(repo):
         assert "pretrain@toy-smoke" in run(repo, *DVC, "stage", "list").stdout
     finally:
         params.write_text(before)
+
+
+def test_robustness_stage_scores_a_shift_against_the_reference_zeroshot_result(reproduced):
+    """Last in this file (it recomposes the repository's params): the smoke suite plus a tiny outline shift;
+    `dvc repro robustness@shapes_outline` runs only what it lacks and its numbers agree with the files it read."""
+    from tests.pipeline_repo import SMOKE_SUITE, synthetic_entry, write_suite
+
+    outline = synthetic_entry("shapes_outline", {"test": 24}, ["a {c}."])
+    suite = {**SMOKE_SUITE, "slug": "rob", "datasets": {**SMOKE_SUITE["datasets"], "shapes_outline": outline},
+             "embed_images": [*SMOKE_SUITE["embed"], "shapes_outline"], "robustness": ["shapes_outline"]}
+    write_suite(reproduced, suite, "rob")
+    run(reproduced, sys.executable, "-m", "vlbench.cli", "compose", "suite=rob")
+    out = run(reproduced, *DVC, "repro", "robustness@shapes_outline").stdout
+    assert sorted(ran_stages(out)) == ["embed_images@shapes_outline", "prepare@shapes_outline",
+                                       "robustness@shapes_outline"]
+    doc = json.loads((reproduced / "reports/robustness/shapes_outline.json").read_text())
+    zeroshot = json.loads((reproduced / "reports/zeroshot/shapes.json").read_text())
+    preds = pq.read_table(reproduced / "reports/robustness/shapes_outline.predictions.parquet").to_pylist()
+    assert doc["metrics"]["reference_accuracy"] == zeroshot["metrics"]["accuracy"]
+    assert doc["metrics"]["accuracy"] == pytest.approx(sum(p["correct"] for p in preds) / len(preds))
+    assert all(p["correct"] == (p["predicted_reference_class"] == p["label"]) for p in preds)  # the same 12 classes
+    x, y = doc["metrics"]["reference_accuracy"], doc["metrics"]["accuracy"]
+    assert doc["metrics"]["effective_robustness"] == pytest.approx(y - x)  # the identity line (y = x)
+    assert doc["counts"]["samples"] == 24 and not (reproduced / "features/toy-smoke/shapes_outline/text").exists()

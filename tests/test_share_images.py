@@ -138,7 +138,7 @@ def suite(**changes) -> dict:
 @pytest.mark.parametrize("changes, message", [
     ({"embed_images": ["pair_a", "pair_b"]}, "['pair_b'] are in both embed_images and share_images"),
     ({"embed_images": ["pair_b"], "share_images": {"pair_a": "pair_b"}, "embed": ["pair_b"]},
-     "['pair_a'] are in embed_images or share_images but not in embed"),
+     "['pair_a'] are keys of share_images but not in embed"),
     ({"share_images": {}}, "['pair_b'] are in embed but neither in embed_images nor a key of share_images"),
     ({"share_images": {"pair_b": "pair_c"}}, "share_images lists dataset 'pair_c', which is not among"),
     ({"embed_images": [], "share_images": {"pair_b": "pair_a"}, "embed": ["pair_b"]},

@@ -22,12 +22,19 @@ MODELS = ("vitb32", "vitb16", "vitl14", "rn50", "vitb32-laion400m", "vitb32-laio
 # registered models the CSV has no row for (listed in the file's notes, so that their absence is said, not silent)
 NO_ROW = {"siglip2-vitb16": "open_clip's results table has no SigLIP 2 rows (the CSV read for this file lists SigLIP "
                             "1 and nllb-clip SigLIP models only): no published number is compared for siglip2-vitb16"}
-# CSV column -> (vlbench dataset, metric, prompts per class in CLIP_benchmark's run: CLIP's template sets)
+# CSV column -> (vlbench dataset, metric, prompts per class in CLIP_benchmark's run: CLIP's template sets, analysis)
 COLUMNS = {
-    "Average perf. on 38 datasets": ("average", "dataset_metric", None),
-    "ImageNet 1k": ("imagenet-1k", "accuracy", 80),
-    "CIFAR-10": ("cifar-10", "accuracy", 18),
-    "CIFAR-100": ("cifar-100", "accuracy", 18),
+    "Average perf. on 38 datasets": ("average", "dataset_metric", None, "zeroshot"),
+    "ImageNet 1k": ("imagenet-1k", "accuracy", 80, "zeroshot"),
+    "CIFAR-10": ("cifar-10", "accuracy", 18, "zeroshot"),
+    "CIFAR-100": ("cifar-100", "accuracy", 18, "zeroshot"),
+    # the shifts: scored with imagenet-1k's 80-template class features restricted to each shift's classes, as
+    # CLIP_benchmark's 80-template classifiers over the same classes (ObjectNet left out: CLIP_benchmark classifies
+    # over ObjectNet's own 113 names without the border crop, vlbench as imagenet-testbed; docs/protocols.md)
+    "ImageNet v2": ("imagenetv2", "accuracy", 80, "robustness"),
+    "ImageNet Sketch": ("imagenet-sketch", "accuracy", 80, "robustness"),
+    "ImageNet-R": ("imagenet-r", "accuracy", 80, "robustness"),
+    "ImageNet-A": ("imagenet-a", "accuracy", 80, "robustness"),
 }
 PREPROCESS_CHECKED = ("size", "mean", "std", "interpolation", "resize_mode")
 SOURCE = ("open_clip (Ilharco et al., OpenCLIP, Zenodo 2021; github.com/mlfoundations/open_clip), "
@@ -78,13 +85,13 @@ def build(csv_path: Path, conf: Path) -> dict:
     exact, _ = model_rows(conf)
     rows = []
     for slug, record in pick_records(csv_path, conf):
-        for column, (dataset, metric, prompts) in COLUMNS.items():
+        for column, (dataset, metric, prompts, analysis) in COLUMNS.items():
             printed = record[column]
             settings = {**entry_settings(conf, slug), **({} if prompts is None else {"params.prompts_per_class": prompts})}
             if dataset == "average":
                 settings["datasets"] = None
             rows.append({"model": slug, "model_name": f"{record['name']} {record['pretrained']}",
-                         "analysis": "zeroshot", "dataset": dataset, "metric": metric, "value": float(printed),
+                         "analysis": analysis, "dataset": dataset, "metric": metric, "value": float(printed),
                          "published": printed, "spread": None, "settings": settings,
                          "row": f"{record['name']},{record['pretrained']}", "column": column})
     missing = sorted(set(exact.values()) - {r["model"] for r in rows})
@@ -103,7 +110,10 @@ def build(csv_path: Path, conf: Path) -> dict:
                        "80 ImageNet templates (texts.templates: openclip:openai_imagenet), so prompts_per_class is 80 "
                        "as the reference needs. CIFAR-10/100: dvc exp run -S model=<slug> -S suite=elevater "
                        "(ELEVATER's distribution of the same test sets, with CLIP's 18 templates). The 38-dataset "
-                       "average needs datasets vlbench does not register: listed, never compared."),
+                       "average needs datasets vlbench does not register: listed, never compared. ImageNetV2, "
+                       "ImageNet-Sketch, ImageNet-R, ImageNet-A: dvc exp run -S model=<slug> -S suite=robustness (each "
+                       "shift scored with imagenet-1k's 80-template class features restricted to its classes, as "
+                       "CLIP_benchmark's 80-template classifiers over the same classes)."),
         "rows": rows,
         "notes": ["Rows are the CSV's (name, pretrained) pairs equal to conf/model's (arch, pretrained); "
                   "vitb32-laion400m is ViT-B-32-quickgelu laion400m_e32 (not the plain ViT-B-32 row); "

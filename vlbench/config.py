@@ -102,7 +102,9 @@ def check_suite(suite: Mapping[str, Any], config_dir: str | Path | None = None) 
 
 def check_shared_images(suite: Mapping[str, Any]) -> None:
     """`share_images: {B: A}` (B reuses A's image features): A's images are embedded, B's are not, and every dataset
-    of `embed` gets image features one way: `embed` is `embed_images` plus the keys of `share_images`."""
+    of `embed` gets image features one way: `embed` is within `embed_images` plus the keys of `share_images`. A dataset
+    of `embed_images` that `embed` lacks gets image features only (no text features: a distribution shift that the
+    robustness analysis scores with its reference dataset's class prompts)."""
     slug, shared = suite.get("slug"), suite.get("share_images") or {}
     embed = list(suite.get("embed") or [])
     embedded = list(suite.get("embed_images", embed) or [])
@@ -114,13 +116,13 @@ def check_shared_images(suite: Mapping[str, Any]) -> None:
             raise ParamsError(f"suite {slug!r}: share_images.{target} is {source!r}, whose images are not embedded: "
                               f"list {source!r} in embed_images (a dataset can only reuse features the model made)")
     both, missing = sorted(set(shared) & set(embedded)), sorted(set(embed) - set(embedded) - set(shared))
-    extra = sorted((set(embedded) | set(shared)) - set(embed))
+    extra = sorted(set(shared) - set(embed))
     for problem, names in (("are in both embed_images and share_images (embedded twice)", both),
                            ("are in embed but neither in embed_images nor a key of share_images (no image features)",
-                            missing), ("are in embed_images or share_images but not in embed", extra)):
+                            missing), ("are keys of share_images but not in embed", extra)):
         if names:
-            raise ParamsError(f"suite {slug!r}: datasets {names} {problem}; embed must be embed_images plus the keys "
-                              f"of share_images (a suite that shares images lists embed_images itself)")
+            raise ParamsError(f"suite {slug!r}: datasets {names} {problem}; embed must be within embed_images plus the "
+                              f"keys of share_images (a suite that shares images lists embed_images itself)")
 
 
 def get(params: Mapping[str, Any], dotted: str, kind: type | tuple[type, ...] | None = None) -> Any:

@@ -187,6 +187,28 @@ def squash_preprocess(preprocess: Callable, model: str = "?", interpolation: str
     return Compose(steps)
 
 
+# Pixels cropped off every side of each image before the model's own transform, per prepared `preprocess`. objectnet:
+# ObjectNet's images carry a thin red border; imagenet-testbed (src/eval_settings/objectnet.py, crop_image) and wise-ft /
+# model-soups crop 2 pixels (PIL.ImageOps.crop(image, border=2)), the crop of the published effective-robustness
+# numbers (docs/protocols.md "Robustness"); CLIP_benchmark crops nothing.
+BORDER_CROPS: dict[str, int] = {"objectnet": 2}
+
+
+class BorderCrop:
+    """Crop `border` pixels off every side (PIL.ImageOps.crop); a class, so DataLoader workers can pickle it."""
+
+    def __init__(self, border: int):
+        self.border = border
+
+    def __call__(self, image):
+        from PIL import ImageOps
+
+        return ImageOps.crop(image, border=self.border)
+
+    def __repr__(self) -> str:
+        return f"BorderCrop(border={self.border})"
+
+
 def model_for_dataset(loaded: LoadedModel, meta: DatasetMeta) -> LoadedModel:
     """The model as it embeds this dataset's images: unchanged for `preprocess: default`; otherwise with
     `squash_preprocess` as PREPROCESS_MODES says, and the fingerprint's `preprocess` saying so (`resize_mode:
@@ -194,6 +216,11 @@ def model_for_dataset(loaded: LoadedModel, meta: DatasetMeta) -> LoadedModel:
     never be mistaken for each other."""
     if meta.preprocess == "default":
         return loaded
+    if meta.preprocess in BORDER_CROPS:
+        border = BORDER_CROPS[meta.preprocess]
+        described = {**loaded.fingerprint.get("preprocess", {}), "border_crop": border}
+        steps = [BorderCrop(border)] + list(getattr(loaded.preprocess, "transforms", [loaded.preprocess]))
+        return replace(loaded, preprocess=Compose(steps), fingerprint={**loaded.fingerprint, "preprocess": described})
     mode = PREPROCESS_MODES[meta.preprocess]
     described = {**loaded.fingerprint.get("preprocess", {}), "resize_mode": "squash",
                  **{k: list(v) if isinstance(v, tuple) else v for k, v in mode.items()}}

@@ -78,6 +78,17 @@ ANALYSES = {a.name: a for a in (
              explain="Acc-C: each group of classes alone; Acc-E: accuracy as groups join the vocabulary with their "
                      "images; Acc-S: a group's images as other groups join as distractors. Per prompt variant; a drop "
                      "from Acc-C to Acc-E or Acc-S measures how much a larger vocabulary hurts."),
+    Analysis("robustness", "vlbench.analyses.robustness",
+             "Robustness to natural distribution shifts (effective robustness)",
+             charts=("vlbench.report.robustness:charts",),
+             headline=("accuracy", "reference_accuracy", "effective_robustness"),
+             explain="Each shifted test set (ImageNetV2, ImageNet-Sketch, ImageNet-R, ImageNet-A, ObjectNet; on the demo, "
+                     "the shapes drawn as outlines) is classified with the in-distribution dataset's own class prompts, "
+                     "restricted to the classes its authors keep (R and A: 200; ObjectNet: the ImageNet classes of its 113, "
+                     "the prediction mapped back). effective_robustness is the shift accuracy minus what the reference "
+                     "line predicts from the in-distribution zero-shot accuracy (logit-linear fit, Taori et al. 2020); "
+                     "the lines are fit on open_clip's published results, so 0 means as robust as a typical CLIP model, "
+                     "and the demo's line is y = x (no reference population)."),
 )}
 
 

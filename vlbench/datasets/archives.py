@@ -123,7 +123,7 @@ def _zip_entries(archive: Path, zf: zipfile.ZipFile) -> Iterator[tuple[str, zipf
 
 
 @contextlib.contextmanager
-def _entries(archive: Path) -> Iterator[Iterator[tuple[str, bool, Callable[[], IO[bytes]]]]]:
+def _entries(archive: Path, password: bytes | None = None) -> Iterator[Iterator[tuple[str, bool, Callable[[], IO[bytes]]]]]:
     """(safe name, is_dir, open) for each member, in archive order, for both formats. Corrupt data raises
     ArchiveError while walking; reading a member's bytes is checked by `_read_blocks`."""
     kind = archive_kind(archive)
@@ -131,6 +131,8 @@ def _entries(archive: Path) -> Iterator[Iterator[tuple[str, bool, Callable[[], I
         handle = zipfile.ZipFile(archive) if kind == "zip" else tarfile.open(archive, "r:*")  # noqa: SIM115 - closed below
     except _CORRUPT as err:
         raise _corrupt(archive, err) from None
+    if kind == "zip" and password is not None:
+        handle.setpassword(password)
     with handle:
         yield _walk(archive, kind, handle)
 
@@ -160,12 +162,14 @@ def _corrupt(archive: Path, err: BaseException) -> ArchiveError:
 # ---------------------------------------------------------------------------------------------------- reading
 
 
-def iter_members(archive: str | os.PathLike, suffixes: Iterable[str] | None = None) -> Iterator[tuple[str, bytes]]:
+def iter_members(archive: str | os.PathLike, suffixes: Iterable[str] | None = None,
+                 password: bytes | None = None) -> Iterator[tuple[str, bytes]]:
     """Regular files of `archive` as (safe relative name, bytes), in archive order, nothing written to disk.
-    `suffixes` (e.g. (".jpg", ".png")) keeps only names ending with one of them, case-insensitively."""
+    `suffixes` (e.g. (".jpg", ".png")) keeps only names ending with one of them, case-insensitively; `password`
+    decrypts a ZipCrypto-encrypted zip (ObjectNet's)."""
     archive = Path(archive)
     wanted = tuple(s.lower() for s in suffixes) if suffixes is not None else None
-    with _entries(archive) as entries:
+    with _entries(archive, password) as entries:
         for name, is_dir, opener in entries:
             if is_dir or (wanted is not None and not name.lower().endswith(wanted)):
                 continue
@@ -179,11 +183,11 @@ def members(archive: str | os.PathLike) -> list[str]:
         return [name for name, is_dir, _ in entries if not is_dir]
 
 
-def read_member(archive: str | os.PathLike, name: str) -> bytes:
+def read_member(archive: str | os.PathLike, name: str, password: bytes | None = None) -> bytes:
     """The bytes of the regular file `name` (as `iter_members` names it) in `archive`."""
     archive = Path(archive)
     target = safe_name(archive, name)
-    with _entries(archive) as entries:
+    with _entries(archive, password) as entries:
         for member, is_dir, opener in entries:
             if member == target and not is_dir:
                 return _read_all(archive, opener)

@@ -26,8 +26,9 @@ TASKS = ("single-label", "multi-label", "captions")
 METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc")
 PREPROCESS_FILE = "preprocess.txt"  # in splits/, only when not "default"
 # squash: resize to the model's square input without a centre crop (ELEVATER's KITTI distance, VTAB's 224 x 224);
-# fewtrans: FewTrans' code (squash with bilinear resizing and ImageNet's mean and std); vlbench/embed.py PREPROCESS_MODES
-PREPROCESS = ("default", "squash", "fewtrans")
+# fewtrans: FewTrans' code (squash with bilinear resizing and ImageNet's mean and std); vlbench/embed.py PREPROCESS_MODES;
+# objectnet: ObjectNet's border cropped off each side, then the model's own transform (vlbench/embed.py BORDER_CROPS)
+PREPROCESS = ("default", "squash", "fewtrans", "objectnet")
 ROWS_PER_GROUP = 256
 SPLITS = "splits"  # the sub-folder of images and labels that image embedding depends on
 

@@ -34,6 +34,7 @@ SOURCES = {
     "karpathy": "vlbench.datasets.karpathy:build",  # Karpathy's caption splits (COCO 5k, Flickr30k 1k) for retrieval
     "vtab": "vlbench.datasets.vtab:build",  # TFDS-prepared TFRecord files, read without TensorFlow
     "fewtrans": "vlbench.datasets.fewtrans:build",
+    "shift": "vlbench.datasets.shifts:build",  # ImageNetV2, ImageNet-R/A, ObjectNet (robustness suite)
 }
 # FewTrans' base/novel class counts: the adapt analysis's table, read as data (importing the analysis would make
 # every prepare@ stage depend on it)

@@ -118,7 +118,10 @@ NUMBERS = ("zero", "one", "two", "three", "four")
 MAX_COUNT = 4
 PREFIXES = ("a picture of", "a drawing of", "an image of", "a photo of")
 
-TASKS = ("shapes", "colors", "shape_color", "count", "position", "hierarchy", "captions", "corpus")
+TASKS = ("shapes", "colors", "shape_color", "count", "position", "hierarchy", "captions", "corpus", "shapes_outline")
+# How a task draws its shapes: filled (every task but these) or as outlines of this width in pixels of the final image;
+# shapes_outline is the demo's distribution shift (suite demo's robustness analysis): the shapes task drawn as line art
+OUTLINE_WIDTH = {"shapes_outline": 1.5}
 SPEC_DEFAULTS = {"seed": 0, "image_size": 32}
 SPEC_KEYS = ("source", "task", "seed", "image_size", "splits", "preprocess")
 
@@ -239,7 +242,8 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     return (level + tint[None, None, :] + grad[:, :, None]).astype(np.float32)
 
 
-def _mask(rng: np.random.Generator, obj: Obj, center: tuple[float, float], image_size: int) -> np.ndarray:
+def _mask(rng: np.random.Generator, obj: Obj, center: tuple[float, float], image_size: int,
+          line_width: float | None = None) -> np.ndarray:
     k = SUPERSAMPLE
     big = image_size * k
     radius = SIZES[obj.size] * big * rng.uniform(0.9, 1.1)
@@ -251,18 +255,24 @@ def _mask(rng: np.random.Generator, obj: Obj, center: tuple[float, float], image
     draw = ImageDraw.Draw(canvas)
     for outline, fill in OUTLINES[obj.shape]:
         pts = outline @ rot.T * radius + [cx, cy]
-        draw.polygon([tuple(p) for p in pts.tolist()], fill=fill)
+        points = [tuple(p) for p in pts.tolist()]
+        if line_width is None:
+            draw.polygon(points, fill=fill)
+        elif fill:
+            draw.line(points + points[:1], fill=255, width=max(1, round(line_width * k)), joint="curve")
     return np.asarray(canvas.reduce(k), dtype=np.float32) / 255.0
 
 
-def render(rng: np.random.Generator, objects: list[Obj], image_size: int, jitter: float = 0.02) -> bytes:
-    """Draw `objects` on a random background; return PNG bytes (deterministic given the rng state)."""
+def render(rng: np.random.Generator, objects: list[Obj], image_size: int, jitter: float = 0.02,
+           line_width: float | None = None) -> bytes:
+    """Draw `objects` on a random background, filled or (`line_width`: in pixels) as outlines; return PNG
+    bytes (deterministic given the rng state)."""
     image = _background(rng, image_size)
     names = list(POSITIONS)
     for obj in objects:
         row, col = divmod(names.index(obj.position), 3)
         center = (CELL_CENTERS[col] + rng.uniform(-jitter, jitter), CELL_CENTERS[row] + rng.uniform(-jitter, jitter))
-        alpha = _mask(rng, obj, center, image_size)[:, :, None]
+        alpha = _mask(rng, obj, center, image_size, line_width)[:, :, None]
         color = np.asarray(COLORS[obj.color], dtype=np.float32) + rng.uniform(-12, 12, size=3)
         image = image * (1 - alpha) + color * alpha
     image += rng.normal(0, rng.uniform(2, 9), size=image.shape)
@@ -394,7 +404,7 @@ def caption_scene(rng: np.random.Generator) -> list[Obj]:
 
 
 def _classes(task: str) -> list[ClassInfo]:
-    if task in ("shapes", "captions", "corpus"):
+    if task in ("shapes", "captions", "corpus", "shapes_outline"):
         return [ClassInfo(i, s.name, wnid=s.wnid, aliases=list(ALIASES.get(s.name, ()))) for i, s in enumerate(SHAPES)]
     if task == "colors":
         return [ClassInfo(i, c) for i, c in enumerate(COLORS)]
@@ -415,10 +425,10 @@ def _classes(task: str) -> list[ClassInfo]:
 def _sample(task: str, rng: np.random.Generator, classes: list[ClassInfo]) -> tuple[list[Obj], dict]:
     """A scene for `task` and its label fields."""
     index = {c.name: c.index for c in classes}
-    if task in ("shapes", "colors", "shape_color", "position"):
+    if task in ("shapes", "colors", "shape_color", "position", "shapes_outline"):
         objects = single_object(rng)
         o = objects[0]
-        key = {"shapes": o.shape, "colors": o.color, "shape_color": f"{o.color} {o.shape}", "position": o.position}[task]
+        key = {"shapes": o.shape, "shapes_outline": o.shape, "colors": o.color, "shape_color": f"{o.color} {o.shape}", "position": o.position}[task]
         return objects, {"label": index[key]}
     if task == "count":
         objects = counted_objects(rng, int(rng.integers(1, MAX_COUNT + 1)))
@@ -439,7 +449,8 @@ def _rows(task: str, split: str, n: int, seed: int, image_size: int, classes: li
     rng = split_rng(seed, task, split)
     for i in range(n):
         objects, fields = _sample(task, rng, classes)
-        image = render(rng, objects, image_size, jitter=0.02 if len(objects) == 1 else 0.01)
+        image = render(rng, objects, image_size, jitter=0.02 if len(objects) == 1 else 0.01,
+                       line_width=OUTLINE_WIDTH.get(task))
         if task == "captions":
             fields["captions"] = caption_levels(rng, objects)
         elif task == "corpus":
