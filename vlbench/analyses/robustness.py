@@ -118,7 +118,7 @@ def subset_predictions(image_emb: np.ndarray, weights: np.ndarray, labels: np.nd
 def reference_inputs(inputs, reference: str):
     """The reference dataset's inputs, beside the shift's (same model, sibling folders)."""
     return Inputs(load_meta(prepared_dir(reference)), inputs.identity, inputs.features_dir.parent / reference,
-                  inputs.texts_dir.parent / reference)
+                  inputs.texts_dir.parent / reference, decode=inputs.decode)
 
 
 def reference_accuracy(reference: str) -> float:
