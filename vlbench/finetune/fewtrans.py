@@ -279,6 +279,7 @@ def encode(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
 @dataclass
 class Trained:
     losses: list[float]  # the loss of every step, in order
+    rates: list[list[float]]  # the learning rate of each parameter group (backbone, head) at every step
     logits: dict[int, list[torch.Tensor]]  # scored epoch -> [logits of each evaluation set]
 
 
@@ -301,13 +302,14 @@ def fit(model: nn.Module, head: nn.Module, support: torch.Tensor, labels: torch.
             inputs = encode(model, support).float()
     n = len(support)
     steps, step = member.epochs * math.ceil(n / batch_size), 0
-    rng, out = np.random.RandomState(SHUFFLE_SEED), Trained([], {})
+    rng, out = np.random.RandomState(SHUFFLE_SEED), Trained([], [], {})
     model.eval()
     for epoch in range(1, member.epochs + 1):
         order = torch.from_numpy(rng.permutation(n))
         for start in range(0, n, batch_size):
             for group, rate in zip(optimizer.param_groups, rates):
                 group["lr"] = cosine_rate(rate, step, steps)
+            out.rates.append([g["lr"] for g in optimizer.param_groups])
             optimizer.zero_grad()
             idx = order[start:start + batch_size]
             with autocast():
@@ -382,8 +384,7 @@ def train_member(ctx: Context, name: str, data: EpisodeData, member: Member, epi
     if method.head == "text":
         head = TextHead(model, tuple(t.to(ctx.device) for t in ctx.prompts.of(data.base.classes)), ways)
     else:
-        head = linear_head(model.text_projection.shape[1] if hasattr(model, "text_projection") else
-                           model.visual.output_dim, ways, ctx.device)
+        head = linear_head(model.visual.output_dim, ways, ctx.device)
 
     def evaluate() -> list[torch.Tensor]:
         out = [batched_logits(model, head, data.query, ctx.autocast)]
