@@ -12,10 +12,10 @@ projections of every visual attention block, A Kaiming-uniform, B zero, added un
 
 LoRA is a parametrization (`torch.nn.utils.parametrize`) of the projection weight, W -> W + (alpha / rank) B A on the
 query and value rows, not peft: open_clip's ViT attention is `nn.MultiheadAttention` (or its own `Attention`) with one
-fused `in_proj_weight` (3d x d) for query, key and value, and peft (0.14+) adapts such a module as a whole (its
-experimental MultiheadAttention layer puts one low-rank update on all of in_proj, keys included, and on out_proj), so
-it cannot give the code's query-and-value-only adapters; the toy ResNet's attention pool (separate q/k/v `nn.Linear`,
-called through `F.multi_head_attention_forward` with their weights) is adapted by the same parametrization.
+fused `in_proj_weight` (3d x d) for query, key and value, and peft adapts such a module as a whole (its
+MultiheadAttention layer, huggingface/peft#1324, puts one low-rank update on all of in_proj, keys included, and on
+out_proj), so it cannot give the code's query-and-value-only adapters; the toy ResNet's attention pool (separate
+q/k/v `nn.Linear`, called through `F.multi_head_attention_forward` with their weights) takes the same parametrization.
 """
 
 from __future__ import annotations
