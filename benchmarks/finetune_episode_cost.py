@@ -60,7 +60,8 @@ def episode_work(name: str, settings, support: list[int], base_query: list[int],
     scored = np.mean([sum(len(m.scored) for m in members) * q for q in query])
     frozen = np.mean([len(members) * s for s in support]) if not visual else 0.0
     return {"members": len(members), "steps_per_episode": round(float(steps), 1),
-            "image_passes_per_episode": round(float(passes), 1), "support_encodings_per_episode": round(float(frozen), 1),
+            "image_passes_per_episode": round(float(passes), 1),
+            "support_encodings_per_episode": round(float(frozen), 1),
             "images_scored_per_episode": round(float(scored), 1)}
 
 

@@ -44,7 +44,8 @@ def world(tmp_path_factory, toy_model_cfg):
 
     def rows(split, n, offset):
         for k in range(n):
-            yield {"sample_id": f"{split}/{k:03d}", "label": k % 6, "image": png(list(HUES.values())[k % 6], seed=offset + k)}
+            colour = list(HUES.values())[k % 6]
+            yield {"sample_id": f"{split}/{k:03d}", "label": k % 6, "image": png(colour, seed=offset + k)}
 
     prepared = root / "prepared" / "hues"
     write_dataset(prepared, meta, {"train": rows("train", 30, 0), "test": rows("test", 36, 500)})
@@ -171,7 +172,7 @@ def test_ensembles_are_the_papers_grids():
     assert len(snap) == 9 and snap[0].epochs == 70 and snap[0].scored == (24, 48, 70)
     last = fft.members("finetune", fft.settings({"epoch_mode": "last"}))
     np.testing.assert_allclose([(m.lr, m.head_lr) for m in last],
-                               [(a, b) for a in (2e-6, 1e-5, 5e-5) for b in (4e-4, 2e-3, 1e-2)])  # the code's active grid
+                               [(a, b) for a in (2e-6, 1e-5, 5e-5) for b in (4e-4, 2e-3, 1e-2)])  # the code's grid
     assert {m.epochs for m in last} == {70}
 
 

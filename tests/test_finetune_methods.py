@@ -17,7 +17,8 @@ from vlbench.finetune import methods as fm
 from vlbench.models import CONFIG_DIR, register_local_configs
 
 TOY = json.loads((CONFIG_DIR / "vlbench-toy.json").read_text())
-TINY_VIT = {"embed_dim": 32, "vision_cfg": {"layers": 2, "width": 64, "head_width": 32, "patch_size": 8, "image_size": 32},
+TINY_VIT = {"embed_dim": 32,
+            "vision_cfg": {"layers": 2, "width": 64, "head_width": 32, "patch_size": 8, "image_size": 32},
             "text_cfg": {"context_length": 8, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1}}
 
 

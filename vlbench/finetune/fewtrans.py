@@ -44,7 +44,7 @@ from vlbench.texts import read_text_set
 @dataclass(frozen=True)
 class Method:
     selection: str  # vlbench.finetune.methods.SELECTIONS
-    head: str  # "text": the class prompts' features (one learning rate) | "linear": a linear head (backbone + head rates)
+    head: str  # "text": the class prompts' features (one rate) | "linear": a linear head (backbone + head rates)
 
 
 METHODS: dict[str, Method] = {
@@ -143,8 +143,8 @@ def _last(rates, axis: list[int]) -> list[Member]:
     return [Member(lr, hlr, max(axis), (max(axis),)) for lr, hlr in rates]
 
 
-EPOCH_MODES: dict[str, Callable[[list, list[int]], list[Member]]] = {"grid": _grid, "snapshots": _snapshots,
-                                                                      "last": _last}
+EPOCH_MODES: dict[str, Callable[[list, list[int]], list[Member]]] = {
+    "grid": _grid, "snapshots": _snapshots, "last": _last}
 
 
 def members(name: str, s: Mapping[str, Any]) -> list[Member]:
@@ -154,7 +154,8 @@ def members(name: str, s: Mapping[str, Any]) -> list[Member]:
     if METHODS[name].head == "text":
         rates = [(float(m["lr"]) * f, None) for f in s["lr_factors"]]
     else:
-        rates = [(float(m["lr"]) * f, float(m["head_lr"]) * g) for f in s["two_lr_factors"] for g in s["two_lr_factors"]]
+        factors = s["two_lr_factors"]
+        rates = [(float(m["lr"]) * f, float(m["head_lr"]) * g) for f in factors for g in factors]
     return EPOCH_MODES[s["epoch_mode"]](rates, episodic.epoch_axis(m["epochs"], s["epoch_offset"]))
 
 

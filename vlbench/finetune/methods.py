@@ -21,10 +21,8 @@ q/k/v `nn.Linear`, called through `F.multi_head_attention_forward` with their we
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
@@ -59,13 +57,12 @@ def is_bias(name: str) -> bool:
 class Selection:
     trains: Callable[[str], bool]  # which of the model's own parameters train
     lora: bool = False  # add LoRA adapters to the visual attention's query and value projections
-    tower: str = "visual"  # the tower whose output changes (what a text head must recompute)
 
 
 SELECTIONS: dict[str, Selection] = {
     "visual": Selection(lambda n: tower(n) == "visual"),
-    "text": Selection(lambda n: tower(n) == "text", tower="text"),
-    "all": Selection(lambda n: tower(n) != "scale", tower="all"),
+    "text": Selection(lambda n: tower(n) == "text"),
+    "all": Selection(lambda n: tower(n) != "scale"),
     "bitfit": Selection(lambda n: tower(n) == "visual" and is_bias(n)),
     "lora": Selection(lambda n: False, lora=True),
 }
@@ -142,13 +139,3 @@ def trainable_count(model: nn.Module) -> int:
 
 def trainable_names(model: nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
-def selection_tower(selection: str) -> str:
-    return SELECTIONS[selection].tower
-
-
-def describe(selection: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """What a result records about a selection: its name and, for LoRA, rank and alpha."""
-    lora = {"rank": int(cfg["rank"]), "alpha": float(cfg["alpha"])} if SELECTIONS[selection].lora else {}
-    return {"selection": selection, **lora}
