@@ -31,7 +31,7 @@ def episode_cost(model_cfg, dataset: str, episodes_cfg, seed: int, methods: list
                  overrides: dict) -> list[dict]:
     """Per method: seconds per episode with `finetune.fewtrans` = DEFAULTS + `overrides`, the work done, and seconds
     per optimiser step; `full_ensemble_seconds` scales the measured seconds per step to the default ensemble's
-    steps on the same episodes (exact when the overrides only shrink the grid: every step costs the same)."""
+    steps on the same episodes (an estimate: every step costs about the same; per-member copies and scoring vary)."""
     from vlbench.finetune import fewtrans as fft
 
     out = []
@@ -127,14 +127,22 @@ def main() -> None:
     parser.add_argument("--vit-batch", type=int, default=8)
     parser.add_argument("--vit-steps", type=int, default=2)
     parser.add_argument("--skip", nargs="*", default=[], choices=["episode", "workload", "vit_b16"])
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--overrides", default="{}", help='finetune.fewtrans overrides as JSON, e.g. '
                         '\'{"lr_factors": [1.0], "two_lr_factors": [1.0]}\' (3 members per method)')
     args = parser.parse_args()
     from vlbench.finetune import fewtrans as fft
 
     params = load_params(args.params)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     episodes_cfg = dict(params["adapt"]["fewtrans"])
-    print(json.dumps({"measure": "machine", "cpus": len(os.sched_getaffinity(0)), "gpu": None}), flush=True)
+    import torch
+
+    print(json.dumps({"measure": "machine", "cpus": len(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
+                      "load_average": os.getloadavg()[0], "gpu": torch.cuda.is_available()}), flush=True)
     if "workload" not in args.skip:
         print(json.dumps(workload(episodes_cfg, params["seed"], args.classes, args.per_class)), flush=True)
     if "vit_b16" not in args.skip:

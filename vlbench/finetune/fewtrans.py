@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlbench.analyses.adapt import fewtrans as episodic
+from vlbench.analyses.adapt.vtab import flush_denormals
 from vlbench.datasets.canonical import load_meta, read_columns, split_path
 from vlbench.datasets.images import decode_rgb
 from vlbench.embed import CorruptImageError, model_for_dataset
@@ -467,11 +468,12 @@ def run_episodes(model_cfg: Mapping[str, Any], prepared_dir: str | Path, texts_p
     ctx = Context(loaded.model, prompts, s, loaded.device, loaded.autocast, seed)
     images = PoolImages(Path(prepared_dir), list(sampler["splits"]), loaded.preprocess, pool.sample_ids)
     acc: dict[tuple[str, str], list[float]] = {}
-    for i, (b, n) in enumerate(pairs):
-        data = episode_data(b, n, images, loaded.device)
-        for name in s["methods"]:
-            for split, value in run_method(ctx, name, data, i).items():
-                acc.setdefault((split, name), []).append(value)
+    with flush_denormals():  # CPU only: subnormal activations and updates made toy steps 1.6x slower (measured)
+        for i, (b, n) in enumerate(pairs):
+            data = episode_data(b, n, images, loaded.device)
+            for name in s["methods"]:
+                for split, value in run_method(ctx, name, data, i).items():
+                    acc.setdefault((split, name), []).append(value)
     acc_np = {k: np.array(v) for k, v in acc.items()}
     metrics, details = episodic.summarise(acc_np)
     summary = {"metrics": metrics, "summary": details,
