@@ -25,6 +25,12 @@ import os
 import time
 
 import numpy as np
+import open_clip
+import torch
+
+from vlbench.analyses.adapt import fewtrans as episodic
+from vlbench.config import load_params
+from vlbench.finetune import fewtrans as fft
 
 
 def episode_cost(model_cfg, dataset: str, episodes_cfg, seed: int, methods: list[str], episodes: int,
@@ -32,8 +38,6 @@ def episode_cost(model_cfg, dataset: str, episodes_cfg, seed: int, methods: list
     """Per method: seconds per episode with `finetune.fewtrans` = DEFAULTS + `overrides`, the work done, and seconds
     per optimiser step; `full_ensemble_seconds` scales the measured seconds per step to the default ensemble's
     steps on the same episodes (an estimate: every step costs about the same; per-member copies and scoring vary)."""
-    from vlbench.finetune import fewtrans as fft
-
     out = []
     sampler = {**episodes_cfg, "episodes": episodes}
     _, s, _, _, _, pairs = fft.draw_episodes(f"data/prepared/{dataset}", sampler, seed)
@@ -58,8 +62,6 @@ def episode_cost(model_cfg, dataset: str, episodes_cfg, seed: int, methods: list
 def episode_work(name: str, settings, support: list[int], base_query: list[int], novel_query: list[int]) -> dict:
     """Per episode (mean over the given episodes): members, optimiser steps, image forward+backward passes (a frozen
     image tower encodes the support set once per member instead), images scored (novel queries for a text head)."""
-    from vlbench.finetune import fewtrans as fft
-
     members, batch = fft.members(name, settings), int(settings[name]["batch_size"])
     visual = fft.METHODS[name].selection != "text"
     query = [b + (n if fft.METHODS[name].head == "text" else 0) for b, n in zip(base_query, novel_query)]
@@ -80,9 +82,6 @@ def sizes(pairs) -> tuple[list[int], list[int], list[int]]:
 
 
 def workload(episodes_cfg, seed: int, classes: int, per_class: int) -> dict:
-    from vlbench.analyses.adapt import fewtrans as episodic
-    from vlbench.finetune import fewtrans as fft
-
     s = episodic.settings({**episodes_cfg, "episodes": 600})
     labels = np.repeat(np.arange(classes), per_class)
     base, novel = episodic.class_split(classes, round(0.2 * classes))
@@ -96,9 +95,6 @@ def workload(episodes_cfg, seed: int, classes: int, per_class: int) -> dict:
 
 
 def vit_b16(batch: int, steps: int) -> dict:
-    import open_clip
-    import torch
-
     torch.manual_seed(0)
     model = open_clip.create_model("ViT-B-16-quickgelu").eval()
     x = torch.randn(batch, 3, 224, 224)
@@ -115,8 +111,6 @@ def vit_b16(batch: int, steps: int) -> dict:
 
 
 def main() -> None:
-    from vlbench.config import load_params
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="count")
     parser.add_argument("--episodes", type=int, default=2)
@@ -131,16 +125,10 @@ def main() -> None:
     parser.add_argument("--overrides", default="{}", help='finetune.fewtrans overrides as JSON, e.g. '
                         '\'{"lr_factors": [1.0], "two_lr_factors": [1.0]}\' (3 members per method)')
     args = parser.parse_args()
-    from vlbench.finetune import fewtrans as fft
-
     params = load_params(args.params)
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     episodes_cfg = dict(params["adapt"]["fewtrans"])
-    import torch
-
     print(json.dumps({"measure": "machine", "cpus": len(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
                       "load_average": os.getloadavg()[0], "gpu": torch.cuda.is_available()}), flush=True)
     if "workload" not in args.skip:

@@ -39,6 +39,7 @@ from vlbench.datasets.images import decode_rgb
 from vlbench.embed import CorruptImageError, model_for_dataset
 from vlbench.finetune.methods import FinetuneError, prepare
 from vlbench.models.loading import load_model
+from vlbench.stats import episodes_interval
 from vlbench.texts import read_text_set
 
 
@@ -294,9 +295,8 @@ def fit(model: nn.Module, head: nn.Module, support: torch.Tensor, labels: torch.
     groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": member.lr}]
     if member.head_lr is not None:
         groups.append({"params": list(head.parameters()), "lr": member.head_lr})
-    rates = [member.lr] + ([member.head_lr] if member.head_lr is not None else [])
-    optimizer = torch.optim.Adam([g for g in groups if g["params"]])
-    rates = [r for r, g in zip(rates, groups) if g["params"]]
+    rates = [g["lr"] for g in groups]
+    optimizer = torch.optim.Adam(groups)
     visual_trains = any(p.requires_grad for p in model.visual.parameters())
     inputs = support
     if not visual_trains:
@@ -455,8 +455,6 @@ def run_episodes(model_cfg: Mapping[str, Any], prepared_dir: str | Path, texts_p
     adapt's episode seed; `episodes_cfg`: params `adapt.fewtrans` (the sampler's settings; its methods are ignored).
     Summary: metrics `fewtrans/<split>/<method>`, `summary` (mean, ci95, episodes per metric), `intervals`, the
     ensemble of each method, the trainable backbone parameters, the settings, seed and class split."""
-    from vlbench.stats import episodes_interval
-
     s = settings(cfg)
     meta, sampler, pool, base, novel, pairs = draw_episodes(Path(prepared_dir), episodes_cfg, seed)
     loaded = model_for_dataset(load_model(model_cfg, device), meta)
