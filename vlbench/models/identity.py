@@ -8,13 +8,20 @@ immutable weights, so the tag itself identifies them.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from vlbench.errors import VlbenchError
 from vlbench.io import sha256_file
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
+FINETUNE_FINGERPRINT = "fingerprint.json"  # beside a fine-tuned checkpoint (vlbench.finetune.artifacts writes both)
+
+
+class FinetunedModelError(VlbenchError):
+    """A model config names a fine-tuned checkpoint whose fingerprint.json is missing or does not match it."""
 
 
 def is_local_checkpoint(pretrained: str) -> bool:
@@ -28,4 +35,26 @@ def model_identity(model: Mapping[str, Any]) -> dict[str, Any]:
     identity = {"model": model["slug"], "arch": model["arch"], "pretrained": pretrained}
     if is_local_checkpoint(pretrained) and Path(pretrained).is_file():
         identity["weights_sha256"] = sha256_file(pretrained)
-    return identity
+    return {**identity, **finetune_identity(model)}
+
+
+def finetuned_fingerprint(checkpoint: str | Path) -> dict[str, Any]:
+    """fingerprint.json beside a fine-tuned checkpoint, checked against the checkpoint's sha256."""
+    path = Path(checkpoint).with_name(FINETUNE_FINGERPRINT)
+    if not path.is_file():
+        raise FinetunedModelError(f"{path}: missing; a model with `finetune:` must name a checkpoint written by the "
+                                  f"finetune stage (data/finetuned/<dataset>/<method>/checkpoint.pt)")
+    doc = json.loads(path.read_text())
+    if Path(checkpoint).is_file() and sha256_file(checkpoint) != doc.get("weights_sha256"):
+        raise FinetunedModelError(f"{path}: its weights_sha256 is not the sha256 of {checkpoint}; re-run the finetune "
+                                  f"stage that wrote it")
+    return doc
+
+
+def finetune_identity(model: Mapping[str, Any]) -> dict[str, Any]:
+    """{"finetune": id of the fine-tuned weights' fingerprint} for a model config with a `finetune` key, {} otherwise:
+    features of a fine-tuned model carry the id, and a reader that asks for the base model (no such key, other
+    weights) never takes them, nor the reverse."""
+    if not model.get("finetune"):
+        return {}
+    return {"finetune": finetuned_fingerprint(model["pretrained"])["id"]}

@@ -20,7 +20,7 @@ from vlbench import __version__
 from vlbench.errors import VlbenchError
 from vlbench.io import sha256_file
 from vlbench.models import register_local_configs
-from vlbench.models.identity import is_local_checkpoint
+from vlbench.models.identity import finetune_identity, is_local_checkpoint
 
 PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
 REQUIRED_KEYS = ("slug", "arch", "pretrained")
@@ -105,6 +105,7 @@ def load_model(cfg: Mapping[str, Any], device: str | torch.device | None = None,
         "preprocess": describe_preprocess(model),
         "precision": precision,
         "vlbench_version": __version__,
+        **finetune_identity(cfg),
     }
     return LoadedModel(model, preprocess, open_clip.get_tokenizer(cfg["arch"]), fingerprint, device, dtype)
 
