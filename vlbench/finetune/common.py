@@ -156,8 +156,9 @@ def count_parameters(model: torch.nn.Module, names: Sequence[str]) -> int:
 @dataclass
 class Loop:
     """One training run. `batch(step)` returns a tuple of tensors sharing dim 0; `loss(model, *chunk)` the mean loss
-    of a chunk; `lr(step)` the learning rate of the step (1-based); `after_step(model)` runs after each optimizer step
-    (e.g. clamping a logit scale)."""
+    of a chunk; `lr(step)` the learning rate of the step (1-based); `after_step(model, step)` runs after each optimizer
+    step (clamping a logit scale, scoring validation at an epoch's end) and may return numbers for the step's log
+    entry (kept in the state file, so a resumed run's log is whole)."""
 
     name: str
     steps: int
@@ -165,7 +166,7 @@ class Loop:
     loss: Callable[..., torch.Tensor]
     lr: Callable[[int], float]
     seed: int
-    after_step: Callable[[torch.nn.Module], None] | None = None
+    after_step: Callable[[torch.nn.Module, int], Mapping[str, Any] | None] | None = None
     grad_clip_norm: float | None = None
 
 
@@ -186,7 +187,8 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loop: Loop, 
             group["lr"] = lr
         torch.manual_seed(step_seed(loop.seed, loop.name, step))
         value, micro = optimise(model, optimizer, loop, loop.batch(step), micro, options, device)
-        log.append({"step": step, "loss": value, "lr": lr, "micro_batch": micro or 0})
+        extra = loop.after_step(model, step) if loop.after_step is not None else None
+        log.append({"step": step, "loss": value, "lr": lr, "micro_batch": micro or 0, **(extra or {})})
         bar.update(1)
         bar.set_postfix(loss=f"{value:.4f}", lr=f"{lr:.2e}")
         if state_path and (step % runtime.checkpoint_every == 0 or step == loop.steps):
@@ -225,8 +227,6 @@ def _accumulate(model, optimizer, loop: Loop, batch: tuple, micro: int, options,
     if loop.grad_clip_norm:
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], loop.grad_clip_norm)
     optimizer.step()
-    if loop.after_step is not None:
-        loop.after_step(model)
     return total
 
 
