@@ -1,0 +1,65 @@
+"""finetune@<dataset>: fine-tune the model with finetune.method on a prepared dataset (opt-in: suite.finetune) ->
+data/finetuned/<dataset>/<method>/ (checkpoint.pt + fingerprint.json) and reports/finetune/<dataset>.json."""
+
+from pathlib import Path
+
+import torch
+
+from stages.common import parser, run
+from vlbench.config import check_suite_dataset, get, load_params, prepared_dir, texts_dir
+from vlbench.datasets.canonical import load_meta
+from vlbench.finetune import method
+from vlbench.finetune.artifacts import finetuned_dir, make_fingerprint, write_finetuned
+from vlbench.finetune.common import Job, Runtime
+from vlbench.io import atomic_path
+from vlbench.models.identity import model_identity
+from vlbench.models.loading import validate_model_config
+from vlbench.report.plots import render_svg
+from vlbench.results import Result, result_path, write_result
+from vlbench.texts import read_text_set
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
+    p.add_argument("--state-dir", default=None, help="resumable training state (default: runs/finetune/<dataset>)")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args()
+    params = load_params(args.params)
+    dataset = check_suite_dataset(params, args.dataset)
+    options = dict(get(params, "finetune", dict))
+    name = get(params, "finetune.method", str)
+    fn = method(name)
+    model_cfg = validate_model_config(get(params, "model", dict))
+    state = Path(args.state_dir or Path("runs/finetune") / dataset / name)
+    job = Job(dataset, prepared_dir(dataset), texts_dir(dataset), model_cfg, dict(options.get(name) or {}), options,
+              int(get(params, "seed", int)), params, Runtime(args.device, not args.no_progress, state))
+    outcome = fn(job)
+    write(job, name, outcome)
+    print(f"finetune {dataset} ({name}): {outcome.metrics}")
+
+
+def write(job: Job, name: str, outcome) -> None:
+    """The weights with their fingerprint, then the result (JSON, tables) and charts."""
+    meta = load_meta(job.prepared)
+    data_version = {"dataset_version": meta.version,
+                    **{f"{t.stem}_version": read_text_set(t)[1].get("text_version") for t in sorted(job.texts.glob("*.parquet"))}}
+    base = model_identity(job.model_cfg)
+    fingerprint = make_fingerprint(base, name, outcome.hyper, job.dataset, data_version, job.seed,
+                                   outcome.details.get("trainable_params", 0))
+
+    def save(path: Path) -> None:
+        with open(path, "wb") as f:
+            torch.save(outcome.state_dict, f)
+
+    doc = write_finetuned(finetuned_dir(job.dataset, name), save, fingerprint)
+    result = Result(outcome.metrics, outcome.counts, {"method": name, "seed": job.seed, "hyper": outcome.hyper},
+                    outcome.tables, outcome.details, outcome.run)
+    write_result("finetune", job.dataset, result, {**base, "finetuned": {k: doc[k] for k in ("id", "weights_sha256")}})
+    for chart, spec in outcome.charts.items():
+        with atomic_path(result_path("finetune", job.dataset, f".{chart}.svg")) as tmp:
+            tmp.write_text(render_svg(spec) + "\n")
+
+
+if __name__ == "__main__":
+    run(main)
