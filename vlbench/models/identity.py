@@ -57,4 +57,8 @@ def finetune_identity(model: Mapping[str, Any]) -> dict[str, Any]:
     weights) never takes them, nor the reverse."""
     if not model.get("finetune"):
         return {}
-    return {"finetune": finetuned_fingerprint(model["pretrained"])["id"]}
+    doc = finetuned_fingerprint(model["pretrained"])
+    if model.get("base") and doc["base"]["model"] != model["base"]:
+        raise FinetunedModelError(f"model {model.get('slug')!r}: base {model['base']!r}, but {model['pretrained']} was "
+                                  f"fine-tuned from {doc['base']['model']!r} (its fingerprint.json)")
+    return {"finetune": doc["id"]}
