@@ -7,9 +7,11 @@ Cases, each `--steps` timed steps after two untimed ones, random 32 px images an
   images and 2B texts (the pretraining step's B images and B texts);
 - negclip_checkpointing: the same with open_clip's gradient checkpointing (memory for compute);
 - negclip_state_every_step: the same, writing the resumable state file after every step (the default is every 50).
-Prints one JSON line per case with seconds per step and the ratio to `pretrain`, so figures compare within one run.
+The cases are timed round-robin, `--rounds` times, `--steps` steps each, and each case's median round is reported with
+its ratio to `pretrain`'s median: on a shared machine the load changes by the minute, and interleaving lets every case
+see the same load. Prints one JSON line per case.
 
-    GOMP_SPINCOUNT=10000 python benchmarks/finetune_speed.py --steps 10 --batch 64
+    GOMP_SPINCOUNT=10000 python benchmarks/finetune_speed.py --steps 5 --rounds 5 --batch 64
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from vlbench.models.toy import _make_optimizer, _train_step, build_toy_model
 
 
 def timed(run_steps, steps: int) -> float:
-    run_steps(2)
     start = time.perf_counter()
     run_steps(steps)
     return (time.perf_counter() - start) / steps
@@ -89,7 +90,8 @@ def loop_case(model, opt, batch, loss, after, state_every: int | None = None):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--batch", type=int, default=64)
     args = p.parse_args()
     register_local_configs()
@@ -97,12 +99,19 @@ def main() -> None:
              "negclip": lambda: negclip_case(args.batch),
              "negclip_checkpointing": lambda: negclip_case(args.batch, checkpointing=True),
              "negclip_state_every_step": lambda: negclip_case(args.batch, state_every=1)}
-    base = None
-    for name, make in cases.items():
-        seconds = timed(make(), args.steps)
-        base = base or seconds
-        print(json.dumps({"case": name, "batch": args.batch, "threads": torch.get_num_threads(),
-                          "seconds_per_step": round(seconds, 4), "ratio_to_pretrain": round(seconds / base, 2)}))
+    runners = {name: make() for name, make in cases.items()}
+    for run_steps in runners.values():
+        run_steps(2)  # untimed warm-up
+    rounds = {name: [timed(run_steps, args.steps) for _ in range(1)] for name, run_steps in runners.items()}
+    for _ in range(args.rounds - 1):
+        for name, run_steps in runners.items():
+            rounds[name].append(timed(run_steps, args.steps))
+    base = float(np.median(rounds["pretrain"]))
+    for name, seconds in rounds.items():
+        median = float(np.median(seconds))
+        print(json.dumps({"case": name, "batch": args.batch, "threads": torch.get_num_threads(), "rounds": len(seconds),
+                          "seconds_per_step": round(median, 4), "ratio_to_pretrain": round(median / base, 2),
+                          "spread": [round(min(seconds), 3), round(max(seconds), 3)]}))
 
 
 if __name__ == "__main__":
