@@ -76,6 +76,11 @@ def negclip_run(captions, base):
     return method("negclip")(negclip_job(captions, base))
 
 
+@pytest.fixture(scope="module")
+def elevater_run(colours, base):
+    return method("elevater_full")(elevater_job(colours, base))
+
+
 def elevater_job(colours, base, runtime=None, **settings):
     return Job("tiny", colours / "prepared/tiny", colours / "texts/tiny", base, {"head": "language_2p", **settings},
                {"precision": "fp32"}, 0, {"adapt": ADAPT}, runtime or Runtime(progress=False))
@@ -105,8 +110,8 @@ def test_the_table_names_every_method_and_an_unknown_one_is_one_line():
             method("fewtrans_episodic")
 
 
-def test_elevater_full_trains_the_image_tower_only_with_the_probe_search_and_the_papers_pe(colours, base):
-    out = method("elevater_full")(elevater_job(colours, base))
+def test_elevater_full_trains_the_image_tower_only_with_the_probe_search_and_the_papers_pe(colours, base, elevater_run):
+    out = elevater_run
     start = torch.load(base["pretrained"])
     frozen = [k for k in start if k.startswith(TEXT_TOWER)]
     assert frozen and all(torch.equal(start[k], out.state_dict[k]) for k in frozen)  # bit for bit
@@ -141,6 +146,15 @@ def test_an_interrupted_run_resumes_to_the_same_weights_bit_for_bit(captions, ba
     assert same_weights(whole.state_dict, resumed.state_dict)
     assert whole.tables["train_log"].equals(resumed.tables["train_log"])
     assert not same_weights(whole.state_dict, torch.load(base["pretrained"]))
+
+
+def test_an_interrupted_elevater_final_run_resumes_to_the_same_weights(colours, base, elevater_run, tmp_path):
+    runtime = Runtime(progress=False, state_dir=tmp_path, checkpoint_every=1, stop_after=1)
+    with pytest.raises(Interrupted, match="final-2-0: stopped after step 1"):
+        method("elevater_full")(elevater_job(colours, base, runtime))
+    resumed = method("elevater_full")(elevater_job(colours, base, Runtime(progress=False, state_dir=tmp_path)))
+    assert same_weights(elevater_run.state_dict, resumed.state_dict)
+    assert resumed.details["runs"] == elevater_run.details["runs"]  # the per-epoch test scores included
 
 
 def test_negclip_batches_hold_altered_captions_and_neighbour_images_and_the_loss_goes_down(captions, base, negclip_run):
