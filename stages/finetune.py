@@ -6,12 +6,13 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 
 from stages.common import parser, run
 from vlbench.config import check_suite_dataset, get, load_params, prepared_dir, texts_dir
 from vlbench.datasets.canonical import load_meta
-from vlbench.finetune import method
+from vlbench.finetune import TABLES, method
 from vlbench.finetune.artifacts import finetuned_dir, make_fingerprint, write_finetuned
 from vlbench.finetune.common import Job, Runtime
 from vlbench.io import atomic_path
@@ -63,7 +64,7 @@ def data_versions(dataset: str) -> dict[str, str]:
 
 
 def write(job: Job, name: str, outcome) -> None:
-    """The weights with their fingerprint, then the result (JSON, tables) and charts."""
+    """The weights with their fingerprint, then the result (JSON, every table of TABLES) and the chart."""
     data_version = data_versions(job.dataset)
     base = model_identity(job.model_cfg)
     fingerprint = make_fingerprint(base, name, outcome.hyper, job.dataset, data_version, job.seed,
@@ -74,12 +75,12 @@ def write(job: Job, name: str, outcome) -> None:
             torch.save(outcome.state_dict, f)
 
     doc = write_finetuned(finetuned_dir(job.dataset, name), save, fingerprint)
+    tables = {t: outcome.tables.get(t, pa.table({})) for t in TABLES}
     result = Result(outcome.metrics, outcome.counts, {"method": name, "seed": job.seed, "hyper": outcome.hyper},
-                    outcome.tables, outcome.details, outcome.run)
+                    tables, outcome.details, outcome.run)
     write_result("finetune", job.dataset, result, {**base, "finetuned": {k: doc[k] for k in ("id", "weights_sha256")}})
-    for chart, spec in outcome.charts.items():
-        with atomic_path(result_path("finetune", job.dataset, f".{chart}.svg")) as tmp:
-            tmp.write_text(render_svg(spec) + "\n")
+    with atomic_path(result_path("finetune", job.dataset, ".svg")) as tmp:
+        tmp.write_text(render_svg(outcome.chart) + "\n")
 
 
 if __name__ == "__main__":

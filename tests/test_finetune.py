@@ -132,7 +132,7 @@ def test_elevater_full_trains_the_image_tower_only_with_the_probe_search_and_the
     score = out.metrics["elevater_full/language_2p/2/last"]
     assert out.details["trainable_params"] == m
     assert out.metrics["elevater_full/language_2p/2/pe"] == pytest.approx(score * math.exp(math.log10(m / 1e8 + 1)))
-    assert out.charts["search"]["data"]["values"] and (ROOT / "conf/config.yaml").read_text().count("elevater_full")
+    assert len(out.chart["data"]["values"]) == len(table)
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights_bit_for_bit(captions, base, negclip_run, tmp_path):

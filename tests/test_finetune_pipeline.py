@@ -37,7 +37,9 @@ def test_dvc_exp_run_fine_tunes_and_the_weights_run_as_a_model(tmp_path):
     assert fingerprint["hyper"]["shots"] == 2 and fingerprint["data_version"]["dataset_version"]
     result = json.loads((repo / "reports/finetune/shapes.json").read_text())
     assert result["fingerprint"]["finetuned"]["id"] == fingerprint["id"]
-    assert "elevater_full/language_2p/2/last" in result["metrics"] and (repo / "reports/finetune/shapes.search.svg").is_file()
+    assert "elevater_full/language_2p/2/last" in result["metrics"] and (repo / "reports/finetune/shapes.svg").is_file()
+    assert pq.read_table(repo / "reports/finetune/shapes.search.parquet").num_rows >= 7  # 7 coarse weight decays at least
+    assert pq.read_table(repo / "reports/finetune/shapes.comparison.parquet").num_rows == 0  # negclip's table
 
     run(repo, *DVC, "exp", "run", "-S", "model=toy-smoke-ft", "zeroshot@shapes")
     features = repo / "features/toy-smoke-ft/shapes/images/test.parquet"

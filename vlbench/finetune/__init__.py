@@ -2,7 +2,7 @@
 
 One stage, `finetune@<dataset>` (stages/finetune.py), runs the method that `finetune.method` names. Methods are data:
 `METHODS` maps a name to "module:function"; each function takes a `vlbench.finetune.common.Job` and returns a
-`vlbench.finetune.common.Outcome` (the fine-tuned weights, which parameters trained, metrics, tables, charts). The
+`vlbench.finetune.common.Outcome` (the fine-tuned weights, which parameters trained, metrics, tables, a chart). The
 stage writes the weights with their fingerprint (`vlbench.finetune.artifacts`) and the result JSON; the weights are
 then a model like any other (`conf/model/<slug>.yaml` with `base` and `finetune` keys; docs/protocols.md,
 "Fine-tuning"). torch is imported only by the method modules, never here.
@@ -20,6 +20,9 @@ METHODS: dict[str, str] = {
     "negclip": "vlbench.finetune.negclip:run",            # NegCLIP: altered captions (and neighbour images) as hard negatives
     "fewtrans_episodic": "vlbench.finetune.fewtrans:run_episodes",  # FewTrans episodic fine-tuning (its own module)
 }
+# Every method's result is one JSON and these outputs beside it (dvc.yaml declares them all): reports/finetune/<dataset>
+# .<table>.parquet, empty where the method has no such table, and reports/finetune/<dataset>.svg, the method's chart.
+TABLES = ("search", "comparison", "train_log")
 
 
 class FinetuneError(VlbenchError):

@@ -74,7 +74,7 @@ class Outcome:
     tables: dict[str, pa.Table] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     run: dict[str, Any] = field(default_factory=dict)
-    charts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    chart: dict[str, Any] = field(default_factory=dict)
 
 
 class Interrupted(Exception):

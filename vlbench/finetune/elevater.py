@@ -264,7 +264,7 @@ def outcome(job: Job, s: Settings, head: str, meta, runs: list[dict], task: Task
         details={"summary": summary, "trainable_params": m, "runs": kept, "exported": task.export_setting,
                  "settings": settings_details(replace(s, heads=(head,)), job.seed), "texts_version": texts_version},
         tables={"search": table}, counts={"pool": len(task.labels), "test": len(task.test_labels)},
-        run={"seconds": seconds}, charts={"search": search_chart(table.to_pylist(), meta.name)})
+        run={"seconds": seconds}, chart=search_chart(table.to_pylist(), meta.name))
 
 
 def search_chart(rows: list[Mapping[str, Any]], dataset: str) -> dict[str, Any]:

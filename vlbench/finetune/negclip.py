@@ -117,7 +117,7 @@ def run(job: Job) -> Outcome:
                  "initial_loss": log[0]["loss"], "final_loss": float(np.mean([e["loss"] for e in log[-max(1, steps // 10):]])),
                  "trainable_params": count_parameters(model, names)},
         tables={"comparison": comparison_table(rows), "train_log": pa.Table.from_pylist(log)},
-        counts={"pairs": len(pairs)}, run={"seconds": seconds})
+        counts={"pairs": len(pairs)}, run={"seconds": seconds}, chart=comparison_chart(rows, meta.name))
 
 
 def clamp_scale(model, step: int) -> None:
@@ -225,3 +225,17 @@ def comparison_table(rows: list[dict[str, Any]]) -> pa.Table:
     schema = pa.schema([("analysis", pa.string()), ("metric", pa.string()), ("before", pa.float64()),
                         ("after", pa.float64()), ("change", pa.float64())])
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+def comparison_chart(rows: list[dict[str, Any]], dataset: str) -> dict[str, Any]:
+    """Each specificity cell and zero-shot metric before and after NegCLIP, side by side."""
+    values = [{"number": f"{r['analysis']}: {r['metric']}", "model": when, "value": r[when]}
+              for r in rows for when in ("before", "after")]
+    return {"$schema": "https://vega.github.io/schema/vega-lite/v5.json",
+            "title": f"NegCLIP on {dataset}: what hard negatives buy (specificity) and cost (zero-shot)",
+            "data": {"values": values}, "mark": "bar",
+            "encoding": {"y": {"field": "number", "type": "nominal", "title": None, "sort": None},
+                         "yOffset": {"field": "model", "sort": ["before", "after"]},
+                         "x": {"field": "value", "type": "quantitative", "title": "mAP / metric"},
+                         "color": {"field": "model", "type": "nominal", "sort": ["before", "after"]}},
+            "width": 360}
