@@ -74,7 +74,7 @@ def write(job: Job, name: str, outcome) -> None:
         with open(path, "wb") as f:
             torch.save(outcome.state_dict, f)
 
-    doc = write_finetuned(finetuned_dir(job.dataset, name), save, fingerprint)
+    doc = write_finetuned(finetuned_dir(job.dataset, name), save if outcome.state_dict is not None else None, fingerprint)
     tables = {t: outcome.tables.get(t, pa.table({})) for t in TABLES}
     result = Result(outcome.metrics, outcome.counts, {"method": name, "seed": job.seed, "hyper": outcome.hyper},
                     tables, outcome.details, outcome.run)

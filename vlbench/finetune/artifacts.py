@@ -42,11 +42,15 @@ def make_fingerprint(base: Mapping[str, Any], method: str, hyper: Mapping[str, A
     return {"id": fingerprint_id(doc), **doc}
 
 
-def write_finetuned(out_dir: Path, save: Callable[[Path], None], fingerprint: Mapping[str, Any]) -> dict[str, Any]:
-    """`save(path)` writes the checkpoint (atomically here), then fingerprint.json with the checkpoint's sha256."""
+def write_finetuned(out_dir: Path, save: Callable[[Path], None] | None, fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """`save(path)` writes the checkpoint (atomically here), then fingerprint.json with the checkpoint's sha256. A method
+    that leaves no single model (episodic fine-tuning trains one per episode) passes `save=None`: the folder then holds
+    fingerprint.json alone, with `weights_sha256` null, and no model entry can name it."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / CHECKPOINT) as tmp:
-        save(tmp)
-    doc = {**fingerprint, "weights_sha256": sha256_file(out_dir / CHECKPOINT)}
+    (out_dir / CHECKPOINT).unlink(missing_ok=True)
+    if save is not None:
+        with atomic_path(out_dir / CHECKPOINT) as tmp:
+            save(tmp)
+    doc = {**fingerprint, "weights_sha256": sha256_file(out_dir / CHECKPOINT) if save is not None else None}
     write_json(out_dir / FINGERPRINT, doc)
     return doc

@@ -63,10 +63,10 @@ class Job:
 @dataclass
 class Outcome:
     """What a method returns: the fine-tuned model's state_dict (the whole open_clip model, loadable as a checkpoint of
-    the base architecture), the names of the parameters it trained, the hyper-parameters that made it (its
+    the base architecture; None for a method that leaves no single model), the names of the parameters it trained, the hyper-parameters that made it (its
     fingerprint), and its result (metrics, details, tables) and charts (name -> Vega-Lite spec)."""
 
-    state_dict: dict[str, torch.Tensor]
+    state_dict: dict[str, torch.Tensor] | None  # None: no single model (episodic methods)
     trainable: list[str]
     hyper: dict[str, Any]
     metrics: dict[str, float]
