@@ -236,3 +236,13 @@ def test_bad_settings_are_one_line_naming_the_key(colours, base):
     with pytest.raises(FinetuneError, match="finetune.precision 'fp16' is not one of"):
         job = elevater_job(colours, base)
         method("elevater_full")(Job(**{**job.__dict__, "options": {"precision": "fp16"}}))
+
+
+def test_a_method_without_a_single_model_leaves_its_fingerprint_alone(tmp_path):
+    fingerprint = make_fingerprint({"model": "toy"}, "fewtrans_episodic", {"episodes": 2}, "tiny", {"dataset_version": "v"},
+                                   0, 0)
+    write_finetuned(tmp_path, lambda p: p.write_bytes(b"weights"), fingerprint)
+    assert (tmp_path / "checkpoint.pt").read_bytes() == b"weights"
+    doc = write_finetuned(tmp_path, None, fingerprint)  # a re-run by an episodic method removes the old weights
+    assert not (tmp_path / "checkpoint.pt").exists() and doc["weights_sha256"] is None
+    assert doc["id"] == fingerprint["id"] and (tmp_path / "fingerprint.json").is_file()
