@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -96,7 +97,10 @@ def generator(seed: int) -> torch.Generator:
 
 @contextlib.contextmanager
 def deterministic(seed: int):
-    """Deterministic kernels and seeded global generators for a run; the caller's settings are restored after."""
+    """Deterministic kernels and seeded global generators for a run; the caller's settings are restored after. cuBLAS
+    needs CUBLAS_WORKSPACE_CONFIG for deterministic results; it is set here unless the environment sets it (it takes
+    effect when set before the process's first cuBLAS call, as in the stage)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     previous, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     state = random.getstate(), np.random.get_state()
     torch.use_deterministic_algorithms(True, warn_only=True)
