@@ -80,7 +80,13 @@ def write(job: Job, name: str, outcome) -> None:
                     tables, outcome.details, outcome.run)
     write_result("finetune", job.dataset, result, {**base, "finetuned": {k: doc[k] for k in ("id", "weights_sha256")}})
     with atomic_path(result_path("finetune", job.dataset, ".svg")) as tmp:
-        tmp.write_text(render_svg(outcome.chart) + "\n")
+        tmp.write_text(render_svg(outcome.chart or no_chart(name)) + "\n")
+
+
+def no_chart(name: str) -> dict:
+    """The declared chart output of a method that draws none: one line saying so."""
+    return {"data": {"values": [{"text": f"{name}: no chart"}]}, "mark": "text",
+            "encoding": {"text": {"field": "text", "type": "nominal"}}}
 
 
 if __name__ == "__main__":
