@@ -211,7 +211,8 @@ def test_dvc_exp_show_has_a_column_per_suite_dataset_not_per_registry_leaf(tmp_p
     expected = ({f"suite.datasets.{d}" for d in suite["datasets"]} | {f"suite.extensibility_sets.{s}" for s in
                 suite["extensibility_sets"]} | {f"suite.{k}" for k, v in suite.items()
                                                 if k not in ("datasets", "extensibility_sets") and v != {}})
-    assert {c for c in header if c.startswith("suite.")} == expected and len(expected) == 23  # + suite.retrieval, suite.robustness, datasets.shapes_outline
+    # 20 + suite.retrieval, suite.robustness, suite.finetune, datasets.shapes_outline (issues 22, 23)
+    assert {c for c in header if c.startswith("suite.")} == expected and len(expected) == 24
     assert not [c for c in header if c.startswith("suite.datasets.shapes.")]
     # each entry is one dependency column instead (its file hash)
     assert {c for c in header if c.startswith("conf/dataset/")} == {f"conf/dataset/{d}.yaml" for d in suite["datasets"]}
@@ -221,4 +222,4 @@ def test_dvc_exp_show_has_a_column_per_suite_dataset_not_per_registry_leaf(tmp_p
         return [prefix[:-1]]
 
     param_columns = set(header) & set(leaves(params))
-    assert len(param_columns) < 170  # 242 on the demo when the entries were params (158 now: adapt alone has 65)
+    assert len(param_columns) < 190  # 242 on the demo when the entries were params (176 now: adapt 65, finetune 18)

@@ -13,7 +13,7 @@ import yaml
 from vlbench.analyses import ANALYSES, load
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL_STAGES = ("embed_images", "embed_texts", "pretrain")  # the only stages that run a model
+MODEL_STAGES = ("embed_images", "embed_texts", "pretrain", "finetune")  # the only stages that run a model
 STAGE_MODULES = sorted(p.stem for p in (ROOT / "stages").glob("*.py") if p.stem not in ("__init__", "common"))
 
 

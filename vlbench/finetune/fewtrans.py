@@ -37,7 +37,9 @@ from vlbench.analyses.adapt.vtab import flush_denormals
 from vlbench.datasets.canonical import load_meta, read_columns, split_path
 from vlbench.datasets.images import decode_rgb
 from vlbench.embed import CorruptImageError, model_for_dataset
-from vlbench.finetune.methods import FinetuneError, prepare
+from vlbench.finetune import FinetuneError
+from vlbench.finetune.common import Job, Outcome
+from vlbench.finetune.methods import prepare
 from vlbench.models.loading import load_model
 from vlbench.stats import episodes_interval
 from vlbench.texts import read_text_set
@@ -480,3 +482,18 @@ def run_episodes(model_cfg: Mapping[str, Any], prepared_dir: str | Path, texts_p
                "trainable_parameters": trainable_parameters(loaded.model, s), "settings": s, "seed": seed,
                "base_classes": base.tolist(), "novel_classes": novel.tolist(), "episodes": len(pairs)}
     return summary, episodic.episodes_table(pairs, pool, acc_np, list(s["methods"]))
+
+
+def run(job: Job) -> Outcome:
+    """`finetune.method: fewtrans_episodic` in the finetune stage: `run_episodes` on the job's dataset with params'
+    `finetune.fewtrans_episodic` (over DEFAULTS), `adapt.fewtrans` (the episodes adapt samples) and the global seed.
+    No single model results (each episode fine-tunes its own copy), so no weights are written; the episodes table
+    joins reports/adapt/<dataset>.episodes.parquet on (episode, split)."""
+    s = settings(job.settings)
+    texts = job.texts / f"{s['text_set']}.parquet"
+    summary, table = run_episodes(job.model_cfg, job.prepared, texts if texts.is_file() else None, job.settings,
+                                  job.seed, job.runtime.device, (job.params.get("adapt") or {}).get("fewtrans"))
+    details = {k: v for k, v in summary.items() if k not in ("metrics", "intervals")}
+    return Outcome(state_dict=None, trainable=[], hyper={"settings": s, "seed": job.seed},
+                   metrics=summary["metrics"], details=details, tables={"episodes": table},
+                   counts={"episodes": summary["episodes"]}, intervals=summary["intervals"])

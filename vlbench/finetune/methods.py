@@ -27,11 +27,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from vlbench.errors import VlbenchError
-
-
-class FinetuneError(VlbenchError):
-    """A fine-tuning setting is unknown or does not fit the model; the message names the key."""
+from vlbench.finetune import FinetuneError
 
 
 SCALE_PARAMETERS = ("logit_scale", "logit_bias")  # never trained (FewTrans freezes `"scale" in name` in every mode)

@@ -11,10 +11,12 @@ preprocessing, text, logits").
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from vlbench.errors import VlbenchError
 from vlbench.io import sha256_file
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
@@ -26,6 +28,11 @@ CLEANS = ("canonicalize", "lower", "whitespace")  # open_clip's text cleaning; t
 LOGITS = ("softmax", "sigmoid")  # CLIP: softmax over scale * cos; SigLIP: sigmoid(scale * cos + bias) per pair
 # entry key -> the fingerprint key whose value must contain it
 DECLARED = {"preprocess": "model_preprocess", "text": "text", "logits": "logits"}
+FINETUNE_FINGERPRINT = "fingerprint.json"  # beside a fine-tuned checkpoint (vlbench.finetune.artifacts writes both)
+
+
+class FinetunedModelError(VlbenchError):
+    """A model config names a fine-tuned checkpoint whose fingerprint.json is missing or does not match it."""
 
 
 def hub_repo(arch: str) -> str | None:
@@ -41,6 +48,7 @@ def normalize_preprocess(pp: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+
 def is_local_checkpoint(pretrained: str) -> bool:
     """A path (has a separator, a checkpoint suffix, or names an existing file) rather than an open_clip tag."""
     return "/" in pretrained or os.sep in pretrained or pretrained.endswith(CHECKPOINT_SUFFIXES) or Path(pretrained).is_file()
@@ -54,4 +62,30 @@ def model_identity(model: Mapping[str, Any]) -> dict[str, Any]:
         identity["weights_sha256"] = sha256_file(pretrained)
     declared = {**model, "preprocess": normalize_preprocess(model.get("preprocess") or {})}
     identity.update({field: declared[key] for key, field in DECLARED.items() if declared.get(key)})
-    return identity
+    return {**identity, **finetune_identity(model)}
+
+
+def finetuned_fingerprint(checkpoint: str | Path) -> dict[str, Any]:
+    """fingerprint.json beside a fine-tuned checkpoint, checked against the checkpoint's sha256."""
+    path = Path(checkpoint).with_name(FINETUNE_FINGERPRINT)
+    if not path.is_file():
+        raise FinetunedModelError(f"{path}: missing; a model with `finetune:` must name a checkpoint written by the "
+                                  f"finetune stage (data/finetuned/<dataset>/<method>/checkpoint.pt)")
+    doc = json.loads(path.read_text())
+    if Path(checkpoint).is_file() and sha256_file(checkpoint) != doc.get("weights_sha256"):
+        raise FinetunedModelError(f"{path}: its weights_sha256 is not the sha256 of {checkpoint}; re-run the finetune "
+                                  f"stage that wrote it")
+    return doc
+
+
+def finetune_identity(model: Mapping[str, Any]) -> dict[str, Any]:
+    """{"finetune": id of the fine-tuned weights' fingerprint} for a model config with a `finetune` key, {} otherwise:
+    features of a fine-tuned model carry the id, and a reader that asks for the base model (no such key, other
+    weights) never takes them, nor the reverse."""
+    if not model.get("finetune"):
+        return {}
+    doc = finetuned_fingerprint(model["pretrained"])
+    if model.get("base") and doc["base"]["model"] != model["base"]:
+        raise FinetunedModelError(f"model {model.get('slug')!r}: base {model['base']!r}, but {model['pretrained']} was "
+                                  f"fine-tuned from {doc['base']['model']!r} (its fingerprint.json)")
+    return {"finetune": doc["id"]}

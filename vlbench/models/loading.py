@@ -37,6 +37,7 @@ from vlbench.models.identity import (
     LOGITS,
     PREPROCESS_KEYS,
     TEXT_KEYS,
+    finetune_identity,
     hub_repo,
     is_local_checkpoint,
     normalize_preprocess,
@@ -162,6 +163,7 @@ def load_model(cfg: Mapping[str, Any], device: str | torch.device | None = None,
         "precision": precision,
         "vlbench_version": __version__,
         **built,
+        **finetune_identity(cfg),
     }
     return LoadedModel(model, preprocess, tokenizer, fingerprint, device, dtype)
 
