@@ -222,4 +222,5 @@ def test_dvc_exp_show_has_a_column_per_suite_dataset_not_per_registry_leaf(tmp_p
         return [prefix[:-1]]
 
     param_columns = set(header) & set(leaves(params))
-    assert len(param_columns) < 190  # 242 on the demo when the entries were params (176 now: adapt 65, finetune 18)
+    # 242 on the demo when the entries were params; 192 now: adapt 65, finetune 18, retrieval, robustness, knowledge.llm
+    assert len(param_columns) < 200

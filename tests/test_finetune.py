@@ -5,10 +5,6 @@ same weights bit for bit, the search is ELEVATER's, and a fine-tuned model's fea
 from __future__ import annotations
 
 import math
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import open_clip
@@ -22,7 +18,7 @@ from vlbench.datasets.canonical import load_meta
 from vlbench.datasets.synthetic import build
 from vlbench.embed import embed_image_splits, embed_text_sets
 from vlbench.features import StaleFeaturesError, read_features
-from vlbench.finetune import METHODS, FinetuneError, method
+from vlbench.finetune import FinetuneError, method
 from vlbench.finetune.artifacts import make_fingerprint, write_finetuned
 from vlbench.finetune.common import Interrupted, Job, Runtime
 from vlbench.knowledge.negatives import specificity_text_sets
@@ -31,7 +27,6 @@ from vlbench.models.identity import FinetunedModelError, model_identity
 from vlbench.models.loading import load_model
 from vlbench.texts import build_text_sets, write_text_sets
 
-ROOT = Path(__file__).resolve().parent.parent
 ADAPT = {"elevater": {"shots": [2], "seeds": [0], "batch_size": 8, "search_epochs": 1, "final_epochs": 2,
                       "lr_grid": {"log_lower": -3, "log_upper": -2, "num": 2}}}
 TEXT_TOWER = ("transformer.", "token_embedding.", "ln_final.", "positional_embedding", "text_projection", "logit_scale")
@@ -101,13 +96,9 @@ def same_weights(a: dict, b: dict) -> bool:
 
 
 def test_the_table_names_every_method_and_an_unknown_one_is_one_line():
-    assert callable(method("elevater_full")) and callable(method("negclip"))
-    assert METHODS["fewtrans_episodic"] == "vlbench.finetune.fewtrans:run_episodes"
+    assert all(callable(method(name)) for name in ("elevater_full", "negclip", "fewtrans_episodic"))
     with pytest.raises(FinetuneError, match=r"^params.yaml: finetune.method 'lora' is not one of elevater_full, "):
         method("lora")
-    if not (ROOT / "vlbench/finetune/fewtrans.py").is_file():
-        with pytest.raises(FinetuneError, match="its module vlbench.finetune.fewtrans is not installed"):
-            method("fewtrans_episodic")
 
 
 def test_elevater_full_trains_the_image_tower_only_with_the_probe_search_and_the_papers_pe(colours, base, elevater_run):

@@ -4,7 +4,6 @@ down, frozen parameters bit for bit), the ensemble grid and schedule, determinis
 
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np

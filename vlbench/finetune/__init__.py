@@ -34,9 +34,4 @@ def method(name: str) -> Callable:
     if name not in METHODS:
         raise FinetuneError(f"params.yaml: finetune.method {name!r} is not one of {', '.join(METHODS)}")
     module, _, function = METHODS[name].partition(":")
-    try:
-        return getattr(importlib.import_module(module), function)
-    except ModuleNotFoundError as err:
-        if err.name != module:
-            raise
-        raise FinetuneError(f"finetune.method {name!r}: its module {module} is not installed in this checkout") from err
+    return getattr(importlib.import_module(module), function)

@@ -166,7 +166,6 @@ class Task:
             plan = epoch_batches(rows.size, epochs, s.batch_size)
             y = targets(self.labels, rows, len(self.meta.classes), self.meta.multi_label)
             y_eval = np.asarray(eval_labels)
-            scores: dict[int, float] = {}
 
             def batch(step: int):
                 index = plan[step - 1][1]
