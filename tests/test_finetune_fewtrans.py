@@ -19,7 +19,7 @@ from vlbench.datasets.canonical import ClassInfo, DatasetMeta, load_meta, write_
 from vlbench.datasets.images import decode_rgb
 from vlbench.embed import embed_image_splits, embed_text_sets
 from vlbench.finetune import fewtrans as fft
-from vlbench.finetune.methods import FinetuneError
+from vlbench.finetune import FinetuneError
 from vlbench.models.identity import model_identity
 from vlbench.models.loading import load_model
 from vlbench.texts import build_text_sets, write_text_sets
@@ -81,6 +81,22 @@ def test_episodes_are_adapts_and_two_runs_give_identical_rows(world, toy_model_c
     assert len(summary["ensemble"]["lora"]) == 2 and summary["base_classes"] == adapt_base(world)
     _, again = fft.run_episodes(toy_model_cfg, world["prepared"], world["texts"], cfg, 3, "cpu", SAMPLER)
     assert again.equals(table)
+
+
+def test_the_finetune_stages_method_runs_the_same_episodes_and_writes_no_weights(world, toy_model_cfg):
+    """finetune.method fewtrans_episodic (the finetune stage's Job): params' finetune.fewtrans_episodic over DEFAULTS,
+    adapt.fewtrans's episodes and the global seed; the table joins adapt's, the metrics carry their intervals."""
+    from vlbench.finetune import method
+    from vlbench.finetune.common import Job, Runtime
+
+    cfg = {**SMALL, "methods": ["bitfit"]}
+    job = Job("hues", world["prepared"], world["texts_dir"], toy_model_cfg, cfg, {}, 3,
+              {"adapt": {"fewtrans": SAMPLER}}, Runtime(device="cpu", progress=False))
+    outcome = method("fewtrans_episodic")(job)
+    _, table = fft.run_episodes(toy_model_cfg, world["prepared"], world["texts"], cfg, 3, "cpu", SAMPLER)
+    assert outcome.state_dict is None and outcome.tables["episodes"].equals(table)
+    assert set(outcome.metrics) == set(outcome.intervals) == {"fewtrans/base/bitfit"}
+    assert outcome.hyper["settings"]["bitfit"]["lr"] == 1e-3 and outcome.counts == {"episodes": 3}
 
 
 def adapt_base(world) -> list[int]:
