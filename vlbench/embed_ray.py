@@ -77,11 +77,12 @@ def _env_int(name: str, default: int) -> int:
 def actor_options(device: torch.device) -> dict[str, Any]:
     """How many model actors, and what each holds: one GPU each on a GPU cluster; one CPU each otherwise."""
     retries = _env_int(RETRIES_VARIABLE, DEFAULT_RETRIES)
-    remote = {"max_restarts": retries, "max_task_retries": retries}
+    remote = {"max_restarts": retries, "max_task_retries": retries}  # Ray remote args of the actors
     if device.type == "cuda":
-        return {"concurrency": int(ray.cluster_resources()["GPU"]), "num_gpus": 1, "ray_remote_args": remote}
+        return {"compute": ray.data.ActorPoolStrategy(size=int(ray.cluster_resources()["GPU"])), "num_gpus": 1, **remote}
     cpus = int(ray.cluster_resources().get("CPU", 1))
-    return {"concurrency": _env_int(ACTORS_VARIABLE, max(1, cpus // 2)), "num_cpus": 1, "ray_remote_args": remote}
+    return {"compute": ray.data.ActorPoolStrategy(size=_env_int(ACTORS_VARIABLE, max(1, cpus // 2))), "num_cpus": 1,
+            **remote}
 
 
 def to_bytes(x: np.ndarray) -> bytes:
