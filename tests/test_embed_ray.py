@@ -163,3 +163,40 @@ def test_the_local_engine_never_imports_ray():
     code = ("import sys; from vlbench.embed import engine; engine(); engine('local'); "
             "print('ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_switching_the_engine_leaves_dvc_status_clean_and_writes_the_same_outputs(local_ray, toy_model_cfg, tmp_path):
+    """The embed stages with dvc.yaml's own commands: run locally, `dvc status` is clean with VLBENCH_ENGINE=ray, and
+    `dvc repro -f` on Ray (joining this module's Ray by its address) records the same output hashes in dvc.lock."""
+    import shutil
+
+    import yaml
+
+    from tests.pipeline_repo import ROOT, run
+
+    project = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    params = ["model.slug", "model.arch", "model.pretrained", "model.precision"]
+    (tmp_path / "data/models/toy").mkdir(parents=True)
+    shutil.copy(toy_model_cfg["pretrained"], tmp_path / "data/models/toy/checkpoint.pt")
+    model = {**toy_model_cfg, "pretrained": "data/models/toy/checkpoint.pt"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"model": model, "embed": {"pre_projection": False}}))
+    make_dataset(tmp_path / "data/prepared/tiny", splits=("test",))
+    make_texts(tmp_path / "data/prepared/tiny", tmp_path / "data/texts/tiny")
+    stages = {
+        kind: {"cmd": project[kind]["do"]["cmd"].replace("${item}", "tiny"), "deps": [dep, model["pretrained"]],
+               "params": params, "outs": [f"features/toy-random/tiny/{out}"]}
+        for kind, dep, out in (("embed_images", "data/prepared/tiny/splits", "images"),
+                               ("embed_texts", "data/texts/tiny", "text"))}
+    assert all("engine" not in stage["cmd"] for stage in stages.values())
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    base = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "VLBENCH_ENGINE": "local"}  # one thread, as an actor
+    on_ray = {**base, "VLBENCH_ENGINE": "ray", "VLBENCH_RAY_ADDRESS": local_ray}
+    run(tmp_path, "dvc", "init", "--no-scm", "-q")
+    assert '"engine": "vlbench.embed"' in run(tmp_path, "dvc", "repro", env=base).stdout
+    lock = (tmp_path / "dvc.lock").read_text()
+    written = {p: p.read_bytes() for p in (tmp_path / "features").rglob("*.parquet")}
+    assert "up to date" in run(tmp_path, "dvc", "status", env=on_ray).stdout
+    assert '"engine": "vlbench.embed_ray"' in run(tmp_path, "dvc", "repro", "--force", env=on_ray).stdout
+    assert (tmp_path / "dvc.lock").read_text() == lock
+    assert {p: p.read_bytes() for p in (tmp_path / "features").rglob("*.parquet")} == written
+    assert "up to date" in run(tmp_path, "dvc", "status", env=base).stdout

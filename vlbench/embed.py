@@ -329,7 +329,7 @@ def embed_image_splits(
     fingerprint = {**loaded.fingerprint, "dataset": meta.name, "dataset_version": meta.version,
                    **model_logit_scale(loaded.model)}
     encoder = PreProjectionEncoder(loaded.model, loaded.fingerprint.get("model", "?")) if pre_projection else None
-    summary: dict[str, Any] = {"dataset": meta.name, "splits": {}}
+    summary: dict[str, Any] = {"dataset": meta.name, "engine": embed_split.__module__, "splits": {}}
     with atomic_dir(out_dir) as tmp:
         for split in meta.splits:
             path = split_path(dataset_dir, split)

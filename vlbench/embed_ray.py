@@ -74,15 +74,20 @@ def _env_int(name: str, default: int) -> int:
     return int(value)
 
 
-def actor_options(device: torch.device) -> dict[str, Any]:
-    """How many model actors, and what each holds: one GPU each on a GPU cluster; one CPU each otherwise."""
-    retries = _env_int(RETRIES_VARIABLE, DEFAULT_RETRIES)
-    remote = {"max_restarts": retries, "max_task_retries": retries}  # Ray remote args of the actors
+def actor_count(device: torch.device) -> int:
+    """One model actor per GPU of the cluster; on a CPU-only cluster $VLBENCH_RAY_ACTORS, else half its CPUs."""
+    resources = ray.cluster_resources()
     if device.type == "cuda":
-        return {"compute": ray.data.ActorPoolStrategy(size=int(ray.cluster_resources()["GPU"])), "num_gpus": 1, **remote}
-    cpus = int(ray.cluster_resources().get("CPU", 1))
-    return {"compute": ray.data.ActorPoolStrategy(size=_env_int(ACTORS_VARIABLE, max(1, cpus // 2))), "num_cpus": 1,
-            **remote}
+        return int(resources["GPU"])
+    return _env_int(ACTORS_VARIABLE, max(1, int(resources.get("CPU", 1)) // 2))
+
+
+def actor_options(device: torch.device) -> dict[str, Any]:
+    """The model actors' `map_batches` options: how many, one GPU (or one CPU) each, how often a dead one restarts."""
+    retries = _env_int(RETRIES_VARIABLE, DEFAULT_RETRIES)
+    holds = {"num_gpus": 1} if device.type == "cuda" else {"num_cpus": 1}
+    return {"compute": ray.data.ActorPoolStrategy(size=actor_count(device)), **holds,
+            "max_restarts": retries, "max_task_retries": retries}  # Ray's default: restart forever
 
 
 def to_bytes(x: np.ndarray) -> bytes:
