@@ -5,10 +5,10 @@ Ray (vlbench.embed_ray.embed_images: row-group decode tasks, model actors), in o
     python benchmarks/embed_ray_throughput.py --arch ViT-B-32-quickgelu --image-size 256 --n 2048 --device cuda
 
 The Ray engine joins $VLBENCH_RAY_ADDRESS if set, else starts a local Ray with `--ray-cpus` CPUs (default: all).
-Every call of the Ray engine starts its model actors afresh (the stage makes one call per split): `ray_first` is the
-first call after Ray started (workers import torch), `ray` the median of the later ones, `ray_steady` the same
-rate with the actors' start-up taken out (images / (time - the time to the first output batch)). Models have random
-weights. Prints one JSON line: the median images/s of each path, every run, and the ratios to the local engine.
+Every call of the Ray engine starts its model actors afresh (the stage makes one call per split), so each engine also
+embeds the first quarter of the split: from the two median times, `marginal_images_per_s` (the rate once running) and
+`startup_s` (the fixed cost per call). A first call of each engine is a warm-up, not timed. Models have random
+weights. Prints one JSON line: images/s of each engine on the whole split, every time, and the ratios.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from vlbench import embed_ray  # noqa: E402
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta, split_path, write_dataset  # noqa: E402
 from vlbench.embed import default_workers, embed_images  # noqa: E402
 from vlbench.models import register_local_configs  # noqa: E402
-from vlbench.models.loading import LoadedModel, autocast_dtype, effective_precision, pick_device  # noqa: E402
+from vlbench.models.loading import LoadedModel, autocast_dtype, pick_device  # noqa: E402
 
 
 def write_split(images: list[bytes], root: Path) -> Path:
@@ -52,6 +52,12 @@ def toy_loaded(arch: str, device: torch.device) -> LoadedModel:
                        autocast_dtype("amp_bf16", device))
 
 
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def run(arch: str, image_size: int, n: int, batch_size: int, workers: int | None, device: str | None,
         repeats: int, ray_cpus: int | None) -> dict:
     import ray
@@ -62,55 +68,33 @@ def run(arch: str, image_size: int, n: int, batch_size: int, workers: int | None
     if not os.environ.get(embed_ray.ADDRESS_VARIABLE):
         ray.init(num_cpus=ray_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     embed_ray.connect()
-    runs: dict[str, list[float]] = {"local": [], "ray": [], "ray_steady": []}
+    small = n // 4
+    seconds: dict[str, list[float]] = {"local": [], "ray": [], "local_small": [], "ray_small": []}
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_split(make_images(n, image_size), Path(tmp))
-
-        def local() -> np.ndarray:
-            return embed_images(loaded, path, "bench", "test", batch_size=batch_size, num_workers=workers,
-                                progress=False)[0]
-
-        def on_ray() -> tuple[np.ndarray, float]:
-            first: list[float] = []
-            original = embed_ray._gather
-
-            def gather(rows, batch):  # the time of the first output batch: the actors have started
-                first.append(first[0] if first else time.perf_counter())
-                original(rows, batch)
-
-            embed_ray._gather = gather
-            try:
-                start = time.perf_counter()
-                emb = embed_ray.embed_images(loaded, path, "bench", "test", batch_size=batch_size, progress=False)[0]
-                end = time.perf_counter()
-            finally:
-                embed_ray._gather = original
-            return emb, end - start, end - first[0]
-
-        start = time.perf_counter()
-        a = local()
-        local_first = n / (time.perf_counter() - start)
-        b, seconds, _ = on_ray()
-        ray_first = n / seconds
-        for r in range(repeats):
+        images = make_images(n, image_size)
+        paths = {"": write_split(images, Path(tmp) / "all"), "_small": write_split(images[:small], Path(tmp) / "small")}
+        engines = {"local": lambda path: embed_images(loaded, path, "bench", "test", batch_size=batch_size,
+                                                      num_workers=workers, progress=False)[0],
+                   "ray": lambda path: embed_ray.embed_images(loaded, path, "bench", "test", batch_size=batch_size,
+                                                              progress=False)[0]}
+        a, b = engines["local"](paths[""]), engines["ray"](paths[""])  # warm-up (Ray's workers import torch here)
+        for r in range(repeats):  # alternate the order, so that load drifting on a shared machine hits both
             for name in (["local", "ray"] if r % 2 == 0 else ["ray", "local"]):
-                if name == "local":
-                    start = time.perf_counter()
-                    local()
-                    runs["local"].append(n / (time.perf_counter() - start))
-                else:
-                    _, seconds, steady = on_ray()
-                    runs["ray"].append(n / seconds)
-                    runs["ray_steady"].append(n / steady)
-    rates = {k: round(statistics.median(v), 1) for k, v in runs.items()}
+                for size in ("", "_small"):
+                    seconds[name + size].append(timed(lambda: engines[name](paths[size])))
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    rates = {name: round(n / med[name], 1) for name in engines}
+    # time(n) = start-up + n / rate: the split of n and the split of n/4 give both (per call; the stage calls per split)
+    marginal = {name: round((n - small) / max(med[name] - med[name + "_small"], 1e-9), 1) for name in engines}
+    startup = {name: round(med[name] - n / marginal[name], 2) for name in engines}
     return {
         "arch": arch, "image_size": image_size, "n": n, "batch_size": batch_size, "local_workers": workers,
         "device": str(dev), "ray_cpus": ray.cluster_resources().get("CPU"), "ray_gpus": ray.cluster_resources().get("GPU", 0),
-        "ray_actors": embed_ray.actor_count(dev),
-        "repeats": repeats, "images_per_s": rates, "local_first": round(local_first, 1), "ray_first": round(ray_first, 1),
-        "runs": {k: [round(x, 1) for x in v] for k, v in runs.items()},
+        "ray_actors": embed_ray.actor_count(dev), "repeats": repeats, "images_per_s": rates,
+        "marginal_images_per_s": marginal, "startup_s": startup,
+        "seconds": {k: [round(x, 2) for x in v] for k, v in seconds.items()},
         "ray_vs_local": round(rates["ray"] / rates["local"], 3),
-        "ray_steady_vs_local": round(rates["ray_steady"] / rates["local"], 3),
+        "ray_vs_local_marginal": round(marginal["ray"] / marginal["local"], 3),
         "max_abs_diff": float(np.abs(a - b).max()),
     }
 

@@ -38,7 +38,7 @@ from vlbench.datasets.canonical import DatasetMeta, load_meta, split_path
 from vlbench.errors import VlbenchError
 from vlbench.datasets.images import decode_rgb
 from vlbench.io import atomic_dir
-from vlbench.models.loading import LoadedModel, load_model  # load_model: this engine's (see `engine`)
+from vlbench.models.loading import LoadedModel, load_model  # noqa: F401 (load_model: this engine's, see `engine`)
 from vlbench.models.projection import PreProjectionEncoder, VisualProjection
 from vlbench.texts import read_text_set, text_set_names
 

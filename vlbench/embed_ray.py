@@ -174,14 +174,14 @@ def embed_images(
     CorruptImageError. `num_workers` is the local engine's: here Ray spreads decoding over the cluster's CPUs."""
     connect()
     _quiet(progress)
-    path = Path(path).resolve()  # the tasks may run elsewhere: the workspace must be at the same path there
+    path = Path(path)
     decode, finish = worker_preprocess(loaded.preprocess, loaded.device, normalise_in_workers)
     shipped = [ray.put((loaded, encode or loaded.model.encode_image, finish))]
-    groups = row_groups(path)
-    items = [{"group": group, "start": start} for group, start in groups]
+    items = [{"group": group, "start": start} for group, start in row_groups(path)]
     ds = ray.data.from_items(items, override_num_blocks=len(items))
+    # the tasks may run on other nodes: the workspace must be at the same absolute path there (docs/cluster.md)
     ds = ds.map_batches(decode_groups, batch_size=1, batch_format="numpy", num_cpus=1,
-                        fn_kwargs={"path": str(path), "preprocess": decode})
+                        fn_kwargs={"path": str(path.resolve()), "preprocess": decode})
     ds = ds.map_batches(ImageEncoder, batch_size=batch_size, batch_format="numpy",
                         fn_constructor_args=(shipped, _env_int(EXIT_AFTER_VARIABLE, 0)), **actor_options(loaded.device))
     rows = SplitRows(pq.ParquetFile(path).metadata.num_rows)
