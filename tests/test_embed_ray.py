@@ -121,7 +121,8 @@ def test_a_model_actor_that_dies_mid_run_leaves_the_previous_features_intact(loc
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     monkeypatch.setenv(embed_ray.EXIT_AFTER_VARIABLE, "2")  # each actor's process exits at its 3rd batch
     monkeypatch.setenv(embed_ray.RETRIES_VARIABLE, "0")
-    with pytest.raises(EngineError, match=r"dataset 'tiny' split 'test' .*the Ray run failed .*nothing was written"):
+    with pytest.raises(EngineError, match=r"dataset 'tiny' split 'test' \(.*test.parquet\): the Ray run failed "
+                                         r"\(ActorDiedError: .*\); nothing was written"):
         embed_image_splits(loaded, grouped, out, batch_size=ROWS_PER_GROUP, progress=False, engine_name="ray")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in out.parent.iterdir()] == ["tiny"]  # no half-written temporary folder either
