@@ -201,3 +201,46 @@ def test_switching_the_engine_leaves_dvc_status_clean_and_writes_the_same_output
     assert (tmp_path / "dvc.lock").read_text() == lock
     assert {p: p.read_bytes() for p in (tmp_path / "features").rglob("*.parquet")} == written
     assert "up to date" in run(tmp_path, "dvc", "status", env=base).stdout
+
+
+def test_the_accelerator_split_uint8_tasks_and_finish_in_the_actor_gives_the_same_bits(local_ray, loaded, grouped,
+                                                                                          one_thread):
+    """On a GPU the decode tasks stop at uint8 and the actor converts and normalises (`split_preprocess`'s `finish`,
+    shipped with the model): the same path, forced here on the CPU, gives the local engine's bits."""
+    path = split_path(grouped, "test")
+    a, ka = embed_images(loaded, path, "tiny", "test", batch_size=ROWS_PER_GROUP, num_workers=0, progress=False,
+                         normalise_in_workers=False)
+    b, kb = embed_ray.embed_images(loaded, path, "tiny", "test", batch_size=ROWS_PER_GROUP, progress=False,
+                                   normalise_in_workers=False)
+    assert np.array_equal(kb, ka) and np.array_equal(b, a)
+
+
+def test_the_drivers_model_carries_the_actors_device_and_precision_in_its_fingerprint(toy_model_cfg):
+    """A driver without a GPU stamps what GPU actors will do: bf16 autocast on CUDA, as a local CUDA run would."""
+    cfg = {**toy_model_cfg, "precision": "amp_bf16"}
+    on_gpu = embed_ray.load_model(cfg, device="cuda")
+    on_cpu = embed_ray.load_model(cfg, device="cpu")
+    assert on_gpu.device.type == "cuda" and on_gpu.autocast_dtype == torch.bfloat16
+    assert on_gpu.fingerprint == {**on_cpu.fingerprint, "precision": "amp_bf16"}
+    assert on_cpu.fingerprint == load_model(cfg, device="cpu").fingerprint and on_cpu.fingerprint["precision"] == "fp32"
+    assert next(on_gpu.model.parameters()).device.type == "cpu"  # the actors move it; the driver never needs a GPU
+
+
+def test_batches_arriving_in_any_order_are_put_back_in_row_order(tmp_path):
+    """Ray Data does not keep order: the driver places each embedding by the row index its batch carries."""
+    from vlbench.embed import SplitRows
+
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(10, 3)).astype(np.float32)
+    reasons = ["" if r != 7 else "truncated" for r in range(10)]
+    batches = [{"row": np.array(rows), "sample_id": np.array([f"s{r}" for r in rows], dtype=object),
+                "reason": np.array([reasons[r] for r in rows], dtype=object),
+                "embedding": np.array([b"" if reasons[r] else embed_ray.to_bytes(emb[r]) for r in rows], dtype=object)}
+               for rows in ([8, 9], [4, 5, 6, 7], [0, 1, 2, 3])]
+    rows = SplitRows(10)
+    for batch in batches:
+        embed_ray._gather(rows, batch)
+    out, kept = rows.result("d", "test", tmp_path / "test.parquet", skip_corrupt=True)
+    assert kept.tolist() == [0, 1, 2, 3, 4, 5, 6, 8, 9] and np.array_equal(out, emb[kept])
+    with pytest.raises(CorruptImageError, match=r"sample 's7': cannot decode image \(truncated\)"):
+        rows.result("d", "test", tmp_path / "test.parquet", skip_corrupt=False)
