@@ -15,6 +15,14 @@ def parser(description: str, dataset: bool = True) -> argparse.ArgumentParser:
     return p
 
 
+def add_engine(p: argparse.ArgumentParser) -> None:
+    """`--engine` of the embed stages: a runtime choice, never in dvc.yaml's cmd nor a param (the features are the
+    same on every engine), so switching engines makes no stage stale; default $VLBENCH_ENGINE, else local."""
+    p.add_argument("--engine", default=None,
+                   help="local or ray: where to embed: this process (local) or a Ray cluster ($VLBENCH_RAY_ADDRESS, else a local "
+                        "Ray); default $VLBENCH_ENGINE, else local (docs/cluster.md)")
+
+
 def use_download_settings(params: dict) -> None:
     """`downloads.cache` / `downloads.mirror` from params, unless the environment already sets them."""
     settings = params.get("downloads") or {}

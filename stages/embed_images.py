@@ -3,7 +3,7 @@
 
 import json
 
-from stages.common import parser, run
+from stages.common import add_engine, parser, run
 from vlbench.config import features_dir, get, load_params, prepared_dir
 
 
@@ -12,16 +12,16 @@ def main() -> None:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: 16 at most on CUDA, half the cores on CPU)")
+    add_engine(p)
     args = p.parse_args()
     params = load_params(args.params)
-    from vlbench.embed import embed_image_splits
-    from vlbench.models.loading import load_model
+    from vlbench.embed import embed_image_splits, engine
 
-    loaded = load_model(get(params, "model", dict), device=args.device)
+    loaded = engine(args.engine).load_model(get(params, "model", dict), device=args.device)
     summary = embed_image_splits(loaded, prepared_dir(args.dataset), features_dir(loaded.fingerprint["model"], args.dataset) / "images",
                                  batch_size=args.batch_size, num_workers=args.workers,
                                  pre_projection=get(params, "embed.pre_projection", bool),
-                                 decode=get(params, "embed.decode", str))
+                                 decode=get(params, "embed.decode", str), engine_name=args.engine)
     print(json.dumps(summary))
 
 

@@ -1,19 +1,20 @@
 """embed_texts@<dataset>: text features of every text set for the params' model -> features/<model>/<dataset>/text/."""
 
-from stages.common import parser, run
+from stages.common import add_engine, parser, run
 from vlbench.config import features_dir, get, load_params, texts_dir
 
 
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    add_engine(p)
     args = p.parse_args()
     params = load_params(args.params)
-    from vlbench.embed import embed_text_sets
-    from vlbench.models.loading import load_model
+    from vlbench.embed import embed_text_sets, engine
 
-    loaded = load_model(get(params, "model", dict), device=args.device)
-    counts = embed_text_sets(loaded, texts_dir(args.dataset), features_dir(loaded.fingerprint["model"], args.dataset) / "text")
+    loaded = engine(args.engine).load_model(get(params, "model", dict), device=args.device)
+    counts = embed_text_sets(loaded, texts_dir(args.dataset), features_dir(loaded.fingerprint["model"], args.dataset) / "text",
+                             engine_name=args.engine)
     print(f"embed_texts {args.dataset}: {counts}")
 
 

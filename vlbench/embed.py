@@ -7,6 +7,7 @@ normalises; on the CPU the whole transform. The model runs under `torch.inferenc
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -38,7 +40,7 @@ from vlbench.errors import VlbenchError
 from vlbench.datasets.images import ImageDecodeError
 from vlbench.decoding import DEFAULT_DECODE
 from vlbench.io import atomic_dir
-from vlbench.models.loading import LoadedModel
+from vlbench.models.loading import LoadedModel, load_model  # noqa: F401 (load_model: this engine's, see `engine`)
 from vlbench.models.projection import PreProjectionEncoder, VisualProjection
 from vlbench.texts import read_text_set, text_set_names
 
@@ -58,7 +60,29 @@ class PreprocessError(VlbenchError):
     """A dataset asks for a preprocessing that the model's own transform cannot be turned into."""
 
 
+class EngineError(VlbenchError):
+    """An unknown engine was asked for, its optional dependency is missing, or a run on it failed."""
+
+
 MAX_LISTED_CORRUPT = 20  # sample ids named in a CorruptImageError; the total count is always given
+
+
+ENGINE_VARIABLE = "VLBENCH_ENGINE"
+# Where the embed stages run: an engine is a module with `load_model`, `embed_images` and `embed_texts` of the same
+# signatures as this one's. A runtime setting, never a param: both give the same features (docs/cluster.md).
+ENGINES = {"local": "vlbench.embed", "ray": "vlbench.embed_ray"}
+
+
+def engine(name: str | None = None) -> ModuleType:
+    """The engine `name` names, else $VLBENCH_ENGINE, else local; imported only now (Ray is an optional extra)."""
+    name = name or os.environ.get(ENGINE_VARIABLE) or "local"
+    if name not in ENGINES:
+        raise EngineError(f"engine {name!r} (--engine or ${ENGINE_VARIABLE}) is not one of {sorted(ENGINES)}")
+    try:
+        return importlib.import_module(ENGINES[name])
+    except ModuleNotFoundError as err:
+        raise EngineError(f"engine {name!r} needs {err.name!r}, which is not installed: "
+                          f"pip install 'vlbench[{name}]'") from err
 
 
 class ParquetImages(IterableDataset):
@@ -72,19 +96,35 @@ class ParquetImages(IterableDataset):
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor | CorruptSample]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        pf = pq.ParquetFile(self.path)
-        starts = np.cumsum([0] + [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)])
-        for group in range(worker, pf.num_row_groups, workers):
-            table = pf.read_row_group(group, columns=["sample_id", "image"])
-            ids, images = table.column("sample_id").to_pylist(), table.column("image").to_pylist()
-            for offset, (sample_id, data) in enumerate(zip(ids, images)):
-                yield int(starts[group]) + offset, self._decode(sample_id, data)
+        for group, start in row_groups(self.path)[worker::workers]:
+            yield from decode_row_group(self.path, group, start, self.load)
 
-    def _decode(self, sample_id: str, data: bytes | None) -> torch.Tensor | CorruptSample:
-        try:
-            return self.load(data)
-        except (OSError, ValueError, SyntaxError) as err:  # ImageDecodeError is a ValueError
-            return CorruptSample(sample_id, str(err))
+
+
+def row_groups(path: Path) -> list[tuple[int, int]]:
+    """(row group, index of its first row) for every row group of a Parquet file: the unit both engines hand out."""
+    meta = pq.ParquetFile(path).metadata
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    return [(group, int(start)) for group, start in enumerate(np.cumsum([0] + sizes[:-1]))]
+
+
+def decode_row_group(path: Path, group: int, start: int, load: Callable[[bytes | None], Any],
+                     ) -> Iterator[tuple[int, torch.Tensor | CorruptSample]]:
+    """(row index, `load(image bytes)` or CorruptSample) for each image of one row group, read alone."""
+    table = pq.ParquetFile(path).read_row_group(group, columns=["sample_id", "image"])
+    ids, images = table.column("sample_id").to_pylist(), table.column("image").to_pylist()
+    for offset, (sample_id, data) in enumerate(zip(ids, images)):
+        yield start + offset, decode_sample(load, sample_id, data)
+
+
+def decode_sample(load: Callable[[bytes | None], Any], sample_id: str, data: bytes | None,
+                  ) -> torch.Tensor | CorruptSample:
+    """One image through a decoder's worker step (`vlbench.decoding`); a CorruptSample instead of an exception, so a
+    split reports them all."""
+    try:
+        return load(data)
+    except (OSError, ValueError, SyntaxError) as err:  # ImageDecodeError is a ValueError
+        return CorruptSample(sample_id, str(err))
 
 
 def collate(batch: list[tuple[int, torch.Tensor | CorruptSample]], stack: bool = True,
@@ -264,69 +304,91 @@ def embed_images(
         ParquetImages(path, dec.worker), batch_size=batch_size, num_workers=workers,
         collate_fn=partial(collate, stack=dec.stack), pin_memory=loaded.device.type == "cuda" and dec.stack,
     )
-    out: np.ndarray | None = None
-    kept = np.zeros(num_rows, dtype=bool)
-    corrupt: list[tuple[int, CorruptSample]] = []
+    split_rows = SplitRows(num_rows)
     bar = tqdm(total=num_rows, desc=f"embed {dataset}/{split}", unit="img", disable=not progress)
-    with torch.inference_mode():
-        for rows, images, bad in loader:
-            bar.update(len(rows) + len(bad))
-            corrupt += bad
-            if images is None or (corrupt and not skip_corrupt):  # the split fails: only look for more corrupt files
-                continue
-            batch = images.to(loaded.device, non_blocking=True) if dec.stack else images
-            try:
-                batch = dec.finish(batch)
-            except ImageDecodeError as err:  # a decoder that decodes on the device (torchvision)
-                raise device_decode_error(dataset, split, path, rows, err) from err
-            with loaded.autocast():
-                emb = encode(batch)
-            emb = emb.float().cpu().numpy()
-            if out is None:
-                out = np.zeros((num_rows, emb.shape[1]), dtype=np.float32)
-            out[rows.numpy()] = emb
-            kept[rows.numpy()] = True
+    for rows, images, bad in loader:
+        bar.update(len(rows) + len(bad))
+        split_rows.corrupt += bad
+        if images is None or (split_rows.corrupt and not skip_corrupt):  # the split fails: only look for more corrupt files
+            continue
+        try:
+            split_rows.put(rows.numpy(), encode_batch(loaded, encode, dec.finish, images))
+        except ImageDecodeError as err:  # a decoder that decodes on the device (torchvision)
+            raise device_decode_error(dataset, split, path, rows, err) from err
     bar.close()
-    if corrupt and not skip_corrupt:
-        raise corrupt_images_error(dataset, split, path, corrupt)
-    if out is None:
-        raise CorruptImageError(f"dataset {dataset!r} split {split!r}: no image could be decoded in {path}")
-    return out[kept], np.flatnonzero(kept)
+    return split_rows.result(dataset, split, path, skip_corrupt)
+
+
+def encode_batch(loaded: LoadedModel, encode: Callable[[torch.Tensor], torch.Tensor],
+                 finish: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor) -> np.ndarray:
+    """One batch of worker outputs (stacked, or a list for a decoder that finishes on the device) through `finish` and
+    the model on its device: float32 embeddings on the host."""
+    batch = images.to(loaded.device, non_blocking=True) if isinstance(images, torch.Tensor) else images
+    with torch.inference_mode(), loaded.autocast():
+        return encode(finish(batch)).float().cpu().numpy()
+
+
+class SplitRows:
+    """A split's embeddings gathered by row index as batches arrive in any order, and its corrupt samples."""
+
+    def __init__(self, num_rows: int):
+        self.out: np.ndarray | None = None
+        self.kept = np.zeros(num_rows, dtype=bool)
+        self.corrupt: list[tuple[int, CorruptSample]] = []
+
+    def put(self, rows: np.ndarray, emb: np.ndarray) -> None:
+        if self.out is None:
+            self.out = np.zeros((len(self.kept), emb.shape[1]), dtype=np.float32)
+        self.out[rows] = emb
+        self.kept[rows] = True
+
+    def result(self, dataset: str, split: str, path: Path, skip_corrupt: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(embeddings in row order, kept row indices); the one CorruptImageError of the split unless `skip_corrupt`."""
+        if self.corrupt and not skip_corrupt:
+            raise corrupt_images_error(dataset, split, path, self.corrupt)
+        if self.out is None:
+            raise CorruptImageError(f"dataset {dataset!r} split {split!r}: no image could be decoded in {path}")
+        return self.out[self.kept], np.flatnonzero(self.kept)
 
 
 def embed_texts(loaded: LoadedModel, texts: list[str], batch_size: int = 512) -> np.ndarray:
-    chunks = []
+    return np.concatenate([encode_texts(loaded, texts[start:start + batch_size])
+                           for start in range(0, len(texts), batch_size)])
+
+
+def encode_texts(loaded: LoadedModel, texts: list[str]) -> np.ndarray:
+    """One batch of texts tokenized and through the text tower: float32 embeddings on the host."""
     with torch.inference_mode():
-        for start in range(0, len(texts), batch_size):
-            tokens = loaded.tokenizer(texts[start:start + batch_size]).to(loaded.device)
-            with loaded.autocast():
-                chunks.append(loaded.model.encode_text(tokens).float().cpu().numpy())
-    return np.concatenate(chunks)
+        tokens = loaded.tokenizer(texts).to(loaded.device)
+        with loaded.autocast():
+            return loaded.model.encode_text(tokens).float().cpu().numpy()
 
 
 def embed_image_splits(
     loaded: LoadedModel, dataset_dir: Path, out_dir: Path, *, batch_size: int = 256,
     num_workers: int | None = None, skip_corrupt: bool = False, progress: bool = True, pre_projection: bool = False,
-    decode: str = DEFAULT_DECODE,
+    decode: str = DEFAULT_DECODE, engine_name: str | None = None,
 ) -> dict[str, Any]:
     """Write `out_dir/<split>.parquet` for every split of a prepared dataset (the folder replaced whole), with the
     preprocessing the dataset asks for (`model_for_dataset`). With `pre_projection`, the same forward pass also gives
     the image tower's features before its projection: `out_dir/pre_projection/<split>.parquet` and the projection in
     `out_dir/pre_projection/projection.weights.parquet` (`vlbench.models.projection`; the projected embeddings are the
-    same either way). `decode` (params' embed.decode) is recorded in every file's fingerprint."""
+    same either way). `decode` (params' embed.decode) is recorded in every file's fingerprint. `engine_name`: where
+    each split is embedded (`engine`); the files are the same either way."""
+    embed_split = engine(engine_name).embed_images
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
     meta = load_meta(dataset_dir)
     loaded = model_for_dataset(loaded, meta)
     fingerprint = {**loaded.fingerprint, "dataset": meta.name, "dataset_version": meta.version,
                    **decoding.decode_fingerprint(decode, loaded.device)}
     encoder = PreProjectionEncoder(loaded.model, loaded.fingerprint.get("model", "?")) if pre_projection else None
-    summary: dict[str, Any] = {"dataset": meta.name, "splits": {}}
+    summary: dict[str, Any] = {"dataset": meta.name, "engine": embed_split.__module__, "splits": {}}
     with atomic_dir(out_dir) as tmp:
         for split in meta.splits:
             path = split_path(dataset_dir, split)
             start = time.perf_counter()
-            emb, kept = embed_images(loaded, path, meta.name, split, batch_size=batch_size, num_workers=num_workers,
-                                     skip_corrupt=skip_corrupt, progress=progress, encode=encoder, decode=decode)
+            emb, kept = embed_split(loaded, path, meta.name, split, batch_size=batch_size, num_workers=num_workers,
+                                    skip_corrupt=skip_corrupt, progress=progress, encode=encoder, decode=decode)
             seconds = time.perf_counter() - start
             ids_labels = pq.read_table(path, columns=["sample_id", meta.label_column])
             skipped = ids_labels.column("sample_id").to_numpy(zero_copy_only=False)[
@@ -377,13 +439,14 @@ def _write_projection(tmp: Path, projection: VisualProjection, fingerprint: dict
     return {"dim": projection.dims[0], "projection": projection.kind}
 
 
-def embed_text_sets(loaded: LoadedModel, texts_dir: Path, out_dir: Path) -> dict[str, int]:
-    """Write `out_dir/<set>.parquet` (the set's rows + embedding) for every text set of a dataset."""
+def embed_text_sets(loaded: LoadedModel, texts_dir: Path, out_dir: Path, engine_name: str | None = None) -> dict[str, int]:
+    """Write `out_dir/<set>.parquet` (the set's rows + embedding) for every text set of a dataset, on `engine_name`."""
+    embed = engine(engine_name).embed_texts
     counts = {}
     with atomic_dir(out_dir) as tmp:
         for name in text_set_names(texts_dir):
             rows, stamp = read_text_set(Path(texts_dir) / f"{name}.parquet")
-            emb = embed_texts(loaded, rows.column("text").to_pylist())
+            emb = embed(loaded, rows.column("text").to_pylist())
             table = rows.append_column("embedding", features.embedding_array(emb))
             schema = features.features_schema(rows.schema, emb.shape[1], {**loaded.fingerprint, **stamp})
             features.write_table(tmp / f"{name}.parquet", [table], schema)
