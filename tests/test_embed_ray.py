@@ -79,6 +79,21 @@ def test_ray_writes_the_local_engines_files_byte_for_byte_when_batches_are_row_g
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]  # no temporary left beside them
 
 
+def test_ray_runs_the_pillow_decoders_like_the_local_engine_and_refuses_torchvision(local_ray, loaded, grouped,
+                                                                                   tmp_path, one_thread):
+    """embed.decode on Ray: pil_draft decodes in the CPU tasks as locally (same bytes); torchvision decodes on the
+    model's device, which the actors would need the encoded bytes for: refused in one line before Ray starts."""
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    embed_image_splits(loaded, grouped, local, batch_size=ROWS_PER_GROUP, num_workers=0, progress=False,
+                       decode="pil_draft")
+    embed_image_splits(loaded, grouped, on_ray, batch_size=ROWS_PER_GROUP, progress=False, engine_name="ray",
+                       decode="pil_draft")
+    assert (on_ray / "test.parquet").read_bytes() == (local / "test.parquet").read_bytes()
+    with pytest.raises(EngineError, match="embed.decode 'torchvision' runs on the local engine only"):
+        embed_image_splits(loaded, grouped, tmp_path / "tv", progress=False, engine_name="ray", decode="torchvision")
+    assert not (tmp_path / "tv").exists()
+
+
 def test_other_batch_sizes_give_the_same_rows_within_float_rounding(local_ray, loaded, grouped, tmp_path):
     """Batches that span row groups differ between engines; CPU kernels pick their blocking by batch size, so a row's
     float32 rounding may differ in the last bits (as it does between the local engine's own batch sizes)."""
@@ -180,7 +195,7 @@ def test_switching_the_engine_leaves_dvc_status_clean_and_writes_the_same_output
     (tmp_path / "data/models/toy").mkdir(parents=True)
     shutil.copy(toy_model_cfg["pretrained"], tmp_path / "data/models/toy/checkpoint.pt")
     model = {**toy_model_cfg, "pretrained": "data/models/toy/checkpoint.pt"}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"model": model, "embed": {"pre_projection": False}}))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"model": model, "embed": {"pre_projection": False, "decode": "pil"}}))
     make_dataset(tmp_path / "data/prepared/tiny", splits=("test",))
     make_texts(tmp_path / "data/prepared/tiny", tmp_path / "data/texts/tiny")
     stages = {
