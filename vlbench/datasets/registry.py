@@ -33,6 +33,7 @@ SOURCES = {
     "coco": "vlbench.datasets.coco:build",
     "vtab": "vlbench.datasets.vtab:build",  # TFDS-prepared TFRecord files, read without TensorFlow
     "fewtrans": "vlbench.datasets.fewtrans:build",
+    "compositional": "vlbench.datasets.compositional:build",  # SugarCrepe, Winoground, ARO, the demo's swaps
 }
 # FewTrans' base/novel class counts: the adapt analysis's table, read as data (importing the analysis would make
 # every prepare@ stage depend on it)
