@@ -186,7 +186,9 @@ def winoground_examples(n: int) -> list[dict]:
 def test_winoground_miniature_two_rows_per_example(dirs):
     _, mirror, out = dirs
     write_winoground(mirror, winoground_examples(3))
-    meta = prepare_dataset("winoground", spec_of("winoground"), out / "wg")
+    with pytest.raises(DatasetError, match="winoground_examples.jsonl, winoground_images.zip give 6 images, expected 800"):
+        prepare_dataset("winoground", spec_of("winoground"), out / "wg")
+    meta = prepare_dataset("winoground", {**spec_of("winoground"), "size": 6}, out / "wg")
     got = rows(out / "wg")
     assert [r["sample_id"] for r in got] == ["ex_0_img_0", "ex_0_img_1", "ex_1_img_0", "ex_1_img_1", "ex_2_img_0",
                                              "ex_2_img_1"]
@@ -244,7 +246,7 @@ def test_aro_coco_order_miniature_has_the_caption_and_four_perturbations(dirs, m
     ann = [{"image": "val2014/COCO_val2014_000000000042.jpg",
             "caption": ["A small brown dog chases the red ball on green grass.", "A man rides a horse on the beach."]}]
     (mirror / "coco_karpathy_test.json").write_text(json.dumps(ann))
-    prepare_dataset("aro-coco-order", spec_of("aro-coco-order"), out / "co")
+    prepare_dataset("aro-coco-order", {**spec_of("aro-coco-order"), "size": 1}, out / "co")
     got = rows(out / "co")
     assert len(got) == 1 and got[0]["sample_id"] == "COCO_val2014_000000000042"
     cands = got[0]["candidates"]
@@ -252,7 +254,7 @@ def test_aro_coco_order_miniature_has_the_caption_and_four_perturbations(dirs, m
     assert cands[0] == {"item": "COCO_val2014_000000000042/0", "category": "order", "source": "positive",
                         "index": 0, "text": "a small brown dog chases the red ball on green grass"}
     assert all(sorted(c["text"].split()) == sorted(cands[0]["text"].split()) for c in cands[1:5])
-    again = prepare_dataset("aro-coco-order", spec_of("aro-coco-order"), out / "co2")
+    again = prepare_dataset("aro-coco-order", {**spec_of("aro-coco-order"), "size": 1}, out / "co2")
     assert rows(out / "co2")[0]["candidates"] == cands and again.version == load_meta(out / "co").version
 
 

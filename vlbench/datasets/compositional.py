@@ -309,6 +309,9 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
     benchmark, resources = parse_spec(name, spec)
     paths = {key: fetch(res, name) for key, res in resources.items()}
     rows, categories = BENCHMARKS[benchmark].read(name, spec, paths)
+    if isinstance(spec.get("size"), int) and len(rows) != spec["size"]:
+        raise DatasetError(f"dataset {name!r}: {', '.join(p.name for p in paths.values())} give {len(rows)} images, "
+                           f"expected {spec['size']} (spec 'size'); are these the right files?")
     split = str(spec.get("split", "test"))
     provenance = {"source": "compositional", "benchmark": benchmark,
                   "files": [resources[k].provenance(p) for k, p in paths.items()],
