@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,12 +15,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from PIL import Image
 
 from tests.archives import write_zip
 from vlbench.analyses import compositionality as comp
 from vlbench.datasets import perturbations as pt
-from vlbench.datasets.canonical import DatasetError, load_meta, split_path
+from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, load_meta, split_path
+from vlbench.datasets.compositional import BENCHMARKS as READERS
+from vlbench.datasets.compositional import SUGARCREPE
 from vlbench.datasets.download import ManualDownloadError
 from vlbench.datasets.registry import catalogue, prepare_dataset
 from vlbench.texts import build_text_sets
@@ -39,8 +44,6 @@ def rows(out: Path) -> list[dict]:
 
 
 def spec_of(name: str) -> dict:
-    import yaml
-
     return yaml.safe_load((ROOT / "conf/dataset" / f"{name}.yaml").read_text())["prepare"]
 
 
@@ -112,8 +115,6 @@ def test_a_caption_gets_the_same_options_every_time_and_others_for_another_key(m
 
 def fixed_tagger(text: str):
     """Penn tags for the fixed sentences of these tests (what en_core_web_sm gives them), spaCy-style tokens."""
-    import re
-
     tokens = re.findall(r"\w+|[^\w\s]", text)
     table = dict(zip([t.lower() for t in TOKENS], TAGS)) | {"man": "NN", "rides": "VBZ", "horse": "NN",
                                                             "beach": "NN", ".": "."}
@@ -135,7 +136,7 @@ def test_sugarcrepe_miniature_one_row_per_image_with_every_category(dirs):
     write_zip(mirror / "val2017.zip", {f"val2017/{k}": v for k, v in files.items()})
     spec = spec_of("sugarcrepe")
     spec["files"]["images"].pop("sha256")
-    for category in comp_categories():
+    for category in SUGARCREPE:
         data = {"0": {"filename": "000000000001.jpg", "caption": f"{category} true", "negative_caption": "neg a"},
                 "5": {"filename": "000000000002.jpg", "caption": "true b", "negative_caption": f"{category} neg"}}
         (mirror / f"sugarcrepe_{category}.json").write_text(json.dumps(data))
@@ -152,18 +153,12 @@ def test_sugarcrepe_miniature_one_row_per_image_with_every_category(dirs):
     assert texts.num_rows == 28 and set(texts.column_names) >= {"sample_id", "source", "text", "item", "category"}
 
 
-def comp_categories():
-    from vlbench.datasets.compositional import SUGARCREPE
-
-    return SUGARCREPE
-
-
 def test_a_missing_sugarcrepe_image_is_named(dirs):
     _, mirror, out = dirs
     write_zip(mirror / "val2017.zip", {"val2017/000000000001.jpg": png(1)})
     spec = spec_of("sugarcrepe")
     spec["files"]["images"].pop("sha256")
-    for category in comp_categories():
+    for category in SUGARCREPE:
         (mirror / f"sugarcrepe_{category}.json").write_text(json.dumps(
             {"0": {"filename": "000000000009.jpg", "caption": "x", "negative_caption": "y"}}))
     with pytest.raises(DatasetError, match="000000000009.jpg"):
@@ -277,8 +272,6 @@ class FakeInputs:
     """What `run` reads: the dataset's meta, the image features of its split, the candidates' text features."""
 
     def __init__(self, tmp: Path, benchmark: str, image_ids, image_emb, candidates: list[dict], text_emb):
-        from vlbench.datasets.canonical import ClassInfo, DatasetMeta
-
         self.meta = DatasetMeta("d", "captions", "accuracy", [ClassInfo(0, "c")], splits={"test": len(image_ids)},
                                 provenance={"benchmark": benchmark})
         self.texts_dir = tmp
@@ -406,16 +399,48 @@ def test_an_item_without_exactly_one_positive_is_named(tmp_path):
 
 
 def test_the_analysis_starts_without_torch():
-    import subprocess
-
     code = "import sys, vlbench.analyses.compositionality; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_every_benchmark_is_registered_with_a_metric():
-    from vlbench.datasets.compositional import BENCHMARKS
-
-    assert set(BENCHMARKS) == set(comp.BENCHMARKS) == set(comp.HEADLINE)
+    assert set(READERS) == set(comp.BENCHMARKS) == set(comp.HEADLINE)
     names = {r["name"] for r in catalogue()}
     assert {"sugarcrepe", "winoground", "aro-vg-relation", "aro-vg-attribution", "aro-coco-order",
             "aro-flickr-order", "compositional"} <= names
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The stages in a DVC pipeline: the demo set prepared, its candidates embedded, scored and reported
+
+
+def test_the_pipeline_prepares_embeds_scores_and_reports_the_demo_set(tmp_path):
+    from tests.pipeline_repo import make_repo, read_suite, run, write_suite
+
+    repo = make_repo(tmp_path / "repo")
+    suite = read_suite(repo, "smoke")
+    entry = yaml_entry("compositional")
+    entry["prepare"]["size"] = 12
+    suite["datasets"] = {"compositional": entry}
+    suite.update(embed=["compositional"], zeroshot=[], linear_probe=[], compositionality=["compositional"])
+    write_suite(repo, suite)
+    run(repo, sys.executable, "-m", "vlbench.cli", "compose")
+    run(repo, sys.executable, "-m", "dvc", "repro", "report")
+    texts = pq.read_table(repo / "data/texts/compositional/candidates.parquet")
+    assert texts.num_rows == 12 * 6
+    result = json.loads((repo / "reports/compositionality/compositional.json").read_text())
+    assert result["counts"] == {"images": 12, "texts": 72, "trials": 36, "items": 36, "skipped_corrupt": 0}
+    trials = pq.read_table(repo / "reports/compositionality/compositional.trials.parquet").to_pylist()
+    for category in ("swap_att", "replace_att", "replace_obj"):  # the JSON agrees with the per-trial file
+        right = [t["correct"] for t in trials if t["category"] == category]
+        assert result["metrics"][category] == pytest.approx(sum(right) / len(right))
+        assert all(t["correct"] == (t["positive_score"] > t["best_negative_score"]) for t in trials)
+    metrics = json.loads((repo / "reports/metrics.json").read_text())
+    assert metrics["compositionality"]["compositional"] == result["metrics"]
+    assert (repo / "reports/plots/compositionality.svg").is_file()
+    page = (repo / "reports/index.html").read_text()
+    assert 'id="compositionality"' in page and "compositionality.svg" in page
+
+
+def yaml_entry(name: str) -> dict:
+    return yaml.safe_load((ROOT / "conf/dataset" / f"{name}.yaml").read_text())
