@@ -409,38 +409,3 @@ def test_every_benchmark_is_registered_with_a_metric():
     assert {"sugarcrepe", "winoground", "aro-vg-relation", "aro-vg-attribution", "aro-coco-order",
             "aro-flickr-order", "compositional"} <= names
 
-
-# --------------------------------------------------------------------------------------------------------------
-# The stages in a DVC pipeline: the demo set prepared, its candidates embedded, scored and reported
-
-
-def test_the_pipeline_prepares_embeds_scores_and_reports_the_demo_set(tmp_path):
-    from tests.pipeline_repo import make_repo, read_suite, run, write_suite
-
-    repo = make_repo(tmp_path / "repo")
-    suite = read_suite(repo, "smoke")
-    entry = yaml_entry("compositional")
-    entry["prepare"]["size"] = 12
-    suite["datasets"] = {"compositional": entry}
-    suite.update(embed=["compositional"], zeroshot=[], linear_probe=[], compositionality=["compositional"])
-    write_suite(repo, suite)
-    run(repo, sys.executable, "-m", "vlbench.cli", "compose")
-    run(repo, sys.executable, "-m", "dvc", "repro", "report")
-    texts = pq.read_table(repo / "data/texts/compositional/candidates.parquet")
-    assert texts.num_rows == 12 * 6
-    result = json.loads((repo / "reports/compositionality/compositional.json").read_text())
-    assert result["counts"] == {"images": 12, "texts": 72, "trials": 36, "items": 36, "skipped_corrupt": 0}
-    trials = pq.read_table(repo / "reports/compositionality/compositional.trials.parquet").to_pylist()
-    for category in ("swap_att", "replace_att", "replace_obj"):  # the JSON agrees with the per-trial file
-        right = [t["correct"] for t in trials if t["category"] == category]
-        assert result["metrics"][category] == pytest.approx(sum(right) / len(right))
-        assert all(t["correct"] == (t["positive_score"] > t["best_negative_score"]) for t in trials)
-    metrics = json.loads((repo / "reports/metrics.json").read_text())
-    assert metrics["compositionality"]["compositional"] == result["metrics"]
-    assert (repo / "reports/plots/compositionality.svg").is_file()
-    page = (repo / "reports/index.html").read_text()
-    assert 'id="compositionality"' in page and "compositionality.svg" in page
-
-
-def yaml_entry(name: str) -> dict:
-    return yaml.safe_load((ROOT / "conf/dataset" / f"{name}.yaml").read_text())

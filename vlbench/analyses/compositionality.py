@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from vlbench.errors import VlbenchError
+from vlbench.stats import bootstrap_sample_metric
 
 TEXT_SET = "candidates"
 SYMMETRIC_FILE = Path(__file__).parent / "data" / "aro_symmetric_relations.json"
@@ -243,7 +245,6 @@ def candidate_scores(image_ids, image_emb, table, text_emb, where: str) -> np.nd
 
 def run(inputs, cfg, seed: int):
     from vlbench.analyses.base import Result
-    from vlbench.stats import bootstrap_sample_metric
 
     cfg = check_config(cfg, list(inputs.meta.splits))
     benchmark = benchmark_of(inputs.meta)
@@ -277,8 +278,6 @@ def _per_item(t: Trials, correct: np.ndarray) -> np.ndarray:
 
 def trials_table(t: Trials, correct: np.ndarray):
     """Per (item, image): item, category, sample_id, the positive's score, the best negative's, correct."""
-    import pyarrow as pa
-
     return pa.table({
         "item": pa.array(t.item.tolist(), pa.string()),
         "category": pa.array(t.category.tolist(), pa.string()),

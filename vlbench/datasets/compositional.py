@@ -35,18 +35,20 @@ from __future__ import annotations
 import io
 import json
 import zlib
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from vlbench.datasets import synthetic as world
 from vlbench.datasets.archives import extract
 from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, write_dataset
 from vlbench.datasets.download import Resource, fetch, resource
 from vlbench.datasets.images import checked_rows, decode_rgb
+from vlbench.datasets.perturbations import Perturber
 from vlbench.datasets.spec import check_flag, check_keys
 
 SPEC_KEYS = ("source", "benchmark", "files", "split", "size", "seed", "max_words", "pipeline", "skip_corrupt")
@@ -155,19 +157,14 @@ def crop_png(data: bytes, box: tuple[float, float, float, float]) -> bytes:
     return out.getvalue()
 
 
-def vg_category(kind: str) -> Callable[[str, dict], str]:
-    def relation(where: str, obj: dict) -> str:
-        return obj["relation_name"]
-
-    def attribution(where: str, obj: dict) -> str:
-        return f"{obj['attributes'][0]}_{obj['attributes'][1]}"
-
-    return {"relation": relation, "attribution": attribution}[kind]
+VG_KINDS = {  # the fields ARO's VG files add, and an item's category as ARO's code keys it
+    "relation": ({"relation_name": str}, lambda obj: obj["relation_name"]),
+    "attribution": ({"attributes": list}, lambda obj: f"{obj['attributes'][0]}_{obj['attributes'][1]}"),
+}
 
 
 def read_aro_vg(kind: str):
-    extra = {"relation": {"relation_name": str}, "attribution": {"attributes": list}}[kind]
-    category_of = vg_category(kind)
+    extra, category_of = VG_KINDS[kind]
 
     def read(name: str, spec: Mapping[str, Any], paths: Mapping[str, Path]) -> tuple[list[dict], list[str]]:
         data = load_json(name, paths["annotations"])
@@ -186,7 +183,7 @@ def read_aro_vg(kind: str):
                 image = _read(name, folder / obj["image_path"], paths["images"])
                 sid = f"{PurePosixPath(obj['image_path']).stem}_" + "_".join(f"{v:g}" for v in box)
                 crops[key] = {"sample_id": sid, "image": crop_png(image, box), "candidates": []}
-            category = category_of(where, obj)
+            category = category_of(obj)
             crops[key]["candidates"] += [candidate(str(i), category, False, 0, obj["false_caption"]),
                                          candidate(str(i), category, True, 1, obj["true_caption"])]
         categories = sorted({c["category"] for r in crops.values() for c in r["candidates"]})
@@ -199,8 +196,6 @@ def read_aro_vg(kind: str):
 
 
 def read_aro_order(name: str, spec: Mapping[str, Any], paths: Mapping[str, Path]) -> tuple[list[dict], list[str]]:
-    from vlbench.datasets.perturbations import Perturber
-
     data = load_json(name, paths["annotations"])
     if not isinstance(data, list) or not data:
         raise DatasetError(f"dataset {name!r}: {paths['annotations'].name} must be a non-empty JSON list")
@@ -229,20 +224,15 @@ DEMO_CATEGORIES = ("swap_att", "replace_att", "replace_obj")
 
 
 def demo_scene(rng: np.random.Generator):
-    from vlbench.datasets import synthetic as world
-
     shapes = [world.shape_names()[i] for i in rng.choice(len(world.SHAPES), size=2, replace=False)]
     colors = [list(world.COLORS)[i] for i in rng.choice(len(world.COLORS), size=2, replace=False)]
-    cells = world._cells(rng, 2)
+    positions = list(world.POSITIONS)
+    cells = [positions[i] for i in rng.choice(len(positions), size=2, replace=False)]
     return [world.Obj(s, c, "large", p) for s, c, p in zip(shapes, colors, cells)]
 
 
 def demo_negatives(rng: np.random.Generator, objects) -> dict[str, str]:
     """One negative caption per category for a two-object scene."""
-    from dataclasses import replace
-
-    from vlbench.datasets import synthetic as world
-
     a, b = objects
     other_color = [c for c in world.COLORS if c not in (a.color, b.color)]
     other_shape = [s for s in world.shape_names() if s not in (a.shape, b.shape)]
@@ -257,8 +247,6 @@ def demo_negatives(rng: np.random.Generator, objects) -> dict[str, str]:
 
 
 def read_demo(name: str, spec: Mapping[str, Any], paths: Mapping[str, Path]) -> tuple[list[dict], list[str]]:
-    from vlbench.datasets import synthetic as world
-
     size = spec.get("size")
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise DatasetError(f"dataset {name!r}: 'size' must be a positive number of images, got {size!r}")
