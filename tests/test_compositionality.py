@@ -316,6 +316,8 @@ def test_sugarcrepe_accuracy_per_category_and_mean(tmp_path):
     assert result.metrics["swap_att"] == pytest.approx(expect["swap_att"])
     assert result.metrics["mean"] == pytest.approx((expect["add_obj"] + expect["swap_att"]) / 2)
     assert result.tables["trials"].num_rows == 60
+    interval = result.intervals["mean"]
+    assert interval["low"] <= result.metrics["mean"] <= interval["high"] < 1 and interval["method"] == "bootstrap"
 
 
 def test_ties_are_wrong_for_sugarcrepe_and_follow_argmax_for_aro(tmp_path):
@@ -346,6 +348,7 @@ def test_aro_vg_macro_accuracy_leaves_out_symmetric_relations_and_small_attribut
     assert got.metrics["accuracy"] == pytest.approx(allc)
     kept = comp.run(FakeInputs(tmp_path, "aro-vg-relation", ids, img, cands, txt), {"aro_symmetric": "keep"}, 0)
     assert kept.metrics["macro_accuracy"] == pytest.approx(np.mean(list(acc.values())))
+    assert got.intervals["macro_accuracy"]["low"] <= got.metrics["macro_accuracy"] <= got.intervals["macro_accuracy"]["high"]
     attr = comp.run(FakeInputs(tmp_path, "aro-vg-attribution", ids, img, cands, txt), {}, 0)
     assert attr.metrics["macro_accuracy"] == pytest.approx((acc["on"] + acc["behind"]) / 2)  # 20 < 25 items
     assert comp.run(FakeInputs(tmp_path, "aro-vg-attribution", ids, img, cands, txt), {"aro_min_items": 35}, 0
@@ -386,6 +389,7 @@ def test_winoground_text_image_and_group_scores(tmp_path):
     assert got.metrics == {"text": pytest.approx(text / n), "image": pytest.approx(image / n),
                            "group": pytest.approx(group / n)}
     assert set(got.details["categories"]) == {"Object", "Both"} and got.counts["items"] == n
+    assert got.intervals["group"]["low"] <= group / n <= got.intervals["group"]["high"]
 
 
 def test_an_item_without_exactly_one_positive_is_named(tmp_path):
