@@ -413,3 +413,17 @@ def test_every_benchmark_is_registered_with_a_metric():
     assert {"sugarcrepe", "winoground", "aro-vg-relation", "aro-vg-attribution", "aro-coco-order",
             "aro-flickr-order", "compositional"} <= names
 
+
+
+def test_argmax_rule_agrees_with_numpy_argmax_under_many_ties():
+    rng = np.random.default_rng(4)
+    n, k = 500, 5
+    options = rng.integers(0, 3, size=(n, k)).astype(np.float64)  # few values: ties everywhere
+    pos = rng.integers(0, k, size=n)
+    neg_index = np.array([[j for j in range(k) if j != p] for p in pos])
+    t = comp.Trials(item=np.arange(n).astype(str).astype(object), category=np.full(n, "c", dtype=object),
+                    sample_id=np.full(n, "i", dtype=object), pos_score=options[np.arange(n), pos], pos_index=pos,
+                    neg_scores=np.take_along_axis(options, neg_index, axis=1), neg_index=neg_index)
+    assert np.array_equal(comp.argmax_first(t), np.argmax(options, axis=1) == pos)
+    strict = [all(options[i, pos[i]] > options[i, j] for j in range(k) if j != pos[i]) for i in range(n)]
+    assert np.array_equal(comp.strict(t), strict)
