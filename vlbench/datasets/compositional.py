@@ -37,6 +37,7 @@ import json
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -60,7 +61,8 @@ SUGARCREPE = ("add_obj", "add_att", "replace_obj", "replace_att", "replace_rel",
 
 @dataclass(frozen=True)
 class Benchmark:
-    """A reader: `files` the spec's `files` keys it needs; `read(name, spec, paths) -> (rows, categories)`."""
+    """A reader: `files` the spec's `files` keys it needs; `read(name, spec, paths) -> (rows, categories)`, each row
+    `{sample_id, image, candidates}` with `image` a function giving the image's bytes when the row is written."""
 
     files: tuple[str, ...]
     read: Callable[[str, Mapping[str, Any], Mapping[str, Path]], tuple[list[dict], list[str]]]
@@ -107,15 +109,17 @@ def read_sugarcrepe(name: str, spec: Mapping[str, Any], paths: Mapping[str, Path
                 candidate(item, category, True, 0, obj["caption"]),
                 candidate(item, category, False, 1, obj["negative_caption"])])
     folder = extract(paths["images"]) / "val2017"
-    rows = [{"sample_id": PurePosixPath(f).stem, "image": _read(name, folder / f, paths["images"]), "candidates": c}
+    rows = [{"sample_id": PurePosixPath(f).stem, "image": _image(name, folder / f, paths["images"]), "candidates": c}
             for f, c in sorted(by_file.items())]
     return rows, list(SUGARCREPE)
 
 
-def _read(name: str, path: Path, archive: Path) -> bytes:
+def _image(name: str, path: Path, archive: Path) -> Callable[[], bytes]:
+    """The image's bytes, read when the row is written (rows stream into Parquet: no split is held in memory); a
+    missing file is named now."""
     if not path.is_file():
         raise DatasetError(f"dataset {name!r}: image {path.name!r} is not in {archive.name}")
-    return path.read_bytes()
+    return path.read_bytes
 
 
 # ------------------------------------------------------------------------------------------------ Winoground
@@ -138,7 +142,7 @@ def read_winoground(name: str, spec: Mapping[str, Any], paths: Mapping[str, Path
         item, category = str(obj["id"]), obj["collapsed_tag"]
         categories.setdefault(category, None)
         for k in (0, 1):
-            image = _read(name, folder / f"{obj[f'image_{k}']}.png", paths["images"])
+            image = _image(name, folder / f"{obj[f'image_{k}']}.png", paths["images"])
             rows.append({"sample_id": obj[f"image_{k}"], "image": image,
                          "candidates": [candidate(item, category, j == k, j, obj[f"caption_{j}"]) for j in (0, 1)]})
     return rows, sorted(categories)
@@ -149,11 +153,11 @@ def read_winoground(name: str, spec: Mapping[str, Any], paths: Mapping[str, Path
 BOX = {"bbox_x": (int, float), "bbox_y": (int, float), "bbox_w": (int, float), "bbox_h": (int, float)}
 
 
-def crop_png(data: bytes, box: tuple[float, float, float, float]) -> bytes:
+def crop_png(image: Callable[[], bytes], box: tuple[float, float, float, float]) -> bytes:
     """ARO's crop: the image in RGB, `crop((x, y, x + w, y + h))`, stored as PNG."""
     x, y, w, h = box
     out = io.BytesIO()
-    decode_rgb(data).crop((x, y, x + w, y + h)).save(out, format="PNG")
+    decode_rgb(image()).crop((x, y, x + w, y + h)).save(out, format="PNG")
     return out.getvalue()
 
 
@@ -180,9 +184,9 @@ def read_aro_vg(kind: str):
             box = tuple(obj[k] for k in BOX)
             key = (obj["image_path"], box)
             if key not in crops:
-                image = _read(name, folder / obj["image_path"], paths["images"])
+                image = _image(name, folder / obj["image_path"], paths["images"])
                 sid = f"{PurePosixPath(obj['image_path']).stem}_" + "_".join(f"{v:g}" for v in box)
-                crops[key] = {"sample_id": sid, "image": crop_png(image, box), "candidates": []}
+                crops[key] = {"sample_id": sid, "image": partial(crop_png, image, box), "candidates": []}
             category = category_of(obj)
             crops[key]["candidates"] += [candidate(str(i), category, False, 0, obj["false_caption"]),
                                          candidate(str(i), category, True, 1, obj["true_caption"])]
@@ -212,7 +216,7 @@ def read_aro_order(name: str, spec: Mapping[str, Any], paths: Mapping[str, Path]
             item = f"{sid}/{j}"
             options = perturber.options(text, item)
             cands += [candidate(item, "order", k == 0, k, t) for k, t in enumerate(options)]
-        rows.append({"sample_id": sid, "image": _read(name, root / obj["image"], paths["images"]),
+        rows.append({"sample_id": sid, "image": _image(name, root / obj["image"], paths["images"]),
                      "candidates": cands})
     return rows, ["order"]
 
@@ -260,7 +264,7 @@ def read_demo(name: str, spec: Mapping[str, Any], paths: Mapping[str, Path]) -> 
         for category, negative in demo_negatives(rng, objects).items():
             item = f"{category}/{i}"
             cands += [candidate(item, category, True, 0, true), candidate(item, category, False, 1, negative)]
-        rows.append({"sample_id": f"demo-{i:05d}", "image": image, "candidates": cands})
+        rows.append({"sample_id": f"demo-{i:05d}", "image": partial(bytes, image), "candidates": cands})
     return rows, list(DEMO_CATEGORIES)
 
 
@@ -296,7 +300,7 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
     """Fetch the benchmark's files, read them and write the canonical dataset (one split, `split`, default test)."""
     benchmark, resources = parse_spec(name, spec)
     paths = {key: fetch(res, name) for key, res in resources.items()}
-    rows, categories = BENCHMARKS[benchmark].read(name, spec, paths)
+    rows, categories = BENCHMARKS[benchmark].read(name, spec, paths)  # images still unread: each row's `image()`
     if isinstance(spec.get("size"), int) and len(rows) != spec["size"]:
         raise DatasetError(f"dataset {name!r}: {', '.join(p.name for p in paths.values())} give {len(rows)} images, "
                            f"expected {spec['size']} (spec 'size'); are these the right files?")
@@ -306,7 +310,7 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
                   "items": len({c["item"] for r in rows for c in r["candidates"]}),
                   "texts": sum(len(r["candidates"]) for r in rows), "counts": {}, "skipped_corrupt": []}
     index = {c: i for i, c in enumerate(categories)}
-    labelled = ({**r, "label": index[r["candidates"][0]["category"]]} for r in rows)
+    labelled = ({**r, "image": r["image"](), "label": index[r["candidates"][0]["category"]]} for r in rows)
     meta = DatasetMeta(name=name, task="captions", metric="accuracy",
                        classes=[ClassInfo(i, c) for i, c in enumerate(categories)], provenance=provenance)
     checked = checked_rows(name, split, labelled, check_flag(name, spec, "skip_corrupt"), provenance)
