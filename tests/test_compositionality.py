@@ -427,3 +427,9 @@ def test_argmax_rule_agrees_with_numpy_argmax_under_many_ties():
     assert np.array_equal(comp.argmax_first(t), np.argmax(options, axis=1) == pos)
     strict = [all(options[i, pos[i]] > options[i, j] for j in range(k) if j != pos[i]) for i in range(n)]
     assert np.array_equal(comp.strict(t), strict)
+
+
+def test_aro_vg_files_are_manual_downloads_named_with_their_drive_ids(dirs):
+    _, _, out = dirs
+    with pytest.raises(ManualDownloadError, match="visual_genome_relation.json.*1kX2iCHEv0CADL8dSO1nMdW-V0NqIAiP3"):
+        prepare_dataset("aro-vg-relation", spec_of("aro-vg-relation"), out / "vgr")
