@@ -1,6 +1,6 @@
 """The compositionality stages in a real DVC pipeline: the demo set prepared, its candidate texts embedded by a toy
-model, scored and reported (31-44 s on the 2-core machine at loads 2-3, most of it the toy model's training and the two embed
-stages)."""
+model, scored and reported (31-44 s on the 2-core machine at loads 2-3, most of it the toy model's training and the
+two embed stages)."""
 
 from __future__ import annotations
 
