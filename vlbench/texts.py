@@ -154,6 +154,30 @@ def _sample_text_columns(meta: DatasetMeta, dataset_dir: Path) -> list[str]:
     return [c for c in SAMPLE_TEXT_COLUMNS if names and all(c in n for n in names)]
 
 
+CANDIDATE_FIELDS = ("item", "category", "index")
+
+
+def candidate_texts(meta: DatasetMeta, dataset_dir: Path) -> pa.Table:
+    """The compositional benchmarks' candidate texts (the prepared `candidates` column, vlbench/datasets/compositional.py):
+    one row per (image, candidate), owned by its sample_id, `source` positive or negative, with its item, category and
+    index within the item."""
+    rows = []
+    for split in meta.splits:
+        for batch in iter_batches(split_path(dataset_dir, split), columns=["sample_id", "candidates"]):
+            for sid, items in zip(batch.column("sample_id").to_pylist(), batch.column("candidates").to_pylist()):
+                rows += [{**c, "sample_id": sid} for c in items or []]
+    table = text_table("sample_id", [r["sample_id"] for r in rows], [r["source"] for r in rows],
+                       [r["text"] for r in rows])
+    for key, kind in zip(CANDIDATE_FIELDS, (pa.string(), pa.string(), pa.int64())):
+        table = table.append_column(key, pa.array([r[key] for r in rows], kind))
+    return table
+
+
+def _has_candidates(meta: DatasetMeta, dataset_dir: Path) -> bool:
+    return bool(meta.splits) and all("candidates" in pq.read_schema(split_path(dataset_dir, s)).names
+                                     for s in meta.splits)
+
+
 def build_text_sets(meta: DatasetMeta, dataset_dir: Path, cfg: Mapping[str, Any]) -> dict[str, pa.Table]:
     """The text sets of one prepared dataset for its entry's `texts` params."""
     unknown = sorted(set(cfg) - set(TEXTS_KEYS))
@@ -164,6 +188,8 @@ def build_text_sets(meta: DatasetMeta, dataset_dir: Path, cfg: Mapping[str, Any]
         sets[column] = sample_texts(meta, dataset_dir, column)
     if cfg.get("caption_prompt") is not None:
         sets[CAPTION_PROMPT_SET] = prompted_captions(meta.name, sets.get("captions"), cfg["caption_prompt"])
+    if _has_candidates(meta, dataset_dir):
+        sets["candidates"] = candidate_texts(meta, dataset_dir)
     return sets
 
 

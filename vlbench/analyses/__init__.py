@@ -51,6 +51,17 @@ ANALYSES = {a.name: a for a in (
              explain="For each kind of true text (captions, single labels, multi labels) against each kind of wrong "
                      "text (random, relevant, altered), the mAP with which an image's true texts rank above the wrong "
                      "ones; 1 is perfect, the heat map gives each cell's chance level."),
+    Analysis("compositionality", "vlbench.analyses.compositionality",
+             "Compositionality (SugarCrepe, Winoground, ARO: the right text among compositional distractors)",
+             headline=("mean", "group", "text", "image", "macro_accuracy", "precision_at_1"),
+             explain="Beside specificity: each image is scored against its true text and texts that reorder, swap, "
+                     "replace or add its objects, attributes or relations. SugarCrepe: per category the fraction of "
+                     "images whose true caption scores above the hard negative (mean: of the categories); Winoground: "
+                     "text score (each image prefers its own caption), image score (each caption its own image), "
+                     "group score (both), chance 25%, 25%, 16.7%; ARO: macro accuracy over VG relations or attribute "
+                     "pairs (chance 50%) and precision@1 of the true caption among its four word-order shuffles "
+                     "(COCO-/Flickr-Order, chance 20%). The demo swaps or replaces the colours and shapes of "
+                     "two-object scenes."),
     Analysis("retrieval", "vlbench.analyses.retrieval", "Zero-shot image-text retrieval (Recall@1/5/10, CLIP Table 13)",
              headline=("i2t_r*", "t2i_r*"),
              explain="Image-to-text (i2t): each test image ranks every caption of the test set by cosine similarity; "

@@ -35,6 +35,7 @@ SOURCES = {
     "vtab": "vlbench.datasets.vtab:build",  # TFDS-prepared TFRecord files, read without TensorFlow
     "fewtrans": "vlbench.datasets.fewtrans:build",
     "shift": "vlbench.datasets.shifts:build",  # ImageNetV2, ImageNet-R/A, ObjectNet (robustness suite)
+    "compositional": "vlbench.datasets.compositional:build",  # SugarCrepe, Winoground, ARO, the demo's swaps
 }
 # FewTrans' base/novel class counts: the adapt analysis's table, read as data (importing the analysis would make
 # every prepare@ stage depend on it)
