@@ -616,7 +616,7 @@ def _write_dataset(root: Path, name: str, class_names, groups, per_class, rng, i
     (feats / "images").mkdir(parents=True)
     table = pa.table({"sample_id": [r["sample_id"] for r in rows], "label": labels})
     emb = axes[labels] + 0.6 * rng.normal(size=(labels.size, dim))
-    fp = {**identity, "dataset": name, "dataset_version": meta.version}
+    fp = {**identity, "dataset": name, "dataset_version": meta.version, "decode": "pil"}  # embed.decode
     write_table(feats / "images/test.parquet", [table.append_column("embedding", embedding_array(emb))],
                 features_schema(table.schema, dim, fp))
     prompts = text_table("class_index", list(range(len(classes))), ["template"] * len(classes), list(class_names))
@@ -633,7 +633,7 @@ def test_the_stages_on_feature_files(tmp_path):
     _write_dataset(tmp_path, "p", ["red x", "blue x", "red y", "blue y"], ["x", "x", "y", "y"], 3, rng, identity)
     _write_dataset(tmp_path, "q", ["red", "blue", "x"], [None, None, None], 3, rng, identity)
     write_repe(tmp_path / "features/m/p", "p", rng.normal(size=(4, 12)))  # p is in suite.retrieve, q is not
-    params = {"seed": 0, "model": {"slug": "m", "arch": "a", "pretrained": "openai"},
+    params = {"seed": 0, "model": {"slug": "m", "arch": "a", "pretrained": "openai"}, "embed": {"decode": "pil"},
               "suite": {"datasets": {"p": "x", "q": "x"}, "extensibility_sets": {"pq": ["p", "q"]}},
               "extensibility": {"variants": ["single", "repe"], "orders": 5}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))

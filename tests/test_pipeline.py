@@ -207,6 +207,8 @@ def test_robustness_stage_scores_a_shift_against_the_reference_zeroshot_result(r
     `dvc repro robustness@shapes_outline` runs only what it lacks and its numbers agree with the files it read."""
     from tests.pipeline_repo import SMOKE_SUITE, synthetic_entry, write_suite
 
+    run(reproduced, "git", "checkout", "-q", "--", ".")  # the committed toy-smoke results (an earlier test's
+    run(reproduced, *DVC, "checkout", "-q")               # `dvc exp run` may have left another model's in the workspace)
     outline = synthetic_entry("shapes_outline", {"test": 24}, ["a {c}."])
     suite = {**SMOKE_SUITE, "slug": "rob", "datasets": {**SMOKE_SUITE["datasets"], "shapes_outline": outline},
              "embed_images": [*SMOKE_SUITE["embed"], "shapes_outline"], "robustness": ["shapes_outline"]}
