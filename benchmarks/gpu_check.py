@@ -36,6 +36,8 @@ import argparse
 import datetime as dt
 import io
 import json
+import multiprocessing
+import os
 import platform
 import subprocess
 import sys
@@ -69,6 +71,7 @@ TARGETS = {"peak_fraction": 0.35, "stage_vs_model": 0.9, "min_cosine_bf16": 0.99
 # dense (no sparsity) bf16 tensor-core peaks, FLOP/s, from NVIDIA's data sheets; the first name contained wins
 BF16_PEAKS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("GH200", 989e12),
               ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12))
+STORE_BYTES = 2 * 1024**3  # at most this many bytes of JPEGs in one store (written twice: Parquet and ImageFolder)
 FEATURE_TOLERANCE = {"amp_bf16": 0.99, "amp_fp16": 0.999, "fp32": 0.9999}  # min cosine, tests/test_cuda.py
 
 
@@ -149,7 +152,9 @@ def environment(device: torch.device, budget_s: float, mode: str, profile: Profi
             "torch": torch.__version__, "torchvision": torchvision.__version__, "cuda": torch.version.cuda,
             "open_clip": open_clip.__version__, "python": platform.python_version(),
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "cpu_cores": len(__import__("os").sched_getaffinity(0)), "budget_s": budget_s, "mode": mode,
+            "cpu_cores": len(os.sched_getaffinity(0)),
+            "device_memory_gib": round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1)
+            if device.type == "cuda" else None, "budget_s": budget_s, "mode": mode,
             "bf16_peak_tflops": (peak_flops(name) or 0) / 1e12 or None, "precision": profile.precision}
 
 
@@ -250,9 +255,10 @@ def model_only(check: Check, loaded: LoadedModel, batch: int) -> dict:
 # ------------------------------------------------------------------------------------------------ photo-like JPEGs
 
 
-def photo_like(width: int, height: int, rng: np.random.Generator) -> bytes:
+def photo_like(width: int, height: int, seed: int) -> bytes:
     """A JPEG (quality 90) that compresses like a photo: smooth colour gradients, soft blobs, a few hard-edged shapes
-    and sensor-like noise."""
+    and sensor-like noise (1280x854: about 235 kB, 500x375: about 44 kB)."""
+    rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     xx, yy = xx / width, yy / height
     corners = rng.uniform(0, 255, (4, 3)).astype(np.float32)
@@ -273,6 +279,17 @@ def photo_like(width: int, height: int, rng: np.random.Generator) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
     return buf.getvalue()
+
+
+def photos(profile: Profile) -> dict[tuple[int, int], list[bytes]]:
+    """`unique_images` JPEGs of each size, generated in parallel processes (numpy and Pillow only)."""
+    jobs = [(w, h, seed) for w, h in profile.image_sizes for seed in range(profile.unique_images)]
+    if len(jobs) <= 16:
+        made = [photo_like(*job) for job in jobs]
+    else:
+        with multiprocessing.get_context("fork").Pool(min(16, len(os.sched_getaffinity(0)))) as pool:
+            made = pool.starmap(photo_like, jobs)
+    return {size: [data for (w, h, _), data in zip(jobs, made) if (w, h) == size] for size in profile.image_sizes}
 
 
 STORES: dict[tuple[Path, int, int], tuple[Path, Path]] = {}  # (folder, first JPEG's id, n) -> written once
@@ -318,7 +335,8 @@ def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp:
             continue
         parquet, _ = store(tmp, jpegs, group)
         probe = stage_rate(loaded, parquet, group, batch, workers, "pil")  # also the warm-up (pinned-memory pool)
-        rounds = int(min(p.max_rounds, max(1, round(probe * p.run_s / group))))
+        fit_bytes = max(1, STORE_BYTES // (group * int(np.mean([len(j) for j in jpegs]))))  # disk, and time to write
+        rounds = int(min(p.max_rounds, fit_bytes, max(1, round(probe * p.run_s / group))))
         n = rounds * group
         parquet, folder = store(tmp, jpegs, n)
         row = out.setdefault(key, {"n": n, "probe_pil_images_per_s": round(probe, 1)})
@@ -470,8 +488,7 @@ def fmt(value) -> str:
 def run(out: Path, budget_s: float, device: torch.device, profile: Profile, mode: str) -> dict:
     check = Check(out, budget_s, device, profile, mode)
     check.write()
-    rng = np.random.default_rng(0)
-    unique = {(w, h): [photo_like(w, h, rng) for _ in range(profile.unique_images)] for w, h in profile.image_sizes}
+    unique = photos(profile)
     models = {}
     for arch in profile.archs:  # cheapest first: the rate every other ratio needs
         if check.fits(f"model_only {arch}", profile.run_s + 20):
