@@ -322,8 +322,9 @@ def baseline_rate(loaded: LoadedModel, folder: Path, n: int, batch: int, workers
     return n / (time.perf_counter() - start)
 
 
-def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp: Path) -> None:
-    """Every decoder and the baseline on one store per image size, sized from a probe run with `pil`."""
+def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp: Path, reserve_s: float = 0) -> None:
+    """Every decoder and the baseline on one store per image size, sized from a probe run with `pil`; each run only
+    if it leaves `reserve_s` for the sections after it."""
     p, batch = check.profile, check.profile.batch[arch]
     workers = default_workers(loaded.device) if p.workers is None else p.workers
     model_rate = check.results["model_only"].get(arch, {}).get("images_per_s")
@@ -331,7 +332,7 @@ def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp:
     group = 256 * max(1, workers)  # whole rounds of row groups, so that no worker is left alone at the end
     for (w, h), jpegs in unique.items():
         key = f"{w}x{h}"
-        if not check.fits(f"embed_stage {arch} {key}", 5 * (p.run_s + 3)):
+        if not check.fits(f"embed_stage {arch} {key}", 5 * (p.run_s + 3) + reserve_s):
             continue
         parquet, _ = store(tmp, jpegs, group)
         probe = stage_rate(loaded, parquet, group, batch, workers, "pil")  # also the warm-up (pinned-memory pool)
@@ -343,7 +344,7 @@ def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp:
         runs = {d: (lambda d=d: stage_rate(loaded, parquet, n, batch, workers, d)) for d in DECODERS}
         runs["imagefolder_baseline"] = lambda: baseline_rate(loaded, folder, n, batch, workers)
         for name, run in runs.items():
-            if not check.fits(f"embed_stage {arch} {key} {name}", n / max(probe, 1) + 3):
+            if not check.fits(f"embed_stage {arch} {key} {name}", n / max(probe, 1) + 3 + reserve_s):
                 continue
             rate = check.guarded(f"embed_stage {arch} {key} {name}", run)
             if rate is not None:
@@ -504,7 +505,8 @@ def run(out: Path, budget_s: float, device: torch.device, profile: Profile, mode
             check.results["features"] = check.guarded("features", features, check, models[first], first,
                                                       unique[profile.image_sizes[0]], tmp) or {}
         if models.get(first) is not None:
-            check.guarded(f"embed_stage {first}", embed_stage, check, models[first], first, unique, tmp)
+            reserve = 30 + len(FINETUNE_METHODS) * (3 * profile.run_s + 15) if device.type == "cuda" else 0
+            check.guarded(f"embed_stage {first}", embed_stage, check, models[first], first, unique, tmp, reserve)
         if check.fits("elevater", 30):
             check.results["elevater"] = check.guarded("elevater", elevater, check) or {}
         for method in FINETUNE_METHODS:
