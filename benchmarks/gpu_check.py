@@ -33,6 +33,8 @@ is left of the budget is skipped and the table says so. Errors in one measuremen
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import datetime as dt
 import io
 import json
@@ -45,6 +47,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -66,12 +69,17 @@ from vlbench.models import register_local_configs
 from vlbench.models.loading import LoadedModel
 
 DECODERS = ("pil", "pil_draft", "torchvision")
+OVERLAP_DECODERS = ("pil", "torchvision")  # also run with embed_images(overlap=True)
+STAGE_RUNS = (*DECODERS, *(f"{d}_overlap" for d in OVERLAP_DECODERS), "imagefolder_baseline")
 FINETUNE_METHODS = {"lora": "lora", "bitfit": "bitfit", "full": "visual"}  # name in the table -> methods.SELECTIONS
 TARGETS = {"peak_fraction": 0.35, "stage_vs_model": 0.9, "min_cosine_bf16": 0.99}
 # dense (no sparsity) bf16 tensor-core peaks, FLOP/s, from NVIDIA's data sheets; the first name contained wins
 BF16_PEAKS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("GH200", 989e12),
               ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12))
 STORE_BYTES = 2 * 1024**3  # at most this many bytes of JPEGs in one store (written twice: Parquet and ImageFolder)
+# levers of the model-only rate (issue 35), measured on the first model: variant -> (batch multiple, bf16 weights, torch.compile)
+MODEL_VARIANTS = {"batch_x2": (2, False, False), "batch_x4": (4, False, False), "bf16_weights": (1, True, False),
+                  "compile": (1, False, True)}
 FEATURE_TOLERANCE = {"amp_bf16": 0.99, "amp_fp16": 0.999, "fp32": 0.9999}  # min cosine, tests/test_cuda.py
 
 
@@ -84,20 +92,22 @@ class Profile:
     image_sizes: tuple[tuple[int, int], ...] = ((500, 375), (1280, 854))
     unique_images: int = 48  # distinct JPEGs per size, repeated to fill a store
     run_s: float = 6.0  # target seconds of one timed run
-    max_rounds: int = 4  # a store holds at most this many rounds of 256-row groups per worker
+    max_rounds: int = 4  # a store holds at most this many rounds of `round_rows` per worker
+    round_rows: int = 256  # a row group of vlbench's writer (canonical.ROWS_PER_GROUP); tiny: a part of one
     features_images: int = 8
     finetune_arch: str = "ViT-B-16"
     finetune_batch: int = 64
     search: tuple[int, int, int] = (2000, 512, 10)  # ELEVATER search data: n, dim, classes
     toolkit_configs: int = 6
     workers: int | None = None  # None: the embed stage's default
+    variants: tuple[str, ...] = tuple(MODEL_VARIANTS)
     precision: str = "amp_bf16"
 
 
 FULL = Profile()
 TINY = Profile(archs=("vlbench-toy",), batch={"vlbench-toy": 16}, image_sizes=((64, 48), (160, 107)), unique_images=4,
-               run_s=0.3, max_rounds=1, features_images=4, finetune_arch="vlbench-toy", finetune_batch=8,
-               search=(200, 32, 4), toolkit_configs=2, workers=0)
+               run_s=0.3, max_rounds=1, round_rows=64, features_images=4, finetune_arch="vlbench-toy", finetune_batch=8,
+               search=(200, 32, 4), toolkit_configs=2, workers=0, variants=("batch_x2", "bf16_weights"))
 
 
 class Check:
@@ -107,7 +117,7 @@ class Check:
         self.out, self.budget_s, self.device, self.profile = out, budget_s, device, profile
         self.start = time.perf_counter()
         self.results: dict = {"env": environment(device, budget_s, mode, profile), "targets": TARGETS,
-                              "model_only": {}, "features": {}, "embed_stage": {}, "elevater": {}, "finetune": {},
+                              "model_only": {}, "model_variants": {}, "features": {}, "embed_stage": {}, "elevater": {}, "finetune": {},
                               "skipped": [], "errors": []}
 
     def left(self) -> float:
@@ -233,23 +243,61 @@ def encode_to_host(loaded: LoadedModel, x: torch.Tensor) -> np.ndarray:
         return loaded.model.encode_image(x).float().cpu().numpy()
 
 
-def model_only(check: Check, loaded: LoadedModel, batch: int) -> dict:
-    """Images/s of the image tower on batches made on the device beforehand, for about `run_s` seconds."""
+def reference_batch(loaded: LoadedModel, batch: int) -> torch.Tensor:
     size = image_size(loaded)
-    x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0)).to(loaded.device)
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0)).to(loaded.device)
+
+
+def images_per_s(encode, x: torch.Tensor, run_s: float) -> tuple[float, int]:
+    """(images/s, batches) of `encode(x)` (which brings its result to the host) for about `run_s` seconds, after two
+    untimed calls (kernels, autocast caches, compilation)."""
     for _ in range(2):
-        encode_to_host(loaded, x)  # warm-up: kernels, autocast caches
+        encode(x)
     done, start = 0, time.perf_counter()
-    while done < 3 or time.perf_counter() - start < check.profile.run_s:
-        encode_to_host(loaded, x)
+    while done < 3 or time.perf_counter() - start < run_s:
+        encode(x)
         done += 1
-    rate = done * batch / (time.perf_counter() - start)
+    return done * len(x) / (time.perf_counter() - start), done
+
+
+def rate_row(check: Check, loaded: LoadedModel, rate: float, batch: int, batches: int) -> dict:
     gflop = gflop_per_image(loaded)
     peak = peak_flops(check.results["env"]["device_name"]) if loaded.device.type == "cuda" else None
-    return {"images_per_s": round(rate, 1), "batch": batch, "batches": done, "gflop_per_image": round(gflop, 2),
+    return {"images_per_s": round(rate, 1), "batch": batch, "batches": batches, "gflop_per_image": round(gflop, 2),
             "achieved_tflops": round(rate * gflop / 1e3, 1),
             "peak_fraction": round(rate * gflop * 1e9 / peak, 3) if peak else None,
             "images_per_s_at_target": round(TARGETS["peak_fraction"] * peak / (gflop * 1e9)) if peak else None}
+
+
+def model_only(check: Check, loaded: LoadedModel, batch: int) -> dict:
+    """Images/s of the image tower on batches made on the device beforehand, for about `run_s` seconds."""
+    rate, batches = images_per_s(partial(encode_to_host, loaded), reference_batch(loaded, batch), check.profile.run_s)
+    return rate_row(check, loaded, rate, batch, batches)
+
+
+def model_variant(check: Check, loaded: LoadedModel, arch: str, variant: str) -> dict:
+    """model_only with one lever changed (`MODEL_VARIANTS`), and how far its embeddings of the reference batch are from
+    the default's (max abs difference, min cosine): a variant that changes bits would be an option recorded in the
+    fingerprint, off by default."""
+    batch = check.profile.batch[arch]
+    x = reference_batch(loaded, batch)
+    reference = torch.from_numpy(encode_to_host(loaded, x))
+    scale, cast, compiled = MODEL_VARIANTS[variant]
+    model = loaded.model
+    if cast:
+        model = copy.deepcopy(model).to(torch.bfloat16)
+    visual = torch.compile(model.visual) if compiled else model.visual
+
+    def encode(images: torch.Tensor) -> np.ndarray:
+        with torch.inference_mode(), (contextlib.nullcontext() if cast else loaded.autocast()):
+            return visual(images.to(torch.bfloat16) if cast else images).float().cpu().numpy()
+
+    xs = x.repeat(scale, 1, 1, 1)
+    rate, batches = images_per_s(encode, xs, check.profile.run_s)
+    got = torch.from_numpy(encode(xs)[:batch])
+    cos = torch.nn.functional.cosine_similarity(got, reference, dim=1)
+    return {**rate_row(check, loaded, rate, batch * scale, batches), "variant": variant,
+            "max_abs_diff": float((got - reference).abs().max()), "min_cosine": float(cos.min())}
 
 
 # ------------------------------------------------------------------------------------------------ photo-like JPEGs
@@ -306,9 +354,11 @@ def store(tmp: Path, unique: list[bytes], n: int) -> tuple[Path, Path]:
 # --------------------------------------------------------------------------------------------------- embed stage
 
 
-def stage_rate(loaded: LoadedModel, parquet: Path, n: int, batch: int, workers: int, decode: str) -> float:
+def stage_rate(loaded: LoadedModel, parquet: Path, n: int, batch: int, workers: int, decode: str,
+               overlap: bool = False) -> float:
     start = time.perf_counter()
-    embed_images(loaded, parquet, "bench", "test", batch_size=batch, num_workers=workers, progress=False, decode=decode)
+    embed_images(loaded, parquet, "bench", "test", batch_size=batch, num_workers=workers, progress=False, decode=decode,
+                 overlap=overlap)
     return n / (time.perf_counter() - start)
 
 
@@ -329,10 +379,10 @@ def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp:
     workers = default_workers(loaded.device) if p.workers is None else p.workers
     model_rate = check.results["model_only"].get(arch, {}).get("images_per_s")
     out = check.results["embed_stage"].setdefault(arch, {"batch": batch, "workers": workers})
-    group = 256 * max(1, workers)  # whole rounds of row groups, so that no worker is left alone at the end
+    group = p.round_rows * max(1, workers)  # whole rounds of row groups, so that no worker is left alone at the end
     for (w, h), jpegs in unique.items():
         key = f"{w}x{h}"
-        if not check.fits(f"embed_stage {arch} {key}", 5 * (p.run_s + 3) + reserve_s):
+        if not check.fits(f"embed_stage {arch} {key}", (len(STAGE_RUNS) + 1) * (p.run_s + 3) + reserve_s):
             continue
         parquet, _ = store(tmp, jpegs, group)
         probe = stage_rate(loaded, parquet, group, batch, workers, "pil")  # also the warm-up (pinned-memory pool)
@@ -342,6 +392,8 @@ def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp:
         parquet, folder = store(tmp, jpegs, n)
         row = out.setdefault(key, {"n": n, "probe_pil_images_per_s": round(probe, 1)})
         runs = {d: (lambda d=d: stage_rate(loaded, parquet, n, batch, workers, d)) for d in DECODERS}
+        runs.update({f"{d}_overlap": (lambda d=d: stage_rate(loaded, parquet, n, batch, workers, d, True))
+                     for d in OVERLAP_DECODERS})
         runs["imagefolder_baseline"] = lambda: baseline_rate(loaded, folder, n, batch, workers)
         for name, run in runs.items():
             if not check.fits(f"embed_stage {arch} {key} {name}", n / max(probe, 1) + 3 + reserve_s):
@@ -446,6 +498,11 @@ def markdown(r: dict) -> str:
                      f"{m['achieved_tflops']} TFLOP/s |")
         lines.append(f"| model_only | {arch} fraction of dense bf16 peak | {fmt(m['peak_fraction'])} | "
                      f">= {TARGETS['peak_fraction']} | peak {fmt(env['bf16_peak_tflops'])} TFLOP/s |")
+    for arch, variants in r["model_variants"].items():
+        for name, m in variants.items():
+            lines.append(f"| model_variant | {arch} {name} images/s (batch {m['batch']}) | {m['images_per_s']} | "
+                         f"{fmt(m.get('images_per_s_at_target'))} | {fmt(m['peak_fraction'])} of peak; vs default: "
+                         f"max abs diff {m['max_abs_diff']:.3g}, min cosine {m['min_cosine']:.6f} |")
     f = r["features"]
     if f:
         lines.append(f"| features | {f['arch']} device ({f['precision']}) vs CPU fp32, {f['images']} images: min cosine "
@@ -455,7 +512,7 @@ def markdown(r: dict) -> str:
         for key, row in per_arch.items():
             if not isinstance(row, dict):
                 continue
-            for name in (*DECODERS, "imagefolder_baseline"):
+            for name in STAGE_RUNS:
                 if name in row:
                     target = f">= {TARGETS['stage_vs_model']} x model" if name != "imagefolder_baseline" else "-"
                     lines.append(f"| embed_stage | {arch} {key} {name} images/s | {row[name]['images_per_s']} | "
@@ -515,11 +572,25 @@ def run(out: Path, budget_s: float, device: torch.device, profile: Profile, mode
                 if res:
                     check.results["finetune"][method] = res
                 torch.cuda.empty_cache() if device.type == "cuda" else None
+        late = ("compile",)  # compiling takes a minute: after the other model's stage
+        for variant in [v for v in profile.variants if v not in late]:
+            measure_variant(check, models, first, variant)
         for arch in profile.archs[1:]:
             if models.get(arch) is not None:
                 check.guarded(f"embed_stage {arch}", embed_stage, check, models[arch], arch, unique, tmp)
+        for variant in [v for v in profile.variants if v in late]:
+            measure_variant(check, models, first, variant)
     check.write()
     return check.results
+
+
+def measure_variant(check: Check, models: dict, arch: str, variant: str) -> None:
+    estimate = check.profile.run_s + (120 if variant == "compile" else 15)
+    if models.get(arch) is not None and check.fits(f"model_variant {arch} {variant}", estimate):
+        row = check.guarded(f"model_variant {arch} {variant}", model_variant, check, models[arch], arch, variant)
+        if row:
+            check.results["model_variants"].setdefault(arch, {})[variant] = row
+            check.write()
 
 
 def main(argv: list[str] | None = None) -> None:

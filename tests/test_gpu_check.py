@@ -29,8 +29,12 @@ def test_cpu_mode_measures_every_section_and_writes_json_and_table(tmp_path):
     assert result["features"]["ok"] and result["features"]["max_abs_diff"] == 0.0  # CPU vs CPU: the same numbers
     stage = result["embed_stage"]["vlbench-toy"]
     for size in ("64x48", "160x107"):
-        for path in ("pil", "pil_draft", "torchvision", "imagefolder_baseline"):
+        for path in ("pil", "pil_draft", "torchvision", "pil_overlap", "torchvision_overlap", "imagefolder_baseline"):
             assert stage[size][path]["images_per_s"] > 0 and stage[size][path]["vs_model"] > 0
+    variants = result["model_variants"]["vlbench-toy"]
+    assert variants["batch_x2"]["batch"] == 2 * model["batch"] and variants["batch_x2"]["images_per_s"] > 0
+    assert variants["batch_x2"]["min_cosine"] > 0.9999  # fp32 on the CPU: another batch size, (nearly) the same numbers
+    assert 0 < variants["bf16_weights"]["max_abs_diff"] and variants["bf16_weights"]["min_cosine"] > 0.99
     search = result["elevater"]
     assert search["batched_s"] > 0 and search["toolkit_s"] > 0 and search["toolkit_max_score_diff"] < 0.02
     assert set(result["finetune"]) == {"lora", "bitfit", "full"}
@@ -42,7 +46,8 @@ def test_cpu_mode_measures_every_section_and_writes_json_and_table(tmp_path):
     assert f"torch {env['torch']}" in table and env["date"] in table
     for row in ("| model_only | vlbench-toy images/s", "| features |", "| embed_stage | vlbench-toy 160x107 pil_draft",
                 "| embed_stage | vlbench-toy 64x48 imagefolder_baseline", "| elevater | batched search",
-                "| finetune | vlbench-toy lora"):
+                "| finetune | vlbench-toy lora", "| model_variant | vlbench-toy bf16_weights",
+                "| embed_stage | vlbench-toy 64x48 pil_overlap"):
         assert row in table
 
 
