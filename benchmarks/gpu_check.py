@@ -117,8 +117,8 @@ class Check:
         self.out, self.budget_s, self.device, self.profile = out, budget_s, device, profile
         self.start = time.perf_counter()
         self.results: dict = {"env": environment(device, budget_s, mode, profile), "targets": TARGETS,
-                              "model_only": {}, "model_variants": {}, "features": {}, "embed_stage": {}, "elevater": {}, "finetune": {},
-                              "skipped": [], "errors": []}
+                              "model_only": {}, "model_variants": {}, "features": {}, "embed_stage": {},
+                              "elevater": {}, "finetune": {}, "skipped": [], "errors": []}
 
     def left(self) -> float:
         return self.budget_s - (time.perf_counter() - self.start)
@@ -544,9 +544,11 @@ def fmt(value) -> str:
 
 
 def run(out: Path, budget_s: float, device: torch.device, profile: Profile, mode: str) -> dict:
+    started = time.perf_counter()
+    unique = photos(profile)  # before CUDA starts in this process: the pool forks
     check = Check(out, budget_s, device, profile, mode)
+    check.start = started
     check.write()
-    unique = photos(profile)
     models = {}
     for arch in profile.archs:  # cheapest first: the rate every other ratio needs
         if check.fits(f"model_only {arch}", profile.run_s + 20):
