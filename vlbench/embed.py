@@ -348,13 +348,14 @@ def encode_batch(loaded: LoadedModel, encode: Callable[[torch.Tensor], torch.Ten
 
 def launch_batch(loaded: LoadedModel, encode: Callable[[torch.Tensor], torch.Tensor],
                  finish: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor) -> Callable[[], np.ndarray]:
-    """`encode_batch` in two halves: queue the batch on the device now (the copy from pinned memory, `finish`, the
-    model, and a copy of the embeddings into pinned host memory from torch's caching host allocator, which reuses its
-    buffers across batches), all without waiting; return what waits for the embeddings. Off CUDA it runs at once."""
+    """`encode_batch` in two halves: queue the batch on the device now (the copy from pinned memory on a side stream,
+    so that it runs while the previous batch computes, then `finish`, the model, and a copy of the embeddings into
+    pinned host memory from torch's caching host allocator, which reuses its buffers across batches), all without
+    waiting; return what waits for the embeddings. Off CUDA it runs at once."""
     if loaded.device.type != "cuda":
         embeddings = encode_batch(loaded, encode, finish, images)
         return lambda: embeddings
-    batch = images.to(loaded.device, non_blocking=True) if isinstance(images, torch.Tensor) else images
+    batch = copied_beside(images, loaded.device) if isinstance(images, torch.Tensor) else images
     with torch.inference_mode():
         with loaded.autocast():
             on_device = encode(finish(batch)).float()
@@ -368,6 +369,21 @@ def launch_batch(loaded: LoadedModel, encode: Callable[[torch.Tensor], torch.Ten
         return host.numpy()
 
     return wait
+
+
+_COPY_STREAMS: dict[torch.device, Any] = {}
+
+
+def copied_beside(images: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`images` (pinned) copied to `device` on a stream of its own; the current stream waits for the copy alone, and
+    the copy's memory is marked as used there (so the copy stream cannot reuse it while the model reads it)."""
+    stream = _COPY_STREAMS.setdefault(device, torch.cuda.Stream(device))
+    with torch.cuda.stream(stream):
+        batch = images.to(device, non_blocking=True)
+    current = torch.cuda.current_stream(device)
+    current.wait_stream(stream)
+    batch.record_stream(current)
+    return batch
 
 
 class SplitRows:
