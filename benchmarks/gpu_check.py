@@ -70,7 +70,8 @@ from vlbench.models.loading import LoadedModel
 
 DECODERS = ("pil", "pil_draft", "torchvision")
 OVERLAP_DECODERS = ("pil", "torchvision")  # also run with embed_images(overlap=True)
-STAGE_RUNS = (*DECODERS, *(f"{d}_overlap" for d in OVERLAP_DECODERS), "imagefolder_baseline")
+STAGE_RUNS = (*DECODERS, *(f"{d}_overlap" for d in OVERLAP_DECODERS), "imagefolder_baseline",
+              *(f"{d}_no_model" for d in DECODERS))  # no_model: the first model's stage only (decoding's own rate)
 FINETUNE_METHODS = {"lora": "lora", "bitfit": "bitfit", "full": "visual"}  # name in the table -> methods.SELECTIONS
 TARGETS = {"peak_fraction": 0.35, "stage_vs_model": 0.9, "min_cosine_bf16": 0.99}
 # dense (no sparsity) bf16 tensor-core peaks, FLOP/s, from NVIDIA's data sheets; the first name contained wins
@@ -354,11 +355,16 @@ def store(tmp: Path, unique: list[bytes], n: int) -> tuple[Path, Path]:
 # --------------------------------------------------------------------------------------------------- embed stage
 
 
+def no_model(batch: torch.Tensor) -> torch.Tensor:
+    """In place of the model: the stage's decoding, copy and finishing transform alone."""
+    return batch.new_zeros(len(batch), 1)
+
+
 def stage_rate(loaded: LoadedModel, parquet: Path, n: int, batch: int, workers: int, decode: str,
-               overlap: bool = False) -> float:
+               overlap: bool = False, encode=None) -> float:
     start = time.perf_counter()
     embed_images(loaded, parquet, "bench", "test", batch_size=batch, num_workers=workers, progress=False, decode=decode,
-                 overlap=overlap)
+                 overlap=overlap, encode=encode)
     return n / (time.perf_counter() - start)
 
 
@@ -372,9 +378,10 @@ def baseline_rate(loaded: LoadedModel, folder: Path, n: int, batch: int, workers
     return n / (time.perf_counter() - start)
 
 
-def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp: Path, reserve_s: float = 0) -> None:
+def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp: Path, reserve_s: float = 0,
+                decode_only: bool = False) -> None:
     """Every decoder and the baseline on one store per image size, sized from a probe run with `pil`; each run only
-    if it leaves `reserve_s` for the sections after it."""
+    if it leaves `reserve_s` for the sections after it. `decode_only`: each decoder without the model too."""
     p, batch = check.profile, check.profile.batch[arch]
     workers = default_workers(loaded.device) if p.workers is None else p.workers
     model_rate = check.results["model_only"].get(arch, {}).get("images_per_s")
@@ -382,7 +389,7 @@ def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp:
     group = p.round_rows * max(1, workers)  # whole rounds of row groups, so that no worker is left alone at the end
     for (w, h), jpegs in unique.items():
         key = f"{w}x{h}"
-        if not check.fits(f"embed_stage {arch} {key}", (len(STAGE_RUNS) + 1) * (p.run_s + 3) + reserve_s):
+        if not check.fits(f"embed_stage {arch} {key}", 4 * (p.run_s + 3) + reserve_s):
             continue
         parquet, _ = store(tmp, jpegs, group)
         probe = stage_rate(loaded, parquet, group, batch, workers, "pil")  # also the warm-up (pinned-memory pool)
@@ -395,6 +402,9 @@ def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp:
         runs.update({f"{d}_overlap": (lambda d=d: stage_rate(loaded, parquet, n, batch, workers, d, True))
                      for d in OVERLAP_DECODERS})
         runs["imagefolder_baseline"] = lambda: baseline_rate(loaded, folder, n, batch, workers)
+        if decode_only:
+            runs.update({f"{d}_no_model": (lambda d=d: stage_rate(loaded, parquet, n, batch, workers, d, encode=no_model))
+                         for d in DECODERS})
         for name, run in runs.items():
             if not check.fits(f"embed_stage {arch} {key} {name}", n / max(probe, 1) + 3 + reserve_s):
                 continue
@@ -514,7 +524,8 @@ def markdown(r: dict) -> str:
                 continue
             for name in STAGE_RUNS:
                 if name in row:
-                    target = f">= {TARGETS['stage_vs_model']} x model" if name != "imagefolder_baseline" else "-"
+                    measured = name not in ("imagefolder_baseline",) and not name.endswith("_no_model")
+                    target = f">= {TARGETS['stage_vs_model']} x model" if measured else "-"
                     lines.append(f"| embed_stage | {arch} {key} {name} images/s | {row[name]['images_per_s']} | "
                                  f"{target} | {fmt(row[name]['vs_model'])} x model, n {row['n']}, batch "
                                  f"{per_arch['batch']}, {per_arch['workers']} workers |")
@@ -565,7 +576,7 @@ def run(out: Path, budget_s: float, device: torch.device, profile: Profile, mode
                                                       unique[profile.image_sizes[0]], tmp) or {}
         if models.get(first) is not None:
             reserve = 30 + len(FINETUNE_METHODS) * (3 * profile.run_s + 15) if device.type == "cuda" else 0
-            check.guarded(f"embed_stage {first}", embed_stage, check, models[first], first, unique, tmp, reserve)
+            check.guarded(f"embed_stage {first}", embed_stage, check, models[first], first, unique, tmp, reserve, True)
         if check.fits("elevater", 30):
             check.results["elevater"] = check.guarded("elevater", elevater, check) or {}
         for method in FINETUNE_METHODS:

@@ -29,7 +29,8 @@ def test_cpu_mode_measures_every_section_and_writes_json_and_table(tmp_path):
     assert result["features"]["ok"] and result["features"]["max_abs_diff"] == 0.0  # CPU vs CPU: the same numbers
     stage = result["embed_stage"]["vlbench-toy"]
     for size in ("64x48", "160x107"):
-        for path in ("pil", "pil_draft", "torchvision", "pil_overlap", "torchvision_overlap", "imagefolder_baseline"):
+        for path in ("pil", "pil_draft", "torchvision", "pil_overlap", "torchvision_overlap", "imagefolder_baseline",
+                     "pil_no_model", "pil_draft_no_model", "torchvision_no_model"):
             assert stage[size][path]["images_per_s"] > 0 and stage[size][path]["vs_model"] > 0
     variants = result["model_variants"]["vlbench-toy"]
     assert variants["batch_x2"]["batch"] == 2 * model["batch"] and variants["batch_x2"]["images_per_s"] > 0
