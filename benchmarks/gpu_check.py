@@ -5,6 +5,10 @@ what it needs that the machine lacks; the machine has no internet, models have r
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && PYTHONPATH=$PWD:/tmp/site python3 benchmarks/gpu_check.py --budget-s 420 --out $OUT
 
+With the CUDA tests after it (about a minute more; the wheels include pytest), their summary in $OUT/cuda_tests.txt:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && PYTHONPATH=$PWD:/tmp/site python3 benchmarks/gpu_check.py --budget-s 420 --out $OUT; PYTHONPATH=$PWD:/tmp/site timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_embed_options.py > $OUT/cuda_tests.txt 2>&1; tail -5 $OUT/cuda_tests.txt
+
 CPU mode with tiny sizes (the test suite runs it: tests/test_gpu_check.py):
 
     python benchmarks/gpu_check.py --tiny --device cpu --budget-s 60 --out /tmp/gpu_check
