@@ -377,7 +377,9 @@ _COPY_STREAMS: dict[torch.device, Any] = {}
 def copied_beside(images: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`images` (pinned) copied to `device` on a stream of its own; the current stream waits for the copy alone, and
     the copy's memory is marked as used there (so the copy stream cannot reuse it while the model reads it)."""
-    stream = _COPY_STREAMS.setdefault(device, torch.cuda.Stream(device))
+    if device not in _COPY_STREAMS:
+        _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    stream = _COPY_STREAMS[device]
     with torch.cuda.stream(stream):
         batch = images.to(device, non_blocking=True)
     current = torch.cuda.current_stream(device)
