@@ -256,6 +256,8 @@ def reference_batch(loaded: LoadedModel, batch: int) -> torch.Tensor:
 def images_per_s(encode, x: torch.Tensor, run_s: float) -> tuple[float, int]:
     """(images/s, batches) of `encode(x)` (which brings its result to the host) for about `run_s` seconds, after two
     untimed calls (kernels, autocast caches, compilation)."""
+    if x.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(x.device)
     for _ in range(2):
         encode(x)
     done, start = 0, time.perf_counter()
@@ -266,9 +268,13 @@ def images_per_s(encode, x: torch.Tensor, run_s: float) -> tuple[float, int]:
 
 
 def rate_row(check: Check, loaded: LoadedModel, rate: float, batch: int, batches: int) -> dict:
+    """The row of a timed model run: rate, FLOPs, share of the peak, and the device memory it peaked at."""
+    cuda = loaded.device.type == "cuda"
+    memory = round(torch.cuda.max_memory_allocated(loaded.device) / 2**30, 2) if cuda else None
     gflop = gflop_per_image(loaded)
-    peak = peak_flops(check.results["env"]["device_name"]) if loaded.device.type == "cuda" else None
+    peak = peak_flops(check.results["env"]["device_name"]) if cuda else None
     return {"images_per_s": round(rate, 1), "batch": batch, "batches": batches, "gflop_per_image": round(gflop, 2),
+            "peak_memory_gib": memory,
             "achieved_tflops": round(rate * gflop / 1e3, 1),
             "peak_fraction": round(rate * gflop * 1e9 / peak, 3) if peak else None,
             "images_per_s_at_target": round(TARGETS["peak_fraction"] * peak / (gflop * 1e9)) if peak else None}
@@ -509,7 +515,7 @@ def markdown(r: dict) -> str:
     for arch, m in r["model_only"].items():
         lines.append(f"| model_only | {arch} images/s (batch {m['batch']}) | {m['images_per_s']} | "
                      f"{fmt(m.get('images_per_s_at_target'))} | {m['gflop_per_image']} GFLOP/image, "
-                     f"{m['achieved_tflops']} TFLOP/s |")
+                     f"{m['achieved_tflops']} TFLOP/s, peak memory {fmt(m.get('peak_memory_gib'))} GiB |")
         lines.append(f"| model_only | {arch} fraction of dense bf16 peak | {fmt(m['peak_fraction'])} | "
                      f">= {TARGETS['peak_fraction']} | peak {fmt(env['bf16_peak_tflops'])} TFLOP/s |")
     for arch, variants in r["model_variants"].items():
