@@ -15,8 +15,8 @@ import yaml
 
 from vlbench.config import OWN_DATA, available, compose, conf_dir, link_data_root
 from vlbench.errors import VlbenchError
+from vlbench.io import atomic_path
 
-PARAMS_HEADER = "# Composed from conf/ by Hydra; regenerate with `vlbench compose` (dvc exp run -S ... does the same).\n"
 
 
 @click.group()
@@ -92,8 +92,17 @@ def compose_cmd(ctx: click.Context, overrides: tuple[str, ...], output: str) -> 
         params = compose(list(overrides), conf)
     except VlbenchError as err:
         raise click.ClickException(str(err)) from err
-    Path(output).write_text(PARAMS_HEADER + yaml.safe_dump(params, sort_keys=False))
+    with atomic_path(output) as tmp:
+        tmp.write_text(params_yaml(params), encoding="utf-8")
     click.echo(f"wrote {output}")
+
+
+def params_yaml(params: dict) -> str:
+    """params.yaml's text exactly as `dvc exp run` writes it (OmegaConf's YAML, no comment: DVC would drop one on
+    every run, leaving a diff), so that both ways give the same bytes. The note about it is in conf/config.yaml."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(params))
 
 
 @main.command("data-root")

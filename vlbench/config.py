@@ -47,7 +47,40 @@ def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
         raise ParamsError(f"{path}: expected a mapping at the top level")
     if isinstance(params.get("suite"), Mapping):
         check_suite(params["suite"])  # `dvc exp run` composes params.yaml itself: every stage checks what it got
+    check_known_keys(params)
     return params
+
+
+GROUP_SECTIONS = ("model", "suite")  # chosen by a config group, checked by their own rules (check_suite, the model's)
+KEYED_BY_DATASET = ("robustness.lines",)  # declared with an example entry, yet any dataset may be a key
+
+
+def check_known_keys(params: Mapping[str, Any], config_dir: str | Path | None = None) -> None:
+    """Every key of the params is one conf/config.yaml declares (below a mapping it declares empty, such as
+    `suite.entries`, or in a map keyed by dataset, anything goes). An unknown key (a typo, or `-S +zeroshot.x=1`)
+    would be ignored by every stage yet make DVC rerun the stages of its section. Outside a project checkout (no
+    conf/) nothing is checked."""
+    config = (Path(config_dir) if config_dir else CONF) / "config.yaml"
+    if not config.is_file():
+        return
+    declared = yaml.safe_load(config.read_text()) or {}
+    unknown = [key for key in params if key not in declared and key not in GROUP_SECTIONS]
+    for section in declared:
+        if section not in GROUP_SECTIONS:
+            unknown += _unknown_keys(params.get(section), declared[section], f"{section}.")
+    if unknown:
+        raise ParamsError(f"params: unknown key(s) {', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}: "
+                          f"not declared in {config}; check the spelling, or drop the `+` override (`-S +key=...`) "
+                          f"that added it")
+
+
+def _unknown_keys(value: Any, declared: Any, prefix: str) -> list[str]:
+    free = not (isinstance(value, Mapping) and isinstance(declared, Mapping) and declared)
+    if free or prefix[:-1] in KEYED_BY_DATASET:
+        return []
+    return [key for name, sub in value.items()
+            for key in ([f"{prefix}{name}"] if name not in declared
+                        else _unknown_keys(sub, declared[name], f"{prefix}{name}."))]
 
 
 def suite_keys(config_dir: str | Path | None = None) -> list[str] | None:
@@ -322,6 +355,7 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ParamsError(f"cannot compose conf/ with overrides {overrides or []}: {first}") from err
     check_suite(params["suite"], config_dir)
+    check_known_keys(params, conf_dir(config_dir))
     for name in params["suite"]["datasets"]:
         dataset_entry(params, name, config_dir)  # each entry exists and names the suite's input
     return params
