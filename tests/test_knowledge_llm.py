@@ -263,6 +263,15 @@ def test_the_key_and_bearer_tokens_never_appear_in_a_message(tmp_path, capsys):
     assert llm.redact("Bearer abc.def, then sk-1", "sk-1") == "Bearer ***, then ***"
 
 
+def test_a_cache_without_answers_is_one_blank_line_not_an_empty_file(tmp_path):
+    cache = AnswerCache(tmp_path / "llm" / "mine.jsonl")
+    cache.ensure()
+    assert cache.path.read_text() == "\n" and cache.load() == {}
+    cache.path.write_text("")  # as an older version left it: DVC warns "is empty" on every run
+    cache.ensure()
+    assert cache.path.read_text() == "\n"
+
+
 def test_without_an_endpoint_the_error_names_the_variables(tmp_path, monkeypatch):
     with pytest.raises(LLMError, match=r"a.jsonl: 5 LLM answer\(s\) are not cached and no endpoint is set: set "
                                        r"VLBENCH_LLM_BASE_URL .*VLBENCH_LLM_API_KEY.*VLBENCH_LLM_MODEL"):

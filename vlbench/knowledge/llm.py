@@ -514,16 +514,18 @@ class AnswerCache:
             os.fsync(out.fileno())
 
     def commit(self, rows: Mapping[str, Mapping[str, Any]]) -> None:
-        """Write every row into the cache at once (atomic), then drop the journal."""
+        """Write every row into the cache at once (atomic), then drop the journal. A cache without answers is one
+        empty line, not an empty file: DVC warns "'data/llm/<d>.jsonl' is empty" about an empty output on every
+        run (readers skip blank lines)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(self.path) as tmp:
             lines = (json.dumps(rows[key], sort_keys=True, ensure_ascii=False) + "\n" for key in sorted(rows))
-            tmp.write_text("".join(lines), encoding="utf-8")
+            tmp.write_text("".join(lines) or "\n", encoding="utf-8")
         self.journal.unlink(missing_ok=True)
 
     def ensure(self) -> None:
-        """The cache exists (empty if nothing was ever asked) and holds the journal's answers."""
-        if self.journal.exists() or not self.path.exists():
+        """The cache exists (one empty line if nothing was ever asked) and holds the journal's answers."""
+        if self.journal.exists() or not self.path.exists() or self.path.stat().st_size == 0:
             self.commit(self.load())
 
 
