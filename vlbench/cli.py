@@ -150,7 +150,7 @@ def _check_groups(overrides, conf: Path) -> None:
               help="measure the model's forward pass and the decode cost for the time estimate")
 @click.option("--json", "as_json", is_flag=True,
               help='machine-readable: {"model", "suite", "stages": [{"name", "status", "cached": {"local", "remote"}, '
-                   '"images", "texts"}], "images", "texts", "manual_downloads", "remote", "estimate": {"seconds", '
+                   '"after", "images", "texts"}], "images", "texts", "manual_downloads", "remote", "estimate": {"seconds", '
                    '"device", "images_per_second", "reason"}}')
 @click.pass_context
 def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, ...], suite: str | None,
@@ -175,7 +175,8 @@ def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, 
         if row["status"] != "up to date":
             counts = "".join(f"  {row[k]} {k}" for k in ("images", "texts") if row[k] is not None)
             cached = "  (cached locally: restored, not run)" if row["cached"]["local"] else ""
-            click.echo(f"{row['status']:10s} {row['name']}{counts}{cached}")
+            after = f"  (after {', '.join(row['after'])})" if row["after"] else ""
+            click.echo(f"{row['status']:10s} {row['name']}{counts}{cached}{after}")
     fresh = sum(row["status"] == "up to date" for row in result["stages"])
     click.echo(f"{fresh} stage(s) up to date; remote: {result['remote']['reason'] or result['remote']['name']}")
     click.echo(f"estimate on {result['estimate']['device']}: {result['estimate']['reason']}")
