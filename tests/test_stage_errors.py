@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("option, value, message", [
     ("--batch-size", "0", "error: --batch-size must be a whole number of at least 1, got 0"),
-    ("--workers", "-2", "error: --workers must be a whole number of at least 0 (0: decode in the main process), got -2"),
+    ("--workers", "-2",
+     "error: --workers must be a whole number of at least 0 (0: decode in the main process), got -2"),
 ])
 def test_a_bad_batch_option_of_the_embed_stage_is_one_line(tmp_path, option, value, message):
     proc = subprocess.run([sys.executable, str(ROOT / "stages/embed_images.py"), "--dataset", "shapes",

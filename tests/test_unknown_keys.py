@@ -13,8 +13,8 @@ from vlbench.config import ParamsError, compose, load_params
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("override, key", [("+zeroshot.x=1", "zeroshot.x"), ("+knowledge.llm.temp=0", "knowledge.llm.temp"),
-                                           ("+newsection=1", "newsection")])
+@pytest.mark.parametrize("override, key", [("+zeroshot.x=1", "zeroshot.x"), ("+newsection=1", "newsection"),
+                                           ("+knowledge.llm.temp=0", "knowledge.llm.temp")])
 def test_compose_refuses_an_added_key_naming_it(override, key):
     with pytest.raises(ParamsError, match=rf"^params: unknown key\(s\) {key}: not declared in .*config.yaml; check the "
                                           r"spelling, or drop the `\+` override"):

@@ -150,8 +150,8 @@ def _check_groups(overrides, conf: Path) -> None:
               help="measure the model's forward pass and the decode cost for the time estimate")
 @click.option("--json", "as_json", is_flag=True,
               help='machine-readable: {"model", "suite", "stages": [{"name", "status", "cached": {"local", "remote"}, '
-                   '"after", "images", "texts"}], "images", "texts", "manual_downloads", "remote", "estimate": {"seconds", '
-                   '"device", "images_per_second", "reason"}}')
+                   '"after", "images", "texts"}], "images", "texts", "manual_downloads", "remote", "estimate": '
+                   '{"seconds", "device", "images_per_second", "reason"}}')
 @click.pass_context
 def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, ...], suite: str | None,
          model: str | None, device: str | None, warmup: bool, as_json: bool) -> None:

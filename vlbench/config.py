@@ -323,8 +323,8 @@ def check_data_root(path: str | Path, name: str) -> None:
         return
     if OWN_DATA.is_symlink():
         raise ParamsError(f"dataset {name!r} reads {str(path)!r} but {str(OWN_DATA)!r} points at "
-                          f"{os.readlink(OWN_DATA)!r}, which does not exist (moved, renamed or not mounted?): mount it, "
-                          f"or run `vlbench data-root /path/to/your/data` again")
+                          f"{os.readlink(OWN_DATA)!r}, which does not exist (moved, renamed or not mounted?): "
+                          f"mount it, or run `vlbench data-root /path/to/your/data` again")
     raise ParamsError(f"dataset {name!r} reads {str(path)!r} but {str(OWN_DATA)!r} does not exist in this clone: "
                       f"run `vlbench data-root /path/to/your/data` (or set {DATA_ROOT_VARIABLE} and run "
                       f"`vlbench data-root`) once per clone")

@@ -13,8 +13,9 @@ knowledge variants ask a chat-completions endpoint instead, for any class list, 
   the gpt3 variant composes ELEVATER's GPT-3 file (first `gpt3_items`).
 
 The endpoint comes from the environment: `VLBENCH_LLM_BASE_URL` (POST `{url}/chat/completions`), `VLBENCH_LLM_API_KEY`
-(sent as a bearer token, never written anywhere, redacted from every message), `VLBENCH_LLM_TIMEOUT` (seconds for a whole request, default 60); the model from the
-params (`knowledge.llm.model`) or `VLBENCH_LLM_MODEL`. Each prompt is sent as one user message.
+(sent as a bearer token, never written anywhere, redacted from every message), `VLBENCH_LLM_TIMEOUT` (seconds for a
+whole request, default 60); the model from the params (`knowledge.llm.model`) or `VLBENCH_LLM_MODEL`. Each prompt is
+sent as one user message. A Retry-After over `MAX_WAIT` and a response over `MAX_BYTES` are errors.
 
 Every answer is cached (`AnswerCache`, one JSON line per request: key, style, class, prompt, model, settings, answers,
 time), keyed by the sha256 of (model, messages, settings): a rerun asks only for what the cache lacks, and nothing is
@@ -459,7 +460,8 @@ def _post(endpoint: Endpoint, request: Request, n: int, sleep: Callable[[float],
             hint = HINTS.get(status, "the endpoint refused the request")
             raise _error(endpoint, request, f"HTTP {status} ({hint}): {_detail(body, endpoint.api_key)}")
         if last:
-            raise _error(endpoint, request, f"HTTP {status} after {attempt + 1} tries: {_detail(body, endpoint.api_key)}")
+            raise _error(endpoint, request,
+                         f"HTTP {status} after {attempt + 1} tries: {_detail(body, endpoint.api_key)}")
         _wait(endpoint, request, attempt, f"HTTP {status}", retry_after(response_headers.get("Retry-After")), sleep)
     raise AssertionError("unreachable")  # pragma: no cover
 
