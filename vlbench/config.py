@@ -47,7 +47,40 @@ def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
         raise ParamsError(f"{path}: expected a mapping at the top level")
     if isinstance(params.get("suite"), Mapping):
         check_suite(params["suite"])  # `dvc exp run` composes params.yaml itself: every stage checks what it got
+    check_known_keys(params)
     return params
+
+
+GROUP_SECTIONS = ("model", "suite")  # chosen by a config group, checked by their own rules (check_suite, the model's)
+KEYED_BY_DATASET = ("robustness.lines",)  # declared with an example entry, yet any dataset may be a key
+
+
+def check_known_keys(params: Mapping[str, Any], config_dir: str | Path | None = None) -> None:
+    """Every key of the params is one conf/config.yaml declares (below a mapping it declares empty, such as
+    `suite.entries`, or in a map keyed by dataset, anything goes). An unknown key (a typo, or `-S +zeroshot.x=1`)
+    would be ignored by every stage yet make DVC rerun the stages of its section. Outside a project checkout (no
+    conf/) nothing is checked."""
+    config = (Path(config_dir) if config_dir else CONF) / "config.yaml"
+    if not config.is_file():
+        return
+    declared = yaml.safe_load(config.read_text()) or {}
+    unknown = [key for key in params if key not in declared and key not in GROUP_SECTIONS]
+    for section in declared:
+        if section not in GROUP_SECTIONS:
+            unknown += _unknown_keys(params.get(section), declared[section], f"{section}.")
+    if unknown:
+        raise ParamsError(f"params: unknown key(s) {', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}: "
+                          f"not declared in {config}; check the spelling, or drop the `+` override (`-S +key=...`) "
+                          f"that added it")
+
+
+def _unknown_keys(value: Any, declared: Any, prefix: str) -> list[str]:
+    free = not (isinstance(value, Mapping) and isinstance(declared, Mapping) and declared)
+    if free or prefix[:-1] in KEYED_BY_DATASET:
+        return []
+    return [key for name, sub in value.items()
+            for key in ([f"{prefix}{name}"] if name not in declared
+                        else _unknown_keys(sub, declared[name], f"{prefix}{name}."))]
 
 
 def suite_keys(config_dir: str | Path | None = None) -> list[str] | None:
@@ -246,16 +279,22 @@ def text_features_path(model_slug: str, dataset: str, text_set: str) -> Path:
     return features_dir(model_slug, dataset) / "text" / f"{check_name('text set', text_set)}.parquet"
 
 
-def link_data_root(target: str | Path | None = None, link: Path = OWN_DATA) -> Path:
-    """Make `link` (data/own, git-ignored) point at your data root: `target`, else $VLBENCH_DATA_ROOT. Entries name
-    your data as data/own/<...>, so params.yaml and dvc.lock hold the same relative paths in every clone while DVC
-    hashes the data itself through the link (a changed image still makes prepare@ stale)."""
+def link_data_root(target: str | Path | None = None, link: Path | None = None) -> Path:
+    """Make `link` (default: data/own of the project this is run in, git-ignored) point at your data root: `target`,
+    else $VLBENCH_DATA_ROOT. Entries name your data as data/own/<...>, so params.yaml and dvc.lock hold the same
+    relative paths in every clone while DVC hashes the data itself through the link (a changed image still makes
+    prepare@ stale). A root that would hold the link itself (the project, data/, data/own) is refused."""
     target = target or os.environ.get(DATA_ROOT_VARIABLE)
     if not target:
         raise ParamsError(f"no data root given: pass its path or set {DATA_ROOT_VARIABLE}")
+    link = link or project_root() / OWN_DATA
     target = Path(target).expanduser().resolve()
     if not target.is_dir():
         raise ParamsError(f"data root {str(target)!r} is not a folder")
+    where = link.parent.resolve() / link.name
+    if where == target or where.is_relative_to(target) or target.is_relative_to(where):
+        raise ParamsError(f"data root {str(target)!r} would hold the link {str(where)!r} itself (a loop): give the "
+                          f"folder of your data, outside {str(where.parent)!r}")
     if link.exists() and not link.is_symlink():
         raise ParamsError(f"{str(link)!r} is a real folder, not a link: keep your data there, or move it away and "
                           f"run `vlbench data-root {target}` again")
@@ -267,13 +306,28 @@ def link_data_root(target: str | Path | None = None, link: Path = OWN_DATA) -> P
     return target
 
 
+def project_root(start: Path | None = None) -> Path:
+    """The project folder this is run in: the nearest of the current folder and its parents with a dvc.yaml."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "dvc.yaml").is_file():
+            return folder
+    raise ParamsError(f"{str(here)!r} is not inside a vlbench project (no dvc.yaml here or above): run it in your "
+                      f"clone")
+
+
 def check_data_root(path: str | Path, name: str) -> None:
     """A dataset whose input lies under data/own needs the link made first; say how instead of 'not found'."""
     path = Path(path)
-    if path.parts[:2] == OWN_DATA.parts and not OWN_DATA.exists():
-        raise ParamsError(f"dataset {name!r} reads {str(path)!r} but {str(OWN_DATA)!r} does not exist in this clone: "
-                          f"run `vlbench data-root /path/to/your/data` (or set {DATA_ROOT_VARIABLE} and run "
-                          f"`vlbench data-root`) once per clone")
+    if path.parts[:2] != OWN_DATA.parts or OWN_DATA.exists():
+        return
+    if OWN_DATA.is_symlink():
+        raise ParamsError(f"dataset {name!r} reads {str(path)!r} but {str(OWN_DATA)!r} points at "
+                          f"{os.readlink(OWN_DATA)!r}, which does not exist (moved, renamed or not mounted?): "
+                          f"mount it, or run `vlbench data-root /path/to/your/data` again")
+    raise ParamsError(f"dataset {name!r} reads {str(path)!r} but {str(OWN_DATA)!r} does not exist in this clone: "
+                      f"run `vlbench data-root /path/to/your/data` (or set {DATA_ROOT_VARIABLE} and run "
+                      f"`vlbench data-root`) once per clone")
 
 
 def conf_dir(path: str | Path | None = None) -> Path:
@@ -301,6 +355,7 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ParamsError(f"cannot compose conf/ with overrides {overrides or []}: {first}") from err
     check_suite(params["suite"], config_dir)
+    check_known_keys(params, conf_dir(config_dir))
     for name in params["suite"]["datasets"]:
         dataset_entry(params, name, config_dir)  # each entry exists and names the suite's input
     return params

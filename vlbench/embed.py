@@ -65,6 +65,19 @@ class EngineError(VlbenchError):
 
 
 OVERLAP_VARIABLE = "VLBENCH_EMBED_OVERLAP"  # "1": embed_images' `overlap` on by default (docs/benchmarks.md)
+
+
+def check_batch_options(batch_size: Any, num_workers: Any = None) -> None:
+    """The embed stages' --batch-size (a whole number >= 1) and --workers (>= 0, or None: the default), checked before
+    a model is loaded; one line naming the option otherwise."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise EngineError(f"--batch-size must be a whole number of at least 1, got {batch_size!r}")
+    if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
+                                    or num_workers < 0):
+        raise EngineError(f"--workers must be a whole number of at least 0 (0: decode in the main process), "
+                          f"got {num_workers!r}")
+
+
 MAX_LISTED_CORRUPT = 20  # sample ids named in a CorruptImageError; the total count is always given
 
 
@@ -435,6 +448,7 @@ def embed_image_splits(
     `out_dir/pre_projection/projection.weights.parquet` (`vlbench.models.projection`; the projected embeddings are the
     same either way). `decode` (params' embed.decode) is recorded in every file's fingerprint. `engine_name`: where
     each split is embedded (`engine`); the files are the same either way."""
+    check_batch_options(batch_size, num_workers)
     embed_split = engine(engine_name).embed_images
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
     meta = load_meta(dataset_dir)
