@@ -153,32 +153,34 @@ def made_text_sets(entry: Mapping[str, Any]) -> set[str]:
 
 
 CAPTION_PROMPT_SET = "captions_prompted"  # vlbench.texts.CAPTION_PROMPT_SET
+# the analyses' defaults of the settings that decide which text sets they read (tests/test_config.py checks them)
+NEEDS_DEFAULTS = {"extensibility.variants": ["single", "ensemble", "repe"],
+                  "adapt.protocols": ["elevater", "vtab", "fewtrans"],
+                  "adapt.fewtrans.methods": ["zeroshot", "prototype", "linear"], "adapt.fewtrans.text_set": "prompts",
+                  "retrieve.prompts": "prompts", "retrieval.text_set": "captions_prompted",
+                  "retrieval.dataset_text_sets": {}}
 
 
 def text_set_needs(params: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(analysis, dataset, text set) for every text set that an analysis of the suite reads and that the entry alone
     decides (`prompts_<name>`, `captions_prompted`): extensibility's variants (datasets and set members), adapt
     FewTrans' zeroshot method, retrieve's prompts, retrieval's captions."""
-    from vlbench.analyses.adapt.fewtrans import DEFAULTS as FEWTRANS  # analyses import this module: no cycle at load
-    from vlbench.analyses.extensibility import DEFAULTS as EXTENSIBILITY
-    from vlbench.analyses.extensibility import REPE
-    from vlbench.analyses.retrieval import DEFAULTS as RETRIEVAL
-    from vlbench.analyses.retrieval import text_set_for
+    def setting(dotted: str) -> Any:  # the analysis' own default where params leave the key out (the stages' deps
+        node: Any = params               # stay by layer: this module imports no analysis)
+        for key in dotted.split("."):
+            node = node.get(key) if isinstance(node, Mapping) else None
+        return NEEDS_DEFAULTS[dotted] if node is None else node
 
     suite = params["suite"]
-    needs = []
-    variants = (params.get("extensibility") or {}).get("variants") or EXTENSIBILITY["variants"]
     members = list(suite.get("extensibility") or []) + [d for ds in (suite.get("extensibility_sets") or {}).values()
                                                           for d in ds]
-    needs += [("extensibility", d, f"prompts_{v}") for d in dict.fromkeys(members) for v in variants if v != REPE]
-    adapt = params.get("adapt") or {}
-    fewtrans = {**FEWTRANS, **(adapt.get("fewtrans") or {})}
-    if "fewtrans" in (adapt.get("protocols") or ["fewtrans"]) and "zeroshot" in fewtrans["methods"]:
-        needs += [("adapt", d, fewtrans["text_set"]) for d in suite.get("adapt") or []]
-    needs += [("retrieve", d, (params.get("retrieve") or {}).get("prompts") or "prompts")
-              for d in suite.get("retrieve") or []]
-    retrieval = {**RETRIEVAL, **(params.get("retrieval") or {})}
-    needs += [("retrieval", d, text_set_for(retrieval, d)) for d in suite.get("retrieval") or []]
+    needs = [("extensibility", d, f"prompts_{v}") for d in dict.fromkeys(members)
+             for v in setting("extensibility.variants") if v != "repe"]
+    if "fewtrans" in setting("adapt.protocols") and "zeroshot" in setting("adapt.fewtrans.methods"):
+        needs += [("adapt", d, setting("adapt.fewtrans.text_set")) for d in suite.get("adapt") or []]
+    needs += [("retrieve", d, setting("retrieve.prompts")) for d in suite.get("retrieve") or []]
+    per_dataset = setting("retrieval.dataset_text_sets")
+    needs += [("retrieval", d, per_dataset.get(d, setting("retrieval.text_set"))) for d in suite.get("retrieval") or []]
     return [(a, d, t) for a, d, t in needs if t.startswith("prompts_") or t == CAPTION_PROMPT_SET]
 
 
