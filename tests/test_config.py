@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -261,6 +262,16 @@ def test_a_hydra_style_suite_stops_dvc_exp_run_with_the_suite_file_and_its_forma
     (repo / "conf/suite/hyd.yaml").write_text("datasets: {shapes: {prepare: {source: synthetic}}}\nslug: hyd\n")
     with pytest.raises(ParamsError, match=r"hyd.yaml: datasets.shapes is not an input path.*conf/suite/demo.yaml"):
         compose(["suite=hyd"], repo / "conf")
+    # a text set an analysis needs and the entry does not make: the first stage DVC runs stops, nothing is embedded
+    (repo / "conf/suite/hyd.yaml").write_text("datasets: {shapes: vlbench/datasets/synthetic.py}\nslug: hyd\n"
+                                              "embed: [shapes]\nextensibility: [shapes]\n")  # smoke shapes: no prompt_sets
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "a suite whose extensibility lacks a text set")
+    proc = run(repo, sys.executable, "-m", "dvc", "exp", "run", "-S", "suite=hyd", check=False, env=env)
+    assert proc.returncode != 0
+    assert "suite 'hyd': extensibility on dataset 'shapes' needs text set 'prompts_single'" in proc.stdout + proc.stderr
+    assert re.search(r"failed to reproduce '(prepare|pretrain)@", proc.stderr)  # a first stage: nothing embedded
+    assert not list((repo / "features").rglob("*.parquet"))
 
 
 def test_the_plugin_leaves_the_composition_of_valid_suites_unchanged(tmp_path):
@@ -273,7 +284,7 @@ def test_the_plugin_leaves_the_composition_of_valid_suites_unchanged(tmp_path):
     assert yaml.safe_load((tmp_path / "elevater.yaml").read_text()) == compose(["suite=elevater"])
 
 
-def test_a_text_set_an_analysis_needs_is_checked_at_compose_naming_analysis_dataset_and_set(tmp_path):
+def test_a_text_set_an_analysis_needs_is_checked_at_compose_naming_analysis_dataset_and_set(tmp_path, monkeypatch):
     """Extensibility's variant `single` reads `prompts_single`, made by the entry's `texts.prompt_sets`; a dataset
     without it used to fail at extensibility@ after embedding."""
     conf = _conf_with_suite(tmp_path, "datasets: {captions: vlbench/datasets/synthetic.py}\nslug: typo\n"
@@ -297,6 +308,7 @@ def test_a_text_set_an_analysis_needs_is_checked_at_compose_naming_analysis_data
                                           r"add `caption_prompt: 'a photo of \{c\}'`"):
         compose(["suite=typo"], conf)
     # what `dvc exp run` composes is checked by the first stage's params loader, before anything is embedded
+    monkeypatch.chdir(ROOT)
     params = compose()
     params["suite"]["extensibility"] = ["captions"]
     path = tmp_path / "params.yaml"
