@@ -25,7 +25,7 @@ INTERVALS = {
     ("linear_probe", "colors"): {"accuracy": {"low": 0.9951, "high": 1.0, "level": 0.95, "method": "bootstrap",
                                               "resamples": 2000, "seed": 7}},
     ("adapt", "shapes"): {"elevater/language_2p/full/last": {"low": 0.7711, "high": 0.7949, "level": 0.95,
-                                                             "method": "seeds"},
+                                                             "method": "seeds_logit_t"},
                           "fewtrans/base/linear": {"low": 0.6101, "high": 0.6421, "level": 0.95,
                                                    "method": "episodes"}},
 }

@@ -47,6 +47,8 @@ def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
         raise ParamsError(f"{path}: expected a mapping at the top level")
     if isinstance(params.get("suite"), Mapping):
         check_suite(params["suite"])  # `dvc exp run` composes params.yaml itself: every stage checks what it got
+        if (CONF / "config.yaml").is_file():
+            check_text_sets(params, known_only=True)  # the first stage DVC runs stops, not the analysis after embedding
     check_known_keys(params)
     return params
 
@@ -131,6 +133,106 @@ def check_suite(suite: Mapping[str, Any], config_dir: str | Path | None = None) 
                                   f"datasets {datasets}; {_did_you_mean(str(name), datasets)}add "
                                   f"`{name}: <its input>` to the suite's datasets or remove it from {analysis}")
     check_shared_images(suite)
+
+
+SUITE_FORMAT = ("a suite maps each dataset to its input and lists the datasets of each analysis, e.g. `datasets: "
+                "{shapes: vlbench/datasets/synthetic.py}` and `zeroshot: [shapes]`; the entry stays in "
+                "conf/dataset/<name>.yaml (a suite changes it under `entries: {<name>: {...}}`); see conf/suite/demo.yaml")
+
+
+def check_suite_format(suite: Any, where: str, global_package: bool = False) -> None:
+    """A suite file as written, before composition: vlbench's format, not a Hydra defaults list. `dvc exp run -S
+    suite=<name>` composes with Hydra before any stage runs, and a suite that pulls entries in with `defaults: -
+    /dataset@datasets.<name>: <name>` puts whole entries where dvc.yaml expects an input path (DVC: "Cannot
+    interpolate data of type 'dict'"); this check runs inside that composition (hydra_plugins/vlbench_suites.py) and
+    in `compose`. `global_package`: the file starts `# @package _global_` (it sets other params too, the suite
+    under `suite:`)."""
+    if suite is None:
+        return
+    if not isinstance(suite, Mapping):
+        raise ParamsError(f"{where}: a suite file is a mapping, got {type(suite).__name__}; {SUITE_FORMAT}")
+    if "defaults" in suite:
+        raise ParamsError(f"{where}: a suite does not pull entries in with a Hydra `defaults:` list (e.g. `- "
+                          f"/dataset@datasets.x: x`); {SUITE_FORMAT}")
+    datasets = (suite.get("suite") or {}).get("datasets") if global_package else suite.get("datasets")
+    bad = [name for name, value in (datasets or {}).items() if not isinstance(value, str)] \
+        if isinstance(datasets, Mapping) else ["datasets"]
+    if bad:
+        raise ParamsError(f"{where}: datasets.{bad[0]} is not an input path (a suite does not hold entries); "
+                          f"{SUITE_FORMAT}")
+
+
+GLOBAL_PACKAGE = re.compile(r"^#\s*@package\s+_global_\s*$", re.M)  # Hydra's package header of a file
+
+
+def chosen_suite_file(overrides: list[str] | None, config_dir: str | Path | None = None) -> Path | None:
+    """conf/suite/<name>.yaml of the last `suite=<name>` override, else of config.yaml's default suite."""
+    conf = conf_dir(config_dir)
+    names = [o.split("=", 1)[1] for o in overrides or [] if o.split("=", 1)[0].lstrip("+~") == "suite" and "=" in o]
+    if not names:
+        defaults = yaml.safe_load((conf / "config.yaml").read_text()).get("defaults") or []
+        names = [d["suite"] for d in defaults if isinstance(d, Mapping) and isinstance(d.get("suite"), str)]
+    path = conf / "suite" / f"{names[-1]}.yaml" if names else None
+    return path if path is not None and path.is_file() else None
+
+
+def made_text_sets(entry: Mapping[str, Any]) -> set[str]:
+    """The text sets an entry makes from its own `texts` params, known before anything is prepared: `prompts`,
+    `prompts_<name>` per `prompt_sets` entry, `captions_prompted` with a `caption_prompt`. (Sets made from the
+    prepared data, such as `captions`, are not known here.)"""
+    texts = entry.get("texts") or {}
+    made = {"prompts", *(f"prompts_{name}" for name in (texts.get("prompt_sets") or {}))}
+    return made | ({CAPTION_PROMPT_SET} if texts.get("caption_prompt") is not None else set())
+
+
+CAPTION_PROMPT_SET = "captions_prompted"  # vlbench.texts.CAPTION_PROMPT_SET
+# the analyses' defaults of the settings that decide which text sets they read (tests/test_config.py checks them)
+NEEDS_DEFAULTS = {"extensibility.variants": ["single", "ensemble", "repe"],
+                  "adapt.protocols": ["elevater", "vtab", "fewtrans"],
+                  "adapt.fewtrans.methods": ["zeroshot", "prototype", "linear"], "adapt.fewtrans.text_set": "prompts",
+                  "retrieve.prompts": "prompts", "retrieval.text_set": "captions_prompted",
+                  "retrieval.dataset_text_sets": {}}
+
+
+def text_set_needs(params: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(analysis, dataset, text set) for every text set that an analysis of the suite reads and that the entry alone
+    decides (`prompts_<name>`, `captions_prompted`): extensibility's variants (datasets and set members), adapt
+    FewTrans' zeroshot method, retrieve's prompts, retrieval's captions."""
+    def setting(dotted: str) -> Any:  # the analysis' own default where params leave the key out (the stages' deps
+        node: Any = params               # stay by layer: this module imports no analysis)
+        for key in dotted.split("."):
+            node = node.get(key) if isinstance(node, Mapping) else None
+        return NEEDS_DEFAULTS[dotted] if node is None else node
+
+    suite = params["suite"]
+    members = list(suite.get("extensibility") or []) + [d for ds in (suite.get("extensibility_sets") or {}).values()
+                                                          for d in ds]
+    needs = [("extensibility", d, f"prompts_{v}") for d in dict.fromkeys(members)
+             for v in setting("extensibility.variants") if v != "repe"]
+    if "fewtrans" in setting("adapt.protocols") and "zeroshot" in setting("adapt.fewtrans.methods"):
+        needs += [("adapt", d, setting("adapt.fewtrans.text_set")) for d in suite.get("adapt") or []]
+    needs += [("retrieve", d, setting("retrieve.prompts")) for d in suite.get("retrieve") or []]
+    per_dataset = setting("retrieval.dataset_text_sets")
+    needs += [("retrieval", d, per_dataset.get(d, setting("retrieval.text_set"))) for d in suite.get("retrieval") or []]
+    return [(a, d, t) for a, d, t in needs if t.startswith("prompts_") or t == CAPTION_PROMPT_SET]
+
+
+def check_text_sets(params: Mapping[str, Any], config_dir: str | Path | None = None, known_only: bool = False) -> None:
+    """Every text set an analysis of the suite needs (`text_set_needs`) is made by the dataset's entry: else one
+    line naming the analysis, the dataset, the set and the entry key that makes it, before anything runs.
+    `known_only`: skip datasets without an entry file (their prepare stage says so)."""
+    slug = params["suite"].get("slug")
+    for analysis, dataset, name in text_set_needs(params):
+        path = conf_dir(config_dir) / "dataset" / f"{dataset}.yaml"
+        if known_only and not path.is_file():
+            continue
+        if name in made_text_sets(dataset_entry(params, dataset, config_dir)):
+            continue
+        key = "caption_prompt: 'a photo of {c}'" if name == CAPTION_PROMPT_SET else \
+            f"prompt_sets: {{{name.removeprefix('prompts_')}: [...]}}"
+        raise ParamsError(f"suite {slug!r}: {analysis} on dataset {dataset!r} needs text set {name!r}, which "
+                          f"{path} does not make: add `{key}` under its `texts` (or the suite's `entries: "
+                          f"{{{dataset}: {{texts: ...}}}}`), or change the {analysis} params that ask for it")
 
 
 def check_shared_images(suite: Mapping[str, Any]) -> None:
@@ -347,6 +449,10 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    suite_file = chosen_suite_file(overrides, config_dir)
+    if suite_file is not None:
+        text = suite_file.read_text()
+        check_suite_format(yaml.safe_load(text), str(suite_file), GLOBAL_PACKAGE.search(text) is not None)
     try:
         with initialize_config_dir(config_dir=str(conf_dir(config_dir).resolve()), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=overrides or [])
@@ -358,6 +464,7 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
     check_known_keys(params, conf_dir(config_dir))
     for name in params["suite"]["datasets"]:
         dataset_entry(params, name, config_dir)  # each entry exists and names the suite's input
+    check_text_sets(params, config_dir)
     return params
 
 
