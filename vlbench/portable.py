@@ -35,23 +35,18 @@ THREADS = 2  # torch threads of toy training: CI's and the development machines'
 _LOADED_TOO_EARLY = ("torch", "numpy", "faiss", "pyarrow", "scipy")
 
 
-class PortabilityError(RuntimeError):
-    """`apply()` called after a library it configures was loaded: its settings would be silently ignored."""
-
-
 def enabled() -> bool:
     return os.environ.get("VLBENCH_PORTABLE", "1") != "0"
 
 
-def apply() -> None:
-    """Pin every numeric library to its portable code path (a no-op with VLBENCH_PORTABLE=0). Must run before any of
-    them is imported: the libraries read these variables once, when they load."""
+def apply() -> bool:
+    """Pin every numeric library to its portable code path (a no-op with VLBENCH_PORTABLE=0). The libraries read these
+    variables once, when they load: True if none of them was loaded before (a stage process, `python -m stages.x`),
+    False where one was (a stage module imported into a running test), whose kernels then stay its own choice."""
     if not enabled():
-        return
-    early = [m for m in _LOADED_TOO_EARLY if m in sys.modules and any(os.environ.get(k) != v for k, v in ENV.items())]
-    if early:
-        raise PortabilityError(f"vlbench.portable.apply() after {', '.join(early)} loaded: call it first")
+        return False
     os.environ.update(ENV)
+    return not any(m in sys.modules for m in _LOADED_TOO_EARLY)
 
 
 def use_portable_faiss(faiss) -> None:
