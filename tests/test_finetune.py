@@ -76,9 +76,9 @@ def elevater_run(colours, base):
     return method("elevater_full")(elevater_job(colours, base))
 
 
-def elevater_job(colours, base, runtime=None, **settings):
+def elevater_job(colours, base, runtime=None, adapt=ADAPT, **settings):
     return Job("tiny", colours / "prepared/tiny", colours / "texts/tiny", base, {"head": "language_2p", **settings},
-               {"precision": "fp32"}, 0, {"adapt": ADAPT}, runtime or Runtime(progress=False))
+               {"precision": "fp32"}, 0, {"adapt": adapt}, runtime or Runtime(progress=False))
 
 
 def negclip_job(captions, base, runtime=None):
@@ -124,6 +124,47 @@ def test_elevater_full_trains_the_image_tower_only_with_the_probe_search_and_the
     assert out.details["trainable_params"] == m
     assert out.metrics["elevater_full/language_2p/2/pe"] == pytest.approx(score * math.exp(math.log10(m / 1e8 + 1)))
     assert len(out.chart["data"]["values"]) == len(table)
+
+
+def test_a_search_candidate_whose_loss_turns_non_finite_is_a_failed_candidate_and_the_search_goes_on(colours, base):
+    """Issue 30 (2): with weight decay 1e4 and more, learning rate 0.01 multiplies the weights by about -100 per step
+    (and learning rate 1 diverges at every weight decay): those candidates' loss is NaN within their 8 steps. Each is a
+    failed candidate scored 0, the worst, as ELEVATER's toolkit scores a run that fails; the table says where it
+    diverged, the choice is made among the others and the final run completes."""
+    adapt = {"elevater": {"shots": [4], "seeds": [0], "batch_size": 2, "search_epochs": 2, "final_epochs": 1,
+                          "lr_grid": {"log_lower": -2, "log_upper": 0, "num": 2}}}
+    out = method("elevater_full")(elevater_job(colours, base, adapt=adapt))
+    table = out.tables["search"].to_pylist()
+    failed = [r for r in table if r["status"] == "diverged"]
+    finite = [r for r in table if r["status"] == "ok"]
+    assert len(failed) + len(finite) == len(table) and failed and finite
+    assert any(r["lr"] == 0.01 and r["wd"] == 1e4 for r in failed)  # the candidate that stopped the stage before
+    assert all(r["val_score"] == 0.0 and 1 <= r["diverged_step"] <= 8 for r in failed)  # 4 steps per epoch, 2 epochs
+    assert all(r["diverged_step"] is None for r in finite)
+    run = out.details["runs"][0]
+    assert run["search_diverged"] == len(failed)
+    best = max(r["val_score"] for r in finite)
+    assert best > 0 and run["chosen"]["val_score"] == best
+    chosen = next(r for r in table if r["lr"] == run["chosen"]["lr"] and r["wd"] == run["chosen"]["wd"])
+    assert chosen["status"] == "ok" and chosen["val_score"] == best
+    assert math.isfinite(out.metrics["elevater_full/language_2p/4/last"])
+    assert any(v["status"] == "diverged" for v in out.chart["data"]["values"])
+
+
+def test_a_diverging_final_run_is_one_line_naming_the_run_its_hyper_parameters_and_what_to_do(colours, base):
+    """A search run of one step cannot diverge (its loss is that of the base weights), so learning rate 100 is chosen;
+    the final run's 6 steps at that rate overflow. That is an error: the message names the run, the chosen pair, and
+    the grid to search instead."""
+    adapt = {"elevater": {"shots": [2], "seeds": [0], "batch_size": 8, "search_epochs": 1, "final_epochs": 6,
+                          "lr_grid": {"log_lower": 2, "log_upper": 2, "num": 1}}}
+    with pytest.raises(FinetuneError) as err:
+        method("elevater_full")(elevater_job(colours, base, adapt=adapt))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("finetune elevater_full on 'tiny': the final run final-2-0 (2 shots, seed 0) diverged at "
+                              "step ")
+    assert "with the search's choice: learning rate 100, weight decay 1e-06" in message
+    assert "-S adapt.elevater.lr_grid.log_lower=1 -S adapt.elevater.lr_grid.log_upper=1" in message
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights_bit_for_bit(captions, base, negclip_run, tmp_path):
