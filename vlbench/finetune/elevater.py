@@ -276,9 +276,9 @@ def final_diverged(err: Diverged, dataset: str, shots, seed: int, chosen: Mappin
         grid = f"{key}.log_lower={lower - step:g} {key}.log_upper={upper - step:g}"
     return (f"finetune {METHOD} on {dataset!r}: the final run {err.run} ({shots} shots, seed {seed}) diverged at step "
             f"{err.step} of {err.steps} (loss {err.loss}) with the search's choice: learning rate {chosen['lr']:g}, "
-            f"weight decay {chosen['wd']:g} (validation score {chosen['val_score']:.4f} in {s.search_epochs} epoch(s) "
-            f"on {search_images} images; the final run trains {s.final_epochs} on {final_images}); rerun searching "
-            f"smaller learning rates: {grid} (docs/protocols.md, \"Fine-tuning: ELEVATER full\")")
+            f"weight decay {chosen['wd']:g} (validation score {chosen['val_score']:.4f} after {s.search_epochs} search "
+            f"epoch(s) on {search_images} images; the final run: {s.final_epochs} epochs on {final_images}); rerun "
+            f"searching smaller learning rates: {grid} (docs/protocols.md, \"Fine-tuning: ELEVATER full\")")
 
 
 def outcome(job: Job, s: Settings, head: str, meta, runs: list[dict], task: Task, texts_version, seconds) -> Outcome:
