@@ -5,15 +5,18 @@ same weights bit for bit, the search is ELEVATER's, and a fine-tuned model's fea
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import open_clip
 import pytest
 import torch
+import yaml
 
 from tests.conftest import make_dataset, make_texts
 from vlbench.analyses import specificity
 from vlbench.analyses.base import Inputs
+from vlbench.config import ParamsError, compose
 from vlbench.datasets.canonical import load_meta
 from vlbench.datasets.synthetic import build
 from vlbench.embed import embed_image_splits, embed_text_sets
@@ -29,6 +32,7 @@ from vlbench.texts import build_text_sets, write_text_sets
 
 ADAPT = {"elevater": {"shots": [2], "seeds": [0], "batch_size": 8, "search_epochs": 1, "final_epochs": 2,
                       "lr_grid": {"log_lower": -3, "log_upper": -2, "num": 2}}}
+ROOT = Path(__file__).resolve().parent.parent
 TEXT_TOWER = ("transformer.", "token_embedding.", "ln_final.", "positional_embedding", "text_projection", "logit_scale")
 COLOURS = ["red", "orange", "yellow", "green", "cyan", "blue", "purple", "pink", "brown"]
 
@@ -258,6 +262,32 @@ def test_features_of_a_finetuned_model_are_never_read_as_the_base_models(colours
     (out_dir / "checkpoint.pt").write_bytes(b"other weights")
     with pytest.raises(FinetunedModelError, match="fingerprint.json: its weights_sha256 is not the sha256 of"):
         model_identity(tuned)
+
+
+def test_a_finetuned_entry_without_its_weights_names_the_run_that_makes_them(tmp_path, monkeypatch):
+    """Issue 30 (5): `-S model=toy-elevater-shapes` before the fine-tuning run is refused when params are composed (DVC
+    would otherwise fail hashing the missing checkpoint with a bare `No such file or directory`), in one line naming
+    the checkpoint and the command that makes it; once the run's outputs are there, the entry composes and loads."""
+    monkeypatch.chdir(tmp_path)  # a project without the fine-tuned weights
+    entry = yaml.safe_load((ROOT / "conf/model/toy-elevater-shapes.yaml").read_text())
+    message = ("model 'toy-elevater-shapes' needs data/finetuned/shapes/elevater_full/checkpoint.pt, which is not "
+               "there: it is made by fine-tuning 'toy' on 'shapes' with elevater_full: `dvc exp run -S model=toy -S "
+               "'suite.finetune=[shapes]' -S finetune.method=elevater_full`, then rerun this command")
+    with pytest.raises(ParamsError) as err:
+        compose(["model=toy-elevater-shapes"], ROOT / "conf")
+    assert message in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(FinetunedModelError) as err:
+        model_identity(entry)  # a stage run by hand says the same
+    assert str(err.value) == message
+    out = tmp_path / "data/finetuned/shapes/elevater_full"
+    fingerprint = make_fingerprint({"model": "toy"}, "elevater_full", {}, "shapes", {"dataset_version": "v"}, 0, 1)
+    write_finetuned(out, lambda p: p.write_bytes(b"weights"), fingerprint)
+    params = compose(["model=toy-elevater-shapes"], ROOT / "conf")
+    assert params["model"]["weights_file"] == "data/finetuned/shapes/elevater_full/checkpoint.pt"
+    assert model_identity(params["model"])["finetune"] == fingerprint["id"]
+    (out / "fingerprint.json").unlink()
+    with pytest.raises(FinetunedModelError, match="needs data/finetuned/shapes/elevater_full/fingerprint.json, which"):
+        model_identity(entry)
 
 
 def test_bad_settings_are_one_line_naming_the_key(colours, base):

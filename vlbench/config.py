@@ -293,6 +293,9 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from vlbench.models.identity import register_resolvers
+
+    register_resolvers()  # conf/model entries of fine-tuned models check their weights (`${vlbench.finetuned:}`)
     try:
         with initialize_config_dir(config_dir=str(conf_dir(config_dir).resolve()), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=overrides or [])
