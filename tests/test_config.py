@@ -14,7 +14,7 @@ from vlbench.config import (
     get,
     load_params,
 )
-from vlbench.models.identity import missing_finetuned
+from vlbench.config import missing_finetuned
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,15 @@ from pathlib import Path
 import click
 import yaml
 
-from vlbench.config import OWN_DATA, available, compose, conf_dir, link_data_root
+from vlbench.config import (
+    OWN_DATA,
+    available,
+    compose,
+    conf_dir,
+    finetune_command,
+    link_data_root,
+    missing_finetuned,
+)
 from vlbench.errors import VlbenchError
 
 PARAMS_HEADER = "# Composed from conf/ by Hydra; regenerate with `vlbench compose` (dvc exp run -S ... does the same).\n"
@@ -38,8 +46,6 @@ def _conf(ctx: click.Context) -> Path:
 @click.pass_context
 def models(ctx: click.Context) -> None:
     """List the model slugs (conf/model/*.yaml); a fine-tuned model's entry says which run makes its weights."""
-    from vlbench.models.identity import finetune_command, missing_finetuned
-
     conf = _conf(ctx)
     for slug in available("model", conf):
         cfg = yaml.safe_load((conf / "model" / f"{slug}.yaml").read_text())
