@@ -8,7 +8,9 @@ final run on train + validation for 10 + EXTRA_FINAL_TRAIN_EPOCH 40 epochs, the 
 language-initialised head (`text_classifier`'s class embeddings of the `prompts` set, made here by the base model) or
 Random-2P, and the parameter-efficiency metric with M0 = 1e8. What differs from the probe is what trains: the image
 tower and the head (the toolkit's `Classifier`: the text tower and logit scale frozen), on images rather than
-cached features, SGD with momentum in FP32 (finetune.precision amp_bf16 is an option on CUDA).
+cached features, SGD with momentum in FP32 (finetune.precision amp_bf16 is an option on CUDA). A search run whose loss
+turns non-finite is a failed candidate (score 0, the toolkit's score for a run that fails; `status` and `diverged_step`
+in the search table); a final run that diverges is a one-line error naming the run, the chosen pair and what to do.
 """
 
 from __future__ import annotations
