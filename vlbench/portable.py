@@ -12,7 +12,7 @@ FAISS load (stages/__init__.py), which pins each library to one code path that e
 - OpenBLAS (numpy, scipy, scikit-learn): its Haswell kernels; numpy's own loops: no AVX-512 dispatch;
 - FAISS: its AVX2 kernels (`use_portable_faiss`, when FAISS is imported); Arrow's compute kernels: AVX2.
 
-Toy training also fixes torch's thread count (`THREADS`), since a parallel reduction splits by thread.
+Thread counts are fixed too (`THREADS`): a parallel reduction splits by thread, and so do OpenBLAS's products.
 The guarantee and its limits (ARM, GPUs, CPUs without AVX2) are in the README. `VLBENCH_PORTABLE=0` turns it off for
 speed, on a CPU-only run of a real model, at the price of bytes that differ between CPU types.
 """
@@ -31,7 +31,10 @@ ENV = {
     "FAISS_OPT_LEVEL": "avx2",  # FAISS builds with one library per level; newer ones dispatch at run time (below)
     "ARROW_USER_SIMD_LEVEL": "AVX2",
 }
-THREADS = 2  # torch threads of toy training: CI's and the development machines' core count
+THREADS = 2  # CI's and the development machines' core count
+# a parallel reduction splits by thread, and OpenBLAS's products change with the thread count: torch, MKL and
+# OpenBLAS run THREADS threads in every stage, whatever the core count (BLAS calls that ask for 1 still get 1)
+ENV |= {name: str(THREADS) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
 _LOADED_TOO_EARLY = ("torch", "numpy", "faiss", "pyarrow", "scipy")
 
 
