@@ -134,7 +134,8 @@ def test_unknown_revision_and_different_samples_are_one_line_errors(repo):
     proc = cli("HEAD", "no-such-rev")
     assert proc.exit_code == 1 and "unknown revision 'no-such-rev'" in proc.stderr
     proc = cli("HEAD~1", "HEAD")
-    assert proc.exit_code == 1 and "zeroshot/d: the two revisions scored different samples" in proc.stderr
+    assert proc.exit_code == 1 and "reports/zeroshot/d.predictions.parquet: " in proc.stderr
+    assert "scored different images (sample_id differ: 400 against 400, e.g. [" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
