@@ -157,7 +157,7 @@ def paired_units(a: Experiment, b: Experiment, analysis: str, dataset: str, metr
     if declared is None:
         return reason
     if declared.statistic is None:
-        return f"{analysis}'s {declared.name} table ({declared.unit}s): {declared.unpaired}"
+        return f"{analysis}'s {declared.name} table (unit: {declared.unit}): {declared.unpaired}"
     (table_a, why_a), (table_b, why_b) = (e.table(analysis, dataset, declared) for e in (a, b))
     if table_a is None or table_b is None:
         return why_a or why_b
