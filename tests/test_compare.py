@@ -226,3 +226,14 @@ def test_each_metric_is_paired_by_the_table_its_analysis_declares(tmp_path, monk
         ("robustness", "effective_robustness"): "robustness declares no per-sample table for 'effective_robustness'",
         ("zeroshot", "accuracy"): "a's reports/zeroshot/h.predictions.parquet lacks the column(s) ['label'] its "
                                   "analysis declares"}
+
+
+def test_every_per_sample_table_in_dvc_yaml_is_declared_by_its_analysis():
+    """dvc.yaml's reports/<analysis>/${item}.<table>.parquet outputs and the ANALYSES rows' tables are the same set."""
+    import re
+
+    from vlbench.analyses import ANALYSES
+
+    outs = set(re.findall(r"reports/(\w+)/\$\{item\}\.(\w+)\.parquet", (ROOT / "dvc.yaml").read_text()))
+    declared = {(name, t.name) for name, a in ANALYSES.items() for t in a.tables}
+    assert {o for o in outs if o[0] in ANALYSES} == declared

@@ -171,7 +171,6 @@ def test_compare_prints_a_table_and_writes_its_page_outside_git(demo):
 
 
 def test_compare_refuses_bad_revisions_and_outputs_in_one_line(demo):
-    (demo / "reports/compare").mkdir(exist_ok=True)
     for args, message in ((("HEAD^{tree}", "HEAD"), "Error: revision 'HEAD^{tree}' is a tree ("),
                           (("HEAD:README.md", "HEAD"), "Error: revision 'HEAD:README.md' is a blob ("),
                           (("HEAD~1", "HEAD", "--out", "README.md"),
@@ -219,7 +218,7 @@ def test_plan_on_the_reproduced_demo_lists_what_an_override_reruns(demo):
     plan = json.loads(vlbench(demo, "plan", "--json", "--no-warmup").stdout)
     assert (plan["model"], plan["suite"]) == ("toy-smoke", "flows")
     assert {r["status"] for r in plan["stages"]} == {"up to date"}
-    plan = json.loads(vlbench(demo, "plan", "-S", "zeroshot.scoring=elevater", "--json", "--no-warmup").stdout)
+    plan = json.loads(vlbench(demo, "plan", "-S", "zeroshot.scoring=logits", "--json", "--no-warmup").stdout)
     stale = {r["name"] for r in plan["stages"] if r["status"] != "up to date"}
     assert {"zeroshot@shapes", "zeroshot@hierarchy"} <= stale and not any(s.startswith("embed") for s in stale)
     assert run(demo, "git", "status", "--porcelain").stdout == ""  # params.yaml untouched

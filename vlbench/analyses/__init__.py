@@ -42,7 +42,8 @@ class SampleTable:
         return list(dict.fromkeys(n for n in names if n))
 
 
-def _unpaired(name: str, unit: str, key: tuple[str, ...], reason: str, metrics: tuple[str, ...] = ("*",)) -> SampleTable:
+def _unpaired(name: str, unit: str, key: tuple[str, ...], reason: str,
+              metrics: tuple[str, ...] = ("*",)) -> SampleTable:
     return SampleTable(name, unit, metrics, key, statistic=None, label=None, predicted=None, unpaired=reason)
 
 
