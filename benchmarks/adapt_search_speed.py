@@ -58,7 +58,9 @@ def split(x, y):
     return x[train], y[train], x[val], y[val]
 
 
-def batched(x, y, xv, yv):
+def batched(x, y, xv, yv, on=None):
+    """(best validation score, [(lr, wd, score)] of every configuration tried, the head's init) on device `on`
+    (default the CPU)."""
     import torch
 
     from vlbench.analyses.adapt import common, elevater
@@ -66,7 +68,7 @@ def batched(x, y, xv, yv):
     s = elevater.Settings(heads=("random_2p",))
     problem = elevater.Problem(x, y, xv, yv, "accuracy", False)
     init = elevater.HeadInit({"random_2p": common.pytorch_linear_init(x.shape[1], int(y.max()) + 1, 0)})
-    on = torch.device("cpu")
+    on = on or torch.device("cpu")
     work = s.batch_size * x.shape[1] * (int(y.max()) + 1) * s.lr_num * 7
     with common.cpu_threads(on, work):
         chosen, outcome = elevater.search(problem, init, s, on)
@@ -74,16 +76,19 @@ def batched(x, y, xv, yv):
     return chosen["random_2p"]["val_score"], configs, init.weights["random_2p"]
 
 
-def toolkit_run(x, y, xv, yv, w0, b0, lr, wd, epochs=10, batch=64) -> float:
-    """One configuration as the toolkit's train_task trains it; its best validation accuracy over the epochs."""
+def toolkit_run(x, y, xv, yv, w0, b0, lr, wd, epochs=10, batch=64, device="cpu") -> float:
+    """One configuration as the toolkit's train_task trains it (on `device`, as the toolkit does on its GPU); its best
+    validation accuracy over the epochs."""
     import torch
 
     model = torch.nn.Sequential(torch.nn.BatchNorm1d(x.shape[1], affine=False), torch.nn.Linear(*w0.shape))
     model[1].weight.data, model[1].bias.data = torch.tensor(w0.T.copy()), torch.tensor(b0.copy())
+    model.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=wd, nesterov=False)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.tensor(x), torch.tensor(y)),
-                                         batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0))
-    crit, best, xv_t = torch.nn.CrossEntropyLoss(), 0.0, torch.tensor(xv)
+    data = torch.utils.data.TensorDataset(torch.tensor(x, device=device), torch.tensor(y, device=device))
+    loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True,
+                                         generator=torch.Generator().manual_seed(0))
+    crit, best, xv_t = torch.nn.CrossEntropyLoss(), 0.0, torch.tensor(xv, device=device)
     for _ in range(epochs):
         model.train()
         for xb, yb in loader:
@@ -94,7 +99,7 @@ def toolkit_run(x, y, xv, yv, w0, b0, lr, wd, epochs=10, batch=64) -> float:
             opt.step()
         model.eval()
         with torch.no_grad():
-            probs = model(xv_t).softmax(-1).numpy()
+            probs = model(xv_t).softmax(-1).cpu().numpy()
         acc = float((probs.argmax(1) == yv).mean()) if np.isfinite(probs).all() else 0.0
         best = max(best, acc)
     return best

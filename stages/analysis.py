@@ -29,7 +29,8 @@ def main() -> None:
     result = module.run(inputs, get(params, args.analysis, dict), int(get(params, "seed", int)))
     skipped = meta.provenance.get("skipped_corrupt", []) + [s for ids in inputs.skipped.values() for s in ids]
     result.counts["skipped_corrupt"] = len(skipped)
-    write_result(args.analysis, args.dataset, result, inputs.fingerprint or identity)
+    write_result(args.analysis, args.dataset, result, inputs.fingerprint or identity,
+                 partition=meta.provenance.get("partition"))
     print(f"{args.analysis} {args.dataset}: {result.metrics}")
 
 

@@ -14,8 +14,10 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: 16 at most on CUDA, half the cores on CPU)")
     add_engine(p)
     args = p.parse_args()
+    from vlbench.embed import check_batch_options, embed_image_splits, engine
+
+    check_batch_options(args.batch_size, args.workers)
     params = load_params(args.params)
-    from vlbench.embed import embed_image_splits, engine
 
     loaded = engine(args.engine).load_model(get(params, "model", dict), device=args.device)
     summary = embed_image_splits(loaded, prepared_dir(args.dataset), features_dir(loaded.fingerprint["model"], args.dataset) / "images",

@@ -26,7 +26,9 @@ def main() -> None:
     result = run_union(members, get(params, "extensibility", dict), int(get(params, "seed", int)))
     result.counts["skipped_corrupt"] = sum(len(i.meta.provenance.get("skipped_corrupt", []))
                                            + sum(len(s) for s in i.skipped.values()) for _, i in members)
-    write_result("extensibility", args.name, result, members[0][1].fingerprint or identity)
+    partitions = {d: i.meta.provenance["partition"] for d, i in members if "partition" in i.meta.provenance}
+    write_result("extensibility", args.name, result, members[0][1].fingerprint or identity,
+                 partition={"members": partitions} if partitions else None)
     print(f"extensibility_sets {args.name}: {result.metrics}")
     for variant, why in result.details["skipped_variants"].items():
         print(f"extensibility_sets {args.name}: {variant} {why}")

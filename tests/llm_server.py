@@ -11,7 +11,8 @@ last line of the user message and the choice number (`answer(prompt, i)`). `requ
 received (failed ones too), `headers` their headers. Queued faults apply to the next requests in order: `ok()`
 answers as usual, `fail(status, retry_after=None, body=None)` answers that status (with an OpenAI-style error body
 unless `body` is given), `malformed()` answers 200 with a body that is not JSON, `stall(seconds)` waits, then answers,
-`truncate()` sends half of its answer and closes the connection.
+`truncate()` sends half of its answer and closes the connection, `trickle(seconds)` sends its answer one byte every
+`seconds` (each read is quick, the whole answer is not).
 With `key` set, a request without "Authorization: Bearer <key>" gets 401.
 """
 
@@ -55,6 +56,9 @@ class FakeLLM:
     def stall(self, seconds: float) -> None:
         self.faults.append(("stall", seconds))
 
+    def trickle(self, seconds: float) -> None:
+        self.faults.append(("trickle", seconds))
+
     def next_fault(self):
         with self.lock:
             return self.faults.popleft() if self.faults else None
@@ -91,7 +95,21 @@ def _handler(llm: FakeLLM):
             choices = [{"index": i, "message": {"role": "assistant", "content": answer(prompt, i)},
                         "finish_reason": "stop"} for i in range(n)]
             data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"], "choices": choices})
+            if fault and fault[0] == "trickle":
+                return self._trickle(data.encode(), fault[1])
             self._send(200, data.encode(), cut=fault is not None and fault[0] == "truncate")
+
+        def _trickle(self, body: bytes, seconds: float):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                for i in range(len(body)):
+                    self.wfile.write(body[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(seconds)
 
         @staticmethod
         def _error(message: str) -> bytes:

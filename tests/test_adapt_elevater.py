@@ -397,11 +397,16 @@ def test_protocol_end_to_end_reports_every_setting():
     summary = result.details["summary"]["random_2p"]["5"]
     assert summary["mean"] == pytest.approx(np.mean(summary["per_seed"]))
     assert summary["std"] == pytest.approx(np.std(summary["per_seed"], ddof=1))
-    # the seeds' 95% interval of the mean: t_{0.975, 1} = 12.706204736174698 for two seeds; none for one ("full")
-    half = 12.706204736174698 * summary["std"] / math.sqrt(2)
+    # the seeds' 95% interval of the mean on the logit scale: t_{0.975, 1} = 12.706204736174698 for two seeds, the
+    # delta method's se of logit(mean); none for one seed ("full")
+    m = summary["mean"]
+    half = 12.706204736174698 * summary["std"] / math.sqrt(2) / (m * (1 - m))
+    expit = lambda z: 1 / (1 + math.exp(-z))  # noqa: E731
     interval = result.intervals["elevater/random_2p/5/last"]
-    assert interval == {"low": pytest.approx(summary["mean"] - half), "high": pytest.approx(summary["mean"] + half),
-                        "level": 0.95, "method": "seeds"}
+    assert interval == {"low": pytest.approx(expit(math.log(m / (1 - m)) - half)),
+                        "high": pytest.approx(expit(math.log(m / (1 - m)) + half)),
+                        "level": 0.95, "method": "seeds_logit_t"}
+    assert 0 <= interval["low"] <= m <= interval["high"] <= 1
     # one seed ("full"): a bootstrap over the test samples of the final head's predictions, which the table keeps
     preds = result.tables["elevater_predictions"]
     assert preds.num_rows == 90 * len(runs) * len(elevater.DEFAULT_HEADS)  # 90 test samples

@@ -3,6 +3,7 @@ stage, ARO's perturbations on fixed sentences, and each benchmark's metric recom
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -24,7 +25,7 @@ from vlbench.datasets import perturbations as pt
 from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, load_meta, split_path
 from vlbench.datasets.compositional import BENCHMARKS as READERS
 from vlbench.datasets.compositional import SUGARCREPE
-from vlbench.datasets.download import ManualDownloadError
+from vlbench.datasets.download import ChecksumError, ManualDownloadError
 from vlbench.datasets.registry import catalogue, prepare_dataset
 from vlbench.texts import build_text_sets
 
@@ -234,6 +235,13 @@ def test_aro_vg_attribution_needs_two_attributes(dirs):
         prepare_dataset("aro-vg-attribution", spec_of("aro-vg-attribution"), out / "vga")
 
 
+def miniature_coco_order_spec(mirror: Path) -> dict:
+    """aro-coco-order's entry with its val2014.zip pinned to the miniature's sha256 (the real one pins COCO's)."""
+    spec = spec_of("aro-coco-order")
+    spec["files"]["images"]["sha256"] = hashlib.sha256((mirror / "val2014.zip").read_bytes()).hexdigest()
+    return {**spec, "size": 1}
+
+
 def test_aro_coco_order_miniature_has_the_caption_and_four_perturbations(dirs, monkeypatch):
     _, mirror, out = dirs
     monkeypatch.setattr(pt, "load_tagger", lambda name: fixed_tagger)
@@ -241,7 +249,7 @@ def test_aro_coco_order_miniature_has_the_caption_and_four_perturbations(dirs, m
     ann = [{"image": "val2014/COCO_val2014_000000000042.jpg",
             "caption": ["A small brown dog chases the red ball on green grass.", "A man rides a horse on the beach."]}]
     (mirror / "coco_karpathy_test.json").write_text(json.dumps(ann))
-    prepare_dataset("aro-coco-order", {**spec_of("aro-coco-order"), "size": 1}, out / "co")
+    prepare_dataset("aro-coco-order", miniature_coco_order_spec(mirror), out / "co")
     got = rows(out / "co")
     assert len(got) == 1 and got[0]["sample_id"] == "COCO_val2014_000000000042"
     cands = got[0]["candidates"]
@@ -249,8 +257,29 @@ def test_aro_coco_order_miniature_has_the_caption_and_four_perturbations(dirs, m
     assert cands[0] == {"item": "COCO_val2014_000000000042/0", "category": "order", "source": "positive",
                         "index": 0, "text": "a small brown dog chases the red ball on green grass"}
     assert all(sorted(c["text"].split()) == sorted(cands[0]["text"].split()) for c in cands[1:5])
-    again = prepare_dataset("aro-coco-order", {**spec_of("aro-coco-order"), "size": 1}, out / "co2")
+    again = prepare_dataset("aro-coco-order", miniature_coco_order_spec(mirror), out / "co2")
     assert rows(out / "co2")[0]["candidates"] == cands and again.version == load_meta(out / "co").version
+
+
+COCO_VAL2014_SHA256 = "fe9be816052049c34717e077d9e34aa60814a55679f804cd043e3cbee3b9fde0"  # images.cocodataset.org's
+
+
+def test_coco_val2014_is_pinned_to_cocos_own_file_by_both_entries_that_cache_it():
+    """Issue 30: coco-karpathy-5k pinned another mirror's copy (the official download always failed verification) and
+    aro-coco-order cached the same file name unchecked."""
+    retrieval = yaml.safe_load((ROOT / "conf/dataset/coco-karpathy-5k.yaml").read_text())["prepare"]["images"]
+    order = spec_of("aro-coco-order")["files"]["images"]
+    assert retrieval["file"] == order["file"] == "val2014.zip"
+    assert retrieval["sha256"] == order["sha256"] == COCO_VAL2014_SHA256
+    assert all(url.startswith("http://images.cocodataset.org/") for url in [*retrieval["urls"], order["url"]])
+
+
+def test_aro_coco_order_refuses_a_val2014_zip_that_is_not_cocos(dirs):
+    _, mirror, out = dirs
+    write_zip(mirror / "val2014.zip", {"val2014/COCO_val2014_000000000042.jpg": png(42)})
+    (mirror / "coco_karpathy_test.json").write_text("[]")
+    with pytest.raises(ChecksumError, match=f"val2014.zip.*{COCO_VAL2014_SHA256}"):
+        prepare_dataset("aro-coco-order", {**spec_of("aro-coco-order"), "size": 1}, out / "co")
 
 
 def test_demo_set_has_swapped_and_replaced_captions(tmp_path):

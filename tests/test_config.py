@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,8 @@ def test_dvc_exp_show_has_a_column_per_suite_dataset_not_per_registry_leaf(tmp_p
     from tests.pipeline_repo import make_repo, run
 
     repo = make_repo(tmp_path / "repo")
+    for name in ("shapes", "hierarchy"):  # the demo's own entries (the smoke suite's have no prompt_sets for extensibility)
+        (repo / "conf/dataset" / f"{name}.yaml").write_text((ROOT / "conf/dataset" / f"{name}.yaml").read_text())
     run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=demo", "model=toy")
     run(repo, "git", "commit", "-qam", "demo")
     header = next(csv.reader(io.StringIO(run(repo, sys.executable, "-m", "dvc", "exp", "show", "--csv").stdout)))
@@ -225,3 +228,112 @@ def test_dvc_exp_show_has_a_column_per_suite_dataset_not_per_registry_leaf(tmp_p
     param_columns = set(header) & set(leaves(params))
     # 242 on the demo when the entries were params; 192 now: adapt 65, finetune 18, retrieval, robustness, knowledge.llm
     assert len(param_columns) < 200
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Issue 30: a suite written the Hydra way, and a text set an analysis needs, caught where the suite is composed
+
+HYDRA_SUITE = "defaults:\n  - /dataset@datasets.shapes: shapes\nslug: hyd\nembed: [shapes]\nzeroshot: [shapes]\n"
+
+
+def test_a_hydra_style_suite_stops_dvc_exp_run_with_the_suite_file_and_its_format(tmp_path):
+    """`dvc exp run -S suite=hyd` composes with Hydra inside DVC (hydra_plugins/vlbench_suites.py checks the suite
+    file there); before, DVC stopped at dvc.yaml with "Cannot interpolate data of type 'dict'"."""
+    import sys
+
+    from tests.pipeline_repo import make_repo, run
+
+    repo = make_repo(tmp_path / "repo")
+    (repo / "conf/suite/hyd.yaml").write_text(HYDRA_SUITE)
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "a Hydra-style suite")
+    env = {"PYTHONPATH": str(repo)}
+    proc = run(repo, sys.executable, "-m", "dvc", "exp", "run", "-S", "suite=hyd", check=False, env=env)
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("ERROR")]
+    assert proc.returncode != 0 and len(errors) == 1, proc.stdout + proc.stderr
+    assert errors[0].startswith("ERROR: conf/suite/hyd.yaml: a suite does not pull entries in with a Hydra `defaults:`")
+    assert "`datasets: {shapes: vlbench/datasets/synthetic.py}` and `zeroshot: [shapes]`" in errors[0]
+    assert "Cannot interpolate" not in proc.stdout + proc.stderr
+    assert run(repo, "git", "status", "--porcelain").stdout == ""  # params.yaml as it was
+    cli_proc = run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=hyd", "-o", "p.yaml", check=False,
+                   env=env)
+    assert cli_proc.returncode != 0 and "conf/suite/hyd.yaml: a suite does not pull entries in" in cli_proc.stderr
+    # an entry written inside the suite (not as its input path) is the same mistake, named by its key
+    (repo / "conf/suite/hyd.yaml").write_text("datasets: {shapes: {prepare: {source: synthetic}}}\nslug: hyd\n")
+    with pytest.raises(ParamsError, match=r"hyd.yaml: datasets.shapes is not an input path.*conf/suite/demo.yaml"):
+        compose(["suite=hyd"], repo / "conf")
+    # a text set an analysis needs and the entry does not make: the first stage DVC runs stops, nothing is embedded
+    (repo / "conf/suite/hyd.yaml").write_text("datasets: {shapes: vlbench/datasets/synthetic.py}\nslug: hyd\n"
+                                              "embed: [shapes]\nextensibility: [shapes]\n")  # smoke shapes: no prompt_sets
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "a suite whose extensibility lacks a text set")
+    proc = run(repo, sys.executable, "-m", "dvc", "exp", "run", "-S", "suite=hyd", check=False, env=env)
+    assert proc.returncode != 0
+    assert "suite 'hyd': extensibility on dataset 'shapes' needs text set 'prompts_single'" in proc.stdout + proc.stderr
+    assert re.search(r"failed to reproduce '(prepare|pretrain)@", proc.stderr)  # a first stage: nothing embedded
+    assert not list((repo / "features").rglob("*.parquet"))
+
+
+def test_the_plugin_leaves_the_composition_of_valid_suites_unchanged(tmp_path):
+    """DVC's own compose with the repository's Hydra plugins gives the committed params.yaml, as `compose` does."""
+    from dvc.utils.hydra import compose_and_dump
+
+    compose_and_dump(tmp_path / "params.yaml", str(ROOT / "conf"), None, "config", str(ROOT), [])
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text()) == compose()
+    compose_and_dump(tmp_path / "elevater.yaml", str(ROOT / "conf"), None, "config", str(ROOT), ["suite=elevater"])
+    assert yaml.safe_load((tmp_path / "elevater.yaml").read_text()) == compose(["suite=elevater"])
+
+
+def test_a_text_set_an_analysis_needs_is_checked_at_compose_naming_analysis_dataset_and_set(tmp_path, monkeypatch):
+    """Extensibility's variant `single` reads `prompts_single`, made by the entry's `texts.prompt_sets`; a dataset
+    without it used to fail at extensibility@ after embedding."""
+    conf = _conf_with_suite(tmp_path, "datasets: {captions: vlbench/datasets/synthetic.py}\nslug: typo\n"
+                                      "embed: [captions]\nextensibility: [captions]\n")
+    with pytest.raises(ParamsError) as err:
+        compose(["suite=typo"], conf)
+    message = str(err.value)
+    assert message.startswith("suite 'typo': extensibility on dataset 'captions' needs text set 'prompts_single'")
+    assert "captions.yaml does not make: add `prompt_sets: {single: [...]}` under its `texts`" in message
+    assert "\n" not in message
+    # the suite's own entry change makes it (and `repe` needs none)
+    (conf / "suite/typo.yaml").write_text("datasets: {captions: vlbench/datasets/synthetic.py}\nslug: typo\n"
+                                          "embed: [captions]\nextensibility: [captions]\nentries: {captions: {texts: "
+                                          "{templates: ['a photo of a {c}.'], prompt_sets: {single: ['a {c}.'], "
+                                          "ensemble: templates}}}}\n")
+    assert compose(["suite=typo"], conf)["suite"]["extensibility"] == ["captions"]
+    # retrieval's default captions_prompted needs the entry's caption_prompt
+    conf = _conf_with_suite(tmp_path / "b", "datasets: {shapes: vlbench/datasets/synthetic.py}\nslug: typo\n"
+                                            "embed: [shapes]\nretrieval: [shapes]\n")
+    with pytest.raises(ParamsError, match=r"retrieval on dataset 'shapes' needs text set 'captions_prompted'.*"
+                                          r"add `caption_prompt: 'a photo of \{c\}'`"):
+        compose(["suite=typo"], conf)
+    # what `dvc exp run` composes is checked by the first stage's params loader, before anything is embedded
+    monkeypatch.chdir(ROOT)
+    params = compose()
+    params["suite"]["extensibility"] = ["captions"]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    with pytest.raises(ParamsError, match="extensibility on dataset 'captions' needs text set 'prompts_single'"):
+        load_params(path)
+    for suite in available("suite"):  # every shipped suite composes (each entry makes what its analyses read)
+        compose([f"suite={suite}"])
+
+
+def test_the_text_set_defaults_compose_assumes_are_the_analyses_own():
+    from vlbench.analyses.adapt import PROTOCOLS
+    from vlbench.analyses.adapt.fewtrans import DEFAULTS as FEWTRANS
+    from vlbench.analyses.extensibility import DEFAULTS as EXTENSIBILITY
+    from vlbench.analyses.retrieval import DEFAULTS as RETRIEVAL
+    from vlbench.config import NEEDS_DEFAULTS, text_set_needs
+    from vlbench.knowledge.retrieval import DEFAULT_PROMPTS
+    from vlbench.texts import CAPTION_PROMPT_SET
+
+    assert NEEDS_DEFAULTS == {
+        "extensibility.variants": EXTENSIBILITY["variants"], "adapt.protocols": list(PROTOCOLS),
+        "adapt.fewtrans.methods": FEWTRANS["methods"], "adapt.fewtrans.text_set": FEWTRANS["text_set"],
+        "retrieve.prompts": DEFAULT_PROMPTS, "retrieval.text_set": RETRIEVAL["text_set"],
+        "retrieval.dataset_text_sets": RETRIEVAL["dataset_text_sets"]}
+    assert RETRIEVAL["text_set"] == CAPTION_PROMPT_SET
+    bare = {"suite": {"extensibility": ["a"], "retrieval": ["b"], "adapt": ["c"]}}  # no analysis section: defaults
+    assert text_set_needs(bare) == [("extensibility", "a", "prompts_single"), ("extensibility", "a", "prompts_ensemble"),
+                                    ("retrieval", "b", "captions_prompted")]

@@ -50,3 +50,21 @@ def test_torchvision_decoding_on_cuda_is_recorded_and_close_to_pillows(toy_model
     pil, tv = read_features(tmp_path / "pil" / "test.parquet", {}), read_features(tmp_path / "tv" / "test.parquet", {})
     assert tv.fingerprint["decode"] == "torchvision" and tv.fingerprint["decode_device"] == "cuda"
     assert cosine_rows(tv.embeddings, pil.embeddings).min() > 0.99
+
+
+@pytest.mark.parametrize("selection", ["lora", "bitfit"])
+def test_finetune_methods_prepare_a_cuda_model_as_the_cpu_one(selection):
+    """LoRA's A is drawn from a CPU generator: on a CUDA model it used to fail ('Expected a cuda device type for
+    generator'); now it is the CPU's draw, moved."""
+    import copy
+
+    from vlbench.finetune.methods import prepare
+    from vlbench.models.toy import build_toy_model
+
+    base = build_toy_model("vlbench-toy", 0)
+    cpu, cpu_count = prepare(copy.deepcopy(base), selection, generator=torch.Generator().manual_seed(0))
+    gpu, gpu_count = prepare(copy.deepcopy(base).cuda(), selection,
+                             generator=torch.Generator().manual_seed(0))
+    assert gpu_count == cpu_count
+    for (name, p_cpu), (_, p_gpu) in zip(cpu.named_parameters(), gpu.named_parameters()):
+        assert p_gpu.device.type == "cuda" and torch.equal(p_gpu.cpu(), p_cpu), name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 
@@ -173,6 +174,23 @@ def test_an_unknown_engine_is_one_line_naming_the_choices(monkeypatch):
     with pytest.raises(EngineError, match=r"engine 'spark' \(--engine or \$VLBENCH_ENGINE\) is not one of \['local', 'ray'\]"):
         engine()
     assert engine("ray") is embed_ray
+
+
+def test_an_unreachable_ray_address_fails_at_once_naming_it_and_what_to_check(monkeypatch):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens there once the socket is closed
+    monkeypatch.setenv("VLBENCH_RAY_ADDRESS", f"127.0.0.1:{port}")
+    with pytest.raises(EngineError, match=rf"^\$VLBENCH_RAY_ADDRESS=127.0.0.1:{port}: no Ray cluster answers at "
+                                          rf"127.0.0.1:{port} \(Connection refused, within 5 s\); check that the "
+                                          r"head node runs \(`ray status` on it\), that this is its GCS address"):
+        embed_ray.connect()
+    monkeypatch.setenv("VLBENCH_RAY_ADDRESS", f"ray://127.0.0.1:{port}")
+    with pytest.raises(EngineError, match=rf"ray://127.0.0.1:{port}: no Ray cluster answers at 127.0.0.1:{port}"):
+        embed_ray.connect()
+    monkeypatch.setenv("VLBENCH_RAY_ADDRESS", "head")
+    with pytest.raises(EngineError, match=r"^\$VLBENCH_RAY_ADDRESS=head: not a Ray address; use auto, host:port"):
+        embed_ray.connect()
 
 
 def test_the_local_engine_never_imports_ray():

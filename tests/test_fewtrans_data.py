@@ -150,6 +150,25 @@ def test_wrong_class_or_image_count_is_refused(dirs):
     assert not out.exists()
 
 
+def test_macosx_and_hidden_folders_are_not_classes_and_an_empty_class_folder_is_refused(dirs):
+    """Without the entry's counts (a user's own FewTrans-style archive) nothing else would notice."""
+    www, _, out = dirs
+    members = eurosat_members()
+    members |= {"2750/__MACOSX/Forest/._Forest_1.jpg": png(99), "2750/.thumbs/t.jpg": png(98)}
+    spec = real_spec("eurosat") | {"classes": None, "images": None}
+    archive = write_zip(www / "EuroSAT.zip", members)
+    with serve(www) as base_url:
+        meta = prepare_dataset("eurosat", served(spec, base_url, archive=md5(archive)), out)
+    assert len(meta.classes) == 10 and "__MACOSX" not in [c.name for c in meta.classes] and len(rows(out)) == 30
+    members["2750/Unlabelled/notes.txt"] = b"no image here"
+    archive = write_zip(www / "EuroSAT.zip", members)
+    with serve(www) as base_url, pytest.raises(DatasetError, match=r"dataset 'eurosat': class folder\(s\) "
+                                                                 r"\['Unlabelled'\] under .*2750 hold no image file "
+                                                                 r"\(1 of 11\)"):
+        prepare_dataset("eurosat", served(spec, base_url, archive=md5(archive)), tmp_out := out.with_name("o2"))
+    assert not tmp_out.exists()
+
+
 def test_quickdraw_and_ucf_names_replace_underscores(dirs):
     keys = ["The_Eiffel_Tower", "aircraft_carrier", "t-shirt", "Apply_Eye_Makeup"]
     infos = fewtrans.class_names("q", "underscores", keys)

@@ -208,6 +208,70 @@ def test_malformed_json_timeouts_and_exhausted_retries_name_the_class(tmp_path):
                  progress=False)
 
 
+def test_a_long_retry_after_fails_naming_the_wait_and_a_short_one_is_announced(tmp_path, capsys):
+    slept, sleep = record_sleep()
+    with serve_llm() as server:
+        server.fail(429, retry_after="3")
+        server.fail(429, retry_after="100000")
+        with pytest.raises(LLMError, match=rf"{server.url}/chat/completions: class 0 \('apple'\), llm style cupl: "
+                                           r"HTTP 429: the server asks to wait 100000 s \(Retry-After\), more than "
+                                           r"the 300 s vlbench waits"):
+            generate(cupl_plan(["{c}?"]), ["apple"], AnswerCache(tmp_path / "a.jsonl"), endpoint(server),
+                     progress=False, sleep=sleep)
+        assert len(server.requests) == 2
+    assert slept == [3.0]  # never the 27.8 hours
+    assert (f"{server.url}/chat/completions: HTTP 429; waiting 3 s as the server asks (Retry-After) before try 2 of 7"
+            in capsys.readouterr().err)
+
+
+def test_the_timeout_bounds_the_whole_request_not_each_read(tmp_path):
+    with serve_llm() as server:
+        server.trickle(0.1)  # a byte every 0.1 s: each read is well within 0.5 s, the answer takes minutes
+        started = time.monotonic()
+        with pytest.raises(LLMError, match=r"class 0 \('apple'\), llm style cupl: no answer after 1 tries \(timeout "
+                                           r"0.5 s\): no complete answer within 0.5 s"):
+            generate(cupl_plan(["{c}?"]), ["apple"], AnswerCache(tmp_path / "a.jsonl"),
+                     endpoint(server, timeout=0.5, retries=0), progress=False)
+        assert time.monotonic() - started < 5
+
+
+def test_an_oversized_answer_is_refused_while_reading(tmp_path):
+    cache = AnswerCache(tmp_path / "a.jsonl")
+    huge = json.dumps({"choices": [{"message": {"content": "x" * 2_000_000}}]}).encode()
+    with serve_llm() as server:
+        server.ok()
+        server.fail(200, body=huge)
+        with pytest.raises(LLMError, match=r"class 1 \('Egyptian cat'\), llm style cupl: the response is larger "
+                                           r"than 262,144 bytes"):
+            generate(cupl_plan(["{c}?"]), ["apple", "Egyptian cat"], cache, endpoint(server), progress=False)
+    assert len(cache.load()) == 1 and cache.path.stat().st_size < 10_000  # nothing of it journalled or cached
+
+
+def test_the_key_and_bearer_tokens_never_appear_in_a_message(tmp_path, capsys):
+    echo = json.dumps({"error": {"message": "bad key; you sent Authorization: Bearer sk-secret-123 and "
+                                            "x-api-key sk-secret-123; also Bearer tok-other"}}).encode()
+    with serve_llm() as server:
+        server.fail(503, body=b"upstream said: Authorization: Bearer sk-secret-123")
+        server.fail(401, body=echo)
+        with pytest.raises(LLMError) as caught:
+            generate(cupl_plan(["{c}?"]), ["apple"], AnswerCache(tmp_path / "a.jsonl"),
+                     endpoint(server, api_key="sk-secret-123"), progress=False, sleep=lambda seconds: None)
+    message = str(caught.value)
+    assert "HTTP 401" in message and "Bearer ***" in message and "x-api-key ***" in message
+    assert "sk-secret" not in message and "tok-other" not in message
+    assert "sk-secret" not in capsys.readouterr().err
+    assert llm.redact("Bearer abc.def, then sk-1", "sk-1") == "Bearer ***, then ***"
+
+
+def test_a_cache_without_answers_is_one_blank_line_not_an_empty_file(tmp_path):
+    cache = AnswerCache(tmp_path / "llm" / "mine.jsonl")
+    cache.ensure()
+    assert cache.path.read_text() == "\n" and cache.load() == {}
+    cache.path.write_text("")  # as an older version left it: DVC warns "is empty" on every run
+    cache.ensure()
+    assert cache.path.read_text() == "\n"
+
+
 def test_without_an_endpoint_the_error_names_the_variables(tmp_path, monkeypatch):
     with pytest.raises(LLMError, match=r"a.jsonl: 5 LLM answer\(s\) are not cached and no endpoint is set: set "
                                        r"VLBENCH_LLM_BASE_URL .*VLBENCH_LLM_API_KEY.*VLBENCH_LLM_MODEL"):

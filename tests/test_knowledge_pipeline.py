@@ -47,7 +47,8 @@ def repo(tmp_path_factory) -> Path:
     write_suite(repo, SUITE)
     random_model(repo)
     run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=knowledge-smoke", "model=toy-random")
-    run(repo, *DVC, "repro")
+    repro = run(repo, *DVC, "repro")
+    (repo.parent / "repro.log").write_text(repro.stdout + repro.stderr)
     run(repo, "git", "add", "-A")
     run(repo, "git", "commit", "-qm", "knowledge results")
     return repo
@@ -88,6 +89,12 @@ def test_the_stage_outputs(repo):
     assert (repo / "data/downloads/GPT3_demo-shapes.tsv").is_file()  # fetched through the download layer
 
 
+def test_dvc_does_not_warn_of_an_empty_answer_cache(repo):
+    log = (repo.parent / "repro.log").read_text()
+    assert "Running stage 'knowledge@shapes'" in log and "is empty" not in log
+    assert (repo / "data/llm/shapes.jsonl").read_text() == "\n"
+
+
 def test_knowledge_params_rerun_the_knowledge_stage_only(repo):
     assert status(repo) == set()
     params = repo / "params.yaml"
@@ -111,7 +118,7 @@ def test_an_llm_variant_asks_the_endpoint_once_and_its_answers_survive_reruns(re
     answers land in data/llm/shapes.jsonl (a persistent output), the variant is embedded and scored by zeroshot, and a
     rerun for another knowledge param asks nothing, without any endpoint set."""
     cache = repo / "data/llm/shapes.jsonl"
-    assert cache.is_file() and cache.read_text() == ""  # made empty when no llm variant is asked for
+    assert cache.is_file() and cache.read_text() == "\n"  # no answer: one blank line (DVC warns of an empty file)
     params = repo / "params.yaml"
     before = params.read_text()
     with_llm = before.replace("  - wn30_definition\n", "  - wn30_definition\n  - llm_cupl\n", 1)

@@ -91,7 +91,7 @@ def test_cached_locally_and_on_a_remote_as_dvc_sees_them(repo, tmp_path, monkeyp
     try:
         row = make_plan(params, warmup=False)["stages"][0]
         assert row == {"name": "prepare@hierarchy", "status": "up to date", "cached": {"local": True, "remote": False},
-                       "images": None, "texts": None}
+                       "after": [], "images": None, "texts": None}
         run(repo, *DVC, "push", "prepare@hierarchy")
         shutil.rmtree(repo / "data/prepared/hierarchy")  # stale for `dvc status`, but `dvc repro` restores it
         plan = make_plan(params, warmup=False)
@@ -156,3 +156,27 @@ def test_a_running_dvc_command_is_named_not_waited_for(repo, monkeypatch):
     with Repo(str(repo)) as other, other.lock:  # what `dvc repro` holds while it runs
         with pytest.raises(PlanError, match=r"locked by another DVC command \(a `dvc repro` running\?\)"):
             make_plan(params, warmup=False)
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory) -> Path:
+    """Another smoke copy with zeroshot@hierarchy and everything it needs run: stages up to date below a change."""
+    repo = make_repo(tmp_path_factory.mktemp("plan-ran") / "repo")
+    run(repo, *DVC, "repro", "zeroshot@hierarchy")
+    return repo
+
+
+def test_a_changed_upstream_param_lists_the_stages_downstream_of_it(ran, monkeypatch):
+    """embed.pre_projection is a param of embed_images@ only: `dvc status` lists embed_images@hierarchy alone, but
+    `dvc repro` would rerun zeroshot@hierarchy (and report) on its new features: the plan lists them, after it."""
+    monkeypatch.chdir(ran)
+    assert "zeroshot@hierarchy" not in dvc_status(ran)
+    plan = make_plan(compose(["embed.pre_projection=false"], ran / "conf"), warmup=False)
+    rows = {row["name"]: row for row in plan["stages"]}
+    assert rows["embed_images@hierarchy"]["status"] == "stale" and rows["texts@hierarchy"]["status"] == "up to date"
+    assert rows["zeroshot@hierarchy"]["status"] == "downstream"
+    assert rows["zeroshot@hierarchy"]["after"] == ["embed_images@hierarchy"]
+    assert rows["zeroshot@hierarchy"]["cached"] == {"local": False, "remote": None}
+    assert rows["report"]["status"] != "up to date" and "zeroshot@hierarchy" in would_run(plan)
+    result = CliRunner().invoke(cli, ["plan", "--no-warmup", "-S", "embed.pre_projection=false"])
+    assert "downstream zeroshot@hierarchy  (after embed_images@hierarchy)" in result.output

@@ -109,9 +109,12 @@ def test_hand_computed_cases():
     assert (perfect.low, perfect.high) == (1.0, 1.0)
     same = stats.paired_difference("accuracy", [1, 0, 1, 1], [1, 0, 1, 1])
     assert (same.delta, same.low, same.high, same.p_bootstrap, same.p_mcnemar) == (0.0, 0.0, 0.0, 1.0, 1.0)
-    seeds = stats.seeds_interval([0.5, 0.6, 0.7])  # t_{0.975, 2} = 4.302652729911275, s = 0.1
-    half = 4.302652729911275 * 0.1 / math.sqrt(3)
-    assert (seeds.low, seeds.high, seeds.method) == (pytest.approx(0.6 - half), pytest.approx(0.6 + half), "seeds")
+    seeds = stats.seeds_interval([0.5, 0.6, 0.7])  # t_{0.975, 2} = 4.302652729911275, s = 0.1, logit scale
+    half = 4.302652729911275 * 0.1 / math.sqrt(3) / (0.6 * 0.4)
+    centre = math.log(0.6 / 0.4)
+    assert (seeds.low, seeds.high, seeds.method) == (pytest.approx(1 / (1 + math.exp(half - centre))),
+                                                     pytest.approx(1 / (1 + math.exp(-centre - half))),
+                                                     "seeds_logit_t")
     assert stats.seeds_interval([0.5]) is None
     episodes = stats.episodes_interval([0.4, 0.6] * 300)
     half = 1.96 * np.std([0.4, 0.6] * 300, ddof=1) / math.sqrt(600)
@@ -189,3 +192,39 @@ def test_result_files_carry_intervals_of_numeric_metrics_only(tmp_path, monkeypa
     with pytest.raises(ValueError, match="zeroshot/d: intervals of knowledge_best_variant, which are not numeric"):
         write_result("zeroshot", "d", Result({"knowledge_best_variant": "x"}, {}, {},
                                              intervals={"knowledge_best_variant": interval}), {})
+
+
+# ------------------------------------------------------------------------------------------- seeds: inside [0, 1]
+
+
+@pytest.mark.parametrize("values", [[0.5, 0.6, 0.7], [0.05, 0.72, 0.6], [0.9, 0.99, 0.995, 0.97, 0.999],
+                                    [0.2, 0.25], [0.0, 0.0, 0.01]])
+def test_seeds_interval_is_scipys_t_interval_on_the_logit_scale(values):
+    """Against scipy: `t.interval` around logit(mean) with the delta method's scale, mapped back by `expit`."""
+    from scipy.special import expit, logit
+
+    m = np.mean(values)
+    scale = sps.sem(values) / (m * (1 - m))
+    low, high = expit(sps.t.interval(0.95, len(values) - 1, loc=logit(m), scale=scale))
+    got = stats.seeds_interval(values)
+    assert (got.low, got.high) == (pytest.approx(low, rel=1e-9, abs=1e-15), pytest.approx(high, rel=1e-9))
+    assert 0.0 <= got.low <= m <= got.high <= 1.0
+    assert got.to_json() == {"low": got.low, "high": got.high, "level": 0.95, "method": "seeds_logit_t"}
+
+
+def test_seeds_interval_stays_in_bounds_where_the_plain_t_interval_left_them():
+    """Issue 30: adapt shapes elevater/language_1p/5/last had the plain t-interval [-0.3945, 1.0799] over its seeds."""
+    wide = [0.05, 0.72, 0.29]
+    mean, half = np.mean(wide), sps.t.ppf(0.975, 2) * sps.sem(wide)
+    assert mean - half < 0  # what the plain t-interval gave
+    got = stats.seeds_interval(wide)
+    assert 0.0 < got.low < mean < got.high < 1.0
+    assert stats.seeds_interval([1.0, 1.0, 1.0]).to_json() == {"low": 1.0, "high": 1.0, "level": 0.95,
+                                                                "method": "seeds_logit_t"}
+    assert (stats.seeds_interval([0.0, 0.0]).low, stats.seeds_interval([0.0, 0.0]).high) == (0.0, 0.0)
+    near_zero = stats.seeds_interval([0.0, 0.001])
+    assert 0.0 <= near_zero.low < 0.0005 < near_zero.high <= 1.0
+    near_one = stats.seeds_interval([1.0, 1.0, 0.999])
+    assert 0.0 <= near_one.low < near_one.high <= 1.0
+    with pytest.raises(stats.StatsError, match=r"\[0, 1\]"):
+        stats.seeds_interval([0.5, 1.5])

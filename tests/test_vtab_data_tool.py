@@ -78,6 +78,18 @@ def test_tool_takes_each_tasks_list_from_its_source(tmp_path):
     assert "CLIP paper" in tasks["sun397"]["class_source"] and "TFDS" in tasks["sun397"]["class_source"]
 
 
+def test_dsprites_note_says_clip_benchmarks_tasks_are_32_and_40_way_not_vtabs_16(tmp_path):
+    """Issue 30: the note said CLIP_benchmark's builder shows these 16 classes; it builds 32- and 40-way tasks."""
+    subprocess.run([sys.executable, str(ROOT / "tools" / "vtab_data.py"), *miniature(tmp_path)], check=True)
+    built = json.loads((tmp_path / "vtab.json").read_text())["tasks"]
+    committed = json.loads((ROOT / "vlbench/datasets/data/vtab.json").read_text())["tasks"]
+    for task in ("dsprites_location", "dsprites_orientation"):
+        note = built[task]["class_source"]
+        assert committed[task]["class_source"] == note and len(committed[task]["classes"]) == 16
+        assert "32-way" in note and "40-way" in note and "not comparable" in note
+    assert "CLIP_benchmark's vtab builder shows" in built["smallnorb_azimuth"]["class_source"]  # true there
+
+
 def test_tool_refuses_sun397_names_that_do_not_pair(tmp_path):
     args = miniature(tmp_path)
     (tmp_path / "sun397_labels.txt").write_text(SUN_LABELS + "/y/youth_hostel\n")

@@ -1,10 +1,15 @@
 """The `vtab` source on miniature TFDS-prepared folders that the tests write (real TFRecord bytes)."""
 
+import hashlib
 import json
+import os
+import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -18,6 +23,8 @@ from vlbench.datasets.tfrecord import serialize_example, write_records
 from vlbench.datasets.vtab import shard_name
 from vlbench.datasets.vtab import write_tfds_folder as write_folder
 from vlbench.datasets.vtab_tasks import VtabTask
+from vlbench.features import embedding_array, features_schema, write_table
+from vlbench.texts import text_table, write_text_sets
 
 SHARDS = {"train": [4, 3, 2], "test": [3]}  # TFDS split -> records per shard
 
@@ -297,3 +304,92 @@ def test_dsprites_pixels_are_scaled_to_255_losslessly(tmp_path, monkeypatch):
         assert np.array_equal(got, masks[int(sample_id.split("/")[1])] * 255), sample_id
     provenance = json.loads((tmp_path / "out" / "classes.json").read_text())["provenance"]
     assert "times 255" in provenance["image_encoding"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The identity of a partition made at preparation (TFDS's Caltech-101: file-system order)
+
+PARTITIONED = replace(TASK, name="mini_partitioned", identity_key="image/file_name")
+
+
+def named_records(files: dict[str, list[str]], shards: dict[str, list[int]] = SHARDS) -> dict[str, list[list[bytes]]]:
+    """Records whose file names the test picks; n (hence the label) from the name's number."""
+    out = {}
+    for split, names in files.items():
+        examples = [serialize_example({"image": [name.encode()], "n": [int(name[4:8])],
+                                       "image/file_name": [name.encode()]}) for name in names]
+        out[split], start = [], 0
+        for count in shards[split]:
+            out[split].append(examples[start:start + count])
+            start += count
+    return out
+
+
+def prepared_partition(tmp_path, monkeypatch, files, shards=SHARDS, name="a") -> dict:
+    monkeypatch.setitem(vtab_tasks.TASKS, PARTITIONED.name, PARTITIONED)
+    root = tmp_path / name / "tfds"
+    write_folder(root, PARTITIONED, named_records(files, shards))
+    prepare_dataset("vtab-part", {**spec(root), "task": PARTITIONED.name}, tmp_path / name / "out")
+    return load_meta(tmp_path / name / "out").provenance["partition"]
+
+
+FILES = {"train": [f"img_{k:04d}.jpg" for k in range(9)], "test": [f"img_{k:04d}.jpg" for k in range(9, 12)]}
+
+
+def test_caltech101_records_its_partition_as_a_hash_of_its_train_and_test_ids():
+    assert vtab_tasks.TASKS["caltech101"].identity_key == "image/file_name"  # TFDS caltech101's feature
+    assert all(t.identity_key is None for n, t in vtab_tasks.TASKS.items() if n != "caltech101")
+
+
+def test_partition_identity_is_the_hash_of_label_and_file_name_per_split(tmp_path, monkeypatch):
+    got = prepared_partition(tmp_path, monkeypatch, FILES)
+    by_hand = {split: hashlib.sha256("".join(f"{int(f[4:8]) % 3}/{f}\n" for f in names).encode()).hexdigest()
+               for split, names in FILES.items()}
+    assert got["splits"] == by_hand
+    assert got["sha256"] == hashlib.sha256(f"test {by_hand['test']}\ntrain {by_hand['train']}\n".encode()).hexdigest()
+    # the same examples in the same order, in other shards: the same partition
+    same = prepared_partition(tmp_path, monkeypatch, FILES, {"train": [9], "test": [1, 2]}, name="b")
+    assert same == got
+    # another preparation that put one other image in train (as a file-system order can): another identity
+    swapped = {"train": FILES["train"][:8] + FILES["test"][:1], "test": FILES["train"][8:] + FILES["test"][1:]}
+    other = prepared_partition(tmp_path, monkeypatch, swapped, name="c")
+    assert other["sha256"] != got["sha256"] and other["splits"]["train"] != got["splits"]["train"]
+
+
+def test_an_example_without_its_identity_is_named(tmp_path, monkeypatch, root):
+    monkeypatch.setitem(vtab_tasks.TASKS, PARTITIONED.name, PARTITIONED)
+    write_folder(tmp_path / "plain", PARTITIONED, {split: records(split) for split in SHARDS})
+    with pytest.raises(DatasetError, match=r"minids-test.tfrecord-00000-of-00001 record 0: feature 'image/file_name' "
+                                           r"must hold one value"):
+        prepare_dataset("vtab-part", {**spec(tmp_path / "plain"), "task": PARTITIONED.name}, tmp_path / "out")
+
+
+def test_the_analysis_stage_writes_the_partition_into_the_result(tmp_path, monkeypatch):
+    """A zero-shot result on the prepared miniature, through the real stage: its JSON carries the partition."""
+    got = prepared_partition(tmp_path, monkeypatch, FILES)
+    meta = load_meta(tmp_path / "a" / "out")
+    shutil.copytree(tmp_path / "a" / "out", tmp_path / "data" / "prepared" / "vtab-part")
+    identity = {"model": "m", "arch": "a", "pretrained": "openai"}
+    rng = np.random.default_rng(0)
+    test = pq.read_table(tmp_path / "a" / "out" / "splits" / "test.parquet").select(["sample_id", "label"])
+    feats = tmp_path / "features" / "m" / "vtab-part"
+    (feats / "images").mkdir(parents=True)
+    write_table(feats / "images" / "test.parquet",
+                [test.append_column("embedding", embedding_array(rng.normal(size=(test.num_rows, 4))))],
+                features_schema(test.schema, 4, {**identity, "dataset": "vtab-part", "dataset_version": meta.version,
+                                                 "decode": "pil"}))
+    prompts = text_table("class_index", [0, 1, 2], ["template"] * 3, ["zero", "one", "two"])
+    versions = write_text_sets(tmp_path / "data" / "texts" / "vtab-part", "vtab-part", {"prompts": prompts})
+    (feats / "text").mkdir()
+    write_table(feats / "text" / "prompts.parquet",
+                [prompts.append_column("embedding", embedding_array(rng.normal(size=(3, 4))))],
+                features_schema(prompts.schema, 4, {**identity, "dataset": "vtab-part", "text_set": "prompts",
+                                                    "text_version": versions["prompts"]}))
+    params = {"seed": 0, "model": {"slug": "m", "arch": "a", "pretrained": "openai"}, "embed": {"decode": "pil"},
+              "zeroshot": {"split": "test"}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    proc = subprocess.run([sys.executable, "-m", "stages.analysis", "--analysis", "zeroshot", "--dataset", "vtab-part"],
+                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "reports" / "zeroshot" / "vtab-part.json").read_text())
+    assert result["partition"] == got

@@ -45,13 +45,16 @@ SOURCES = {
     "clevr_distance": ("cb", "clevr_closest_object_distance", "clevr_closest_object_distance"),
     "dmlab": ("cb", "dmlab", "dmlab"),
     "kitti_distance": ("cb", "kitti_closest_vehicle_distance", "kitti_closest_vehicle_distance"),
-    "dsprites_location": ("index", 16, "dsprites_label_x_position"),
-    "dsprites_orientation": ("index", 16, "dsprites_label_orientation"),
+    "dsprites_location": ("dsprites", 16, "dsprites_label_x_position"),
+    "dsprites_orientation": ("dsprites", 16, "dsprites_label_orientation"),
     "smallnorb_azimuth": ("index", 18, "smallnorb_label_azimuth"),
     "smallnorb_elevation": ("index", 9, "smallnorb_label_elevation"),
 }
 INDEX_NOTE = ("TFDS ClassLabel(num_classes=N) names (the index as a string), which CLIP_benchmark's vtab builder "
               "shows for this task")
+DSPRITES_NOTE = ("VTAB's 16 bins, named by the index as a string (TFDS ClassLabel(num_classes=16)); CLIP_benchmark's "
+                 "vtab builder does not pass num_classes=16 to DSpritesData, so its dSprites tasks are 32-way (x "
+                 "position) and 40-way (orientation): its numbers are not comparable with VTAB's 16-way task")
 
 
 def clip_prompts(text: str) -> dict[str, list[str]]:
@@ -91,7 +94,7 @@ def build(cb_dir: Path, prompts: Path, sun397_labels: Path) -> dict:
             classes = in_tfds_order(clip[key], sun397_labels.read_text().split())
             source = f"CLIP paper prompts.md '## {key}' ({CLIP}), in TFDS's sun397_labels.txt order"
         else:
-            classes, source = [str(i) for i in range(key)], INDEX_NOTE
+            classes, source = [str(i) for i in range(key)], DSPRITES_NOTE if kind == "dsprites" else INDEX_NOTE
         tasks[task] = {"classes": classes, "class_source": source,
                        "templates": templates[template_key],
                        "template_source": f"CLIP_benchmark templates[{template_key!r}] ({CB_TEMPLATES})"}

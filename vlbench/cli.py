@@ -15,8 +15,8 @@ import yaml
 
 from vlbench.config import OWN_DATA, available, compose, conf_dir, link_data_root
 from vlbench.errors import VlbenchError
+from vlbench.io import atomic_path
 
-PARAMS_HEADER = "# Composed from conf/ by Hydra; regenerate with `vlbench compose` (dvc exp run -S ... does the same).\n"
 
 
 @click.group()
@@ -92,8 +92,17 @@ def compose_cmd(ctx: click.Context, overrides: tuple[str, ...], output: str) -> 
         params = compose(list(overrides), conf)
     except VlbenchError as err:
         raise click.ClickException(str(err)) from err
-    Path(output).write_text(PARAMS_HEADER + yaml.safe_dump(params, sort_keys=False))
+    with atomic_path(output) as tmp:
+        tmp.write_text(params_yaml(params), encoding="utf-8")
     click.echo(f"wrote {output}")
+
+
+def params_yaml(params: dict) -> str:
+    """params.yaml's text exactly as `dvc exp run` writes it (OmegaConf's YAML, no comment: DVC would drop one on
+    every run, leaving a diff), so that both ways give the same bytes. The note about it is in conf/config.yaml."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(params))
 
 
 @main.command("data-root")
@@ -141,8 +150,8 @@ def _check_groups(overrides, conf: Path) -> None:
               help="measure the model's forward pass and the decode cost for the time estimate")
 @click.option("--json", "as_json", is_flag=True,
               help='machine-readable: {"model", "suite", "stages": [{"name", "status", "cached": {"local", "remote"}, '
-                   '"images", "texts"}], "images", "texts", "manual_downloads", "remote", "estimate": {"seconds", '
-                   '"device", "images_per_second", "reason"}}')
+                   '"after", "images", "texts"}], "images", "texts", "manual_downloads", "remote", "estimate": '
+                   '{"seconds", "device", "images_per_second", "reason"}}')
 @click.pass_context
 def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, ...], suite: str | None,
          model: str | None, device: str | None, warmup: bool, as_json: bool) -> None:
@@ -166,7 +175,8 @@ def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, 
         if row["status"] != "up to date":
             counts = "".join(f"  {row[k]} {k}" for k in ("images", "texts") if row[k] is not None)
             cached = "  (cached locally: restored, not run)" if row["cached"]["local"] else ""
-            click.echo(f"{row['status']:10s} {row['name']}{counts}{cached}")
+            after = f"  (after {', '.join(row['after'])})" if row["after"] else ""
+            click.echo(f"{row['status']:10s} {row['name']}{counts}{cached}{after}")
     fresh = sum(row["status"] == "up to date" for row in result["stages"])
     click.echo(f"{fresh} stage(s) up to date; remote: {result['remote']['reason'] or result['remote']['name']}")
     click.echo(f"estimate on {result['estimate']['device']}: {result['estimate']['reason']}")

@@ -47,7 +47,42 @@ def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
         raise ParamsError(f"{path}: expected a mapping at the top level")
     if isinstance(params.get("suite"), Mapping):
         check_suite(params["suite"])  # `dvc exp run` composes params.yaml itself: every stage checks what it got
+        if (CONF / "config.yaml").is_file():
+            check_text_sets(params, known_only=True)  # the first stage DVC runs stops, not the analysis after embedding
+    check_known_keys(params)
     return params
+
+
+GROUP_SECTIONS = ("model", "suite")  # chosen by a config group, checked by their own rules (check_suite, the model's)
+KEYED_BY_DATASET = ("robustness.lines",)  # declared with an example entry, yet any dataset may be a key
+
+
+def check_known_keys(params: Mapping[str, Any], config_dir: str | Path | None = None) -> None:
+    """Every key of the params is one conf/config.yaml declares (below a mapping it declares empty, such as
+    `suite.entries`, or in a map keyed by dataset, anything goes). An unknown key (a typo, or `-S +zeroshot.x=1`)
+    would be ignored by every stage yet make DVC rerun the stages of its section. Outside a project checkout (no
+    conf/) nothing is checked."""
+    config = (Path(config_dir) if config_dir else CONF) / "config.yaml"
+    if not config.is_file():
+        return
+    declared = yaml.safe_load(config.read_text()) or {}
+    unknown = [key for key in params if key not in declared and key not in GROUP_SECTIONS]
+    for section in declared:
+        if section not in GROUP_SECTIONS:
+            unknown += _unknown_keys(params.get(section), declared[section], f"{section}.")
+    if unknown:
+        raise ParamsError(f"params: unknown key(s) {', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}: "
+                          f"not declared in {config}; check the spelling, or drop the `+` override (`-S +key=...`) "
+                          f"that added it")
+
+
+def _unknown_keys(value: Any, declared: Any, prefix: str) -> list[str]:
+    free = not (isinstance(value, Mapping) and isinstance(declared, Mapping) and declared)
+    if free or prefix[:-1] in KEYED_BY_DATASET:
+        return []
+    return [key for name, sub in value.items()
+            for key in ([f"{prefix}{name}"] if name not in declared
+                        else _unknown_keys(sub, declared[name], f"{prefix}{name}."))]
 
 
 def suite_keys(config_dir: str | Path | None = None) -> list[str] | None:
@@ -98,6 +133,106 @@ def check_suite(suite: Mapping[str, Any], config_dir: str | Path | None = None) 
                                   f"datasets {datasets}; {_did_you_mean(str(name), datasets)}add "
                                   f"`{name}: <its input>` to the suite's datasets or remove it from {analysis}")
     check_shared_images(suite)
+
+
+SUITE_FORMAT = ("a suite maps each dataset to its input and lists the datasets of each analysis, e.g. `datasets: "
+                "{shapes: vlbench/datasets/synthetic.py}` and `zeroshot: [shapes]`; the entry stays in "
+                "conf/dataset/<name>.yaml (a suite changes it under `entries: {<name>: {...}}`); see conf/suite/demo.yaml")
+
+
+def check_suite_format(suite: Any, where: str, global_package: bool = False) -> None:
+    """A suite file as written, before composition: vlbench's format, not a Hydra defaults list. `dvc exp run -S
+    suite=<name>` composes with Hydra before any stage runs, and a suite that pulls entries in with `defaults: -
+    /dataset@datasets.<name>: <name>` puts whole entries where dvc.yaml expects an input path (DVC: "Cannot
+    interpolate data of type 'dict'"); this check runs inside that composition (hydra_plugins/vlbench_suites.py) and
+    in `compose`. `global_package`: the file starts `# @package _global_` (it sets other params too, the suite
+    under `suite:`)."""
+    if suite is None:
+        return
+    if not isinstance(suite, Mapping):
+        raise ParamsError(f"{where}: a suite file is a mapping, got {type(suite).__name__}; {SUITE_FORMAT}")
+    if "defaults" in suite:
+        raise ParamsError(f"{where}: a suite does not pull entries in with a Hydra `defaults:` list (e.g. `- "
+                          f"/dataset@datasets.x: x`); {SUITE_FORMAT}")
+    datasets = (suite.get("suite") or {}).get("datasets") if global_package else suite.get("datasets")
+    bad = [name for name, value in (datasets or {}).items() if not isinstance(value, str)] \
+        if isinstance(datasets, Mapping) else ["datasets"]
+    if bad:
+        raise ParamsError(f"{where}: datasets.{bad[0]} is not an input path (a suite does not hold entries); "
+                          f"{SUITE_FORMAT}")
+
+
+GLOBAL_PACKAGE = re.compile(r"^#\s*@package\s+_global_\s*$", re.M)  # Hydra's package header of a file
+
+
+def chosen_suite_file(overrides: list[str] | None, config_dir: str | Path | None = None) -> Path | None:
+    """conf/suite/<name>.yaml of the last `suite=<name>` override, else of config.yaml's default suite."""
+    conf = conf_dir(config_dir)
+    names = [o.split("=", 1)[1] for o in overrides or [] if o.split("=", 1)[0].lstrip("+~") == "suite" and "=" in o]
+    if not names:
+        defaults = yaml.safe_load((conf / "config.yaml").read_text()).get("defaults") or []
+        names = [d["suite"] for d in defaults if isinstance(d, Mapping) and isinstance(d.get("suite"), str)]
+    path = conf / "suite" / f"{names[-1]}.yaml" if names else None
+    return path if path is not None and path.is_file() else None
+
+
+def made_text_sets(entry: Mapping[str, Any]) -> set[str]:
+    """The text sets an entry makes from its own `texts` params, known before anything is prepared: `prompts`,
+    `prompts_<name>` per `prompt_sets` entry, `captions_prompted` with a `caption_prompt`. (Sets made from the
+    prepared data, such as `captions`, are not known here.)"""
+    texts = entry.get("texts") or {}
+    made = {"prompts", *(f"prompts_{name}" for name in (texts.get("prompt_sets") or {}))}
+    return made | ({CAPTION_PROMPT_SET} if texts.get("caption_prompt") is not None else set())
+
+
+CAPTION_PROMPT_SET = "captions_prompted"  # vlbench.texts.CAPTION_PROMPT_SET
+# the analyses' defaults of the settings that decide which text sets they read (tests/test_config.py checks them)
+NEEDS_DEFAULTS = {"extensibility.variants": ["single", "ensemble", "repe"],
+                  "adapt.protocols": ["elevater", "vtab", "fewtrans"],
+                  "adapt.fewtrans.methods": ["zeroshot", "prototype", "linear"], "adapt.fewtrans.text_set": "prompts",
+                  "retrieve.prompts": "prompts", "retrieval.text_set": "captions_prompted",
+                  "retrieval.dataset_text_sets": {}}
+
+
+def text_set_needs(params: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(analysis, dataset, text set) for every text set that an analysis of the suite reads and that the entry alone
+    decides (`prompts_<name>`, `captions_prompted`): extensibility's variants (datasets and set members), adapt
+    FewTrans' zeroshot method, retrieve's prompts, retrieval's captions."""
+    def setting(dotted: str) -> Any:  # the analysis' own default where params leave the key out (the stages' deps
+        node: Any = params               # stay by layer: this module imports no analysis)
+        for key in dotted.split("."):
+            node = node.get(key) if isinstance(node, Mapping) else None
+        return NEEDS_DEFAULTS[dotted] if node is None else node
+
+    suite = params["suite"]
+    members = list(suite.get("extensibility") or []) + [d for ds in (suite.get("extensibility_sets") or {}).values()
+                                                          for d in ds]
+    needs = [("extensibility", d, f"prompts_{v}") for d in dict.fromkeys(members)
+             for v in setting("extensibility.variants") if v != "repe"]
+    if "fewtrans" in setting("adapt.protocols") and "zeroshot" in setting("adapt.fewtrans.methods"):
+        needs += [("adapt", d, setting("adapt.fewtrans.text_set")) for d in suite.get("adapt") or []]
+    needs += [("retrieve", d, setting("retrieve.prompts")) for d in suite.get("retrieve") or []]
+    per_dataset = setting("retrieval.dataset_text_sets")
+    needs += [("retrieval", d, per_dataset.get(d, setting("retrieval.text_set"))) for d in suite.get("retrieval") or []]
+    return [(a, d, t) for a, d, t in needs if t.startswith("prompts_") or t == CAPTION_PROMPT_SET]
+
+
+def check_text_sets(params: Mapping[str, Any], config_dir: str | Path | None = None, known_only: bool = False) -> None:
+    """Every text set an analysis of the suite needs (`text_set_needs`) is made by the dataset's entry: else one
+    line naming the analysis, the dataset, the set and the entry key that makes it, before anything runs.
+    `known_only`: skip datasets without an entry file (their prepare stage says so)."""
+    slug = params["suite"].get("slug")
+    for analysis, dataset, name in text_set_needs(params):
+        path = conf_dir(config_dir) / "dataset" / f"{dataset}.yaml"
+        if known_only and not path.is_file():
+            continue
+        if name in made_text_sets(dataset_entry(params, dataset, config_dir)):
+            continue
+        key = "caption_prompt: 'a photo of {c}'" if name == CAPTION_PROMPT_SET else \
+            f"prompt_sets: {{{name.removeprefix('prompts_')}: [...]}}"
+        raise ParamsError(f"suite {slug!r}: {analysis} on dataset {dataset!r} needs text set {name!r}, which "
+                          f"{path} does not make: add `{key}` under its `texts` (or the suite's `entries: "
+                          f"{{{dataset}: {{texts: ...}}}}`), or change the {analysis} params that ask for it")
 
 
 def check_shared_images(suite: Mapping[str, Any]) -> None:
@@ -246,16 +381,22 @@ def text_features_path(model_slug: str, dataset: str, text_set: str) -> Path:
     return features_dir(model_slug, dataset) / "text" / f"{check_name('text set', text_set)}.parquet"
 
 
-def link_data_root(target: str | Path | None = None, link: Path = OWN_DATA) -> Path:
-    """Make `link` (data/own, git-ignored) point at your data root: `target`, else $VLBENCH_DATA_ROOT. Entries name
-    your data as data/own/<...>, so params.yaml and dvc.lock hold the same relative paths in every clone while DVC
-    hashes the data itself through the link (a changed image still makes prepare@ stale)."""
+def link_data_root(target: str | Path | None = None, link: Path | None = None) -> Path:
+    """Make `link` (default: data/own of the project this is run in, git-ignored) point at your data root: `target`,
+    else $VLBENCH_DATA_ROOT. Entries name your data as data/own/<...>, so params.yaml and dvc.lock hold the same
+    relative paths in every clone while DVC hashes the data itself through the link (a changed image still makes
+    prepare@ stale). A root that would hold the link itself (the project, data/, data/own) is refused."""
     target = target or os.environ.get(DATA_ROOT_VARIABLE)
     if not target:
         raise ParamsError(f"no data root given: pass its path or set {DATA_ROOT_VARIABLE}")
+    link = link or project_root() / OWN_DATA
     target = Path(target).expanduser().resolve()
     if not target.is_dir():
         raise ParamsError(f"data root {str(target)!r} is not a folder")
+    where = link.parent.resolve() / link.name
+    if where == target or where.is_relative_to(target) or target.is_relative_to(where):
+        raise ParamsError(f"data root {str(target)!r} would hold the link {str(where)!r} itself (a loop): give the "
+                          f"folder of your data, outside {str(where.parent)!r}")
     if link.exists() and not link.is_symlink():
         raise ParamsError(f"{str(link)!r} is a real folder, not a link: keep your data there, or move it away and "
                           f"run `vlbench data-root {target}` again")
@@ -267,13 +408,28 @@ def link_data_root(target: str | Path | None = None, link: Path = OWN_DATA) -> P
     return target
 
 
+def project_root(start: Path | None = None) -> Path:
+    """The project folder this is run in: the nearest of the current folder and its parents with a dvc.yaml."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "dvc.yaml").is_file():
+            return folder
+    raise ParamsError(f"{str(here)!r} is not inside a vlbench project (no dvc.yaml here or above): run it in your "
+                      f"clone")
+
+
 def check_data_root(path: str | Path, name: str) -> None:
     """A dataset whose input lies under data/own needs the link made first; say how instead of 'not found'."""
     path = Path(path)
-    if path.parts[:2] == OWN_DATA.parts and not OWN_DATA.exists():
-        raise ParamsError(f"dataset {name!r} reads {str(path)!r} but {str(OWN_DATA)!r} does not exist in this clone: "
-                          f"run `vlbench data-root /path/to/your/data` (or set {DATA_ROOT_VARIABLE} and run "
-                          f"`vlbench data-root`) once per clone")
+    if path.parts[:2] != OWN_DATA.parts or OWN_DATA.exists():
+        return
+    if OWN_DATA.is_symlink():
+        raise ParamsError(f"dataset {name!r} reads {str(path)!r} but {str(OWN_DATA)!r} points at "
+                          f"{os.readlink(OWN_DATA)!r}, which does not exist (moved, renamed or not mounted?): "
+                          f"mount it, or run `vlbench data-root /path/to/your/data` again")
+    raise ParamsError(f"dataset {name!r} reads {str(path)!r} but {str(OWN_DATA)!r} does not exist in this clone: "
+                      f"run `vlbench data-root /path/to/your/data` (or set {DATA_ROOT_VARIABLE} and run "
+                      f"`vlbench data-root`) once per clone")
 
 
 def conf_dir(path: str | Path | None = None) -> Path:
@@ -293,6 +449,10 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    suite_file = chosen_suite_file(overrides, config_dir)
+    if suite_file is not None:
+        text = suite_file.read_text()
+        check_suite_format(yaml.safe_load(text), str(suite_file), GLOBAL_PACKAGE.search(text) is not None)
     try:
         with initialize_config_dir(config_dir=str(conf_dir(config_dir).resolve()), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=overrides or [])
@@ -301,8 +461,10 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ParamsError(f"cannot compose conf/ with overrides {overrides or []}: {first}") from err
     check_suite(params["suite"], config_dir)
+    check_known_keys(params, conf_dir(config_dir))
     for name in params["suite"]["datasets"]:
         dataset_entry(params, name, config_dir)  # each entry exists and names the suite's input
+    check_text_sets(params, config_dir)
     return params
 
 

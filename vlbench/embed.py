@@ -64,6 +64,20 @@ class EngineError(VlbenchError):
     """An unknown engine was asked for, its optional dependency is missing, or a run on it failed."""
 
 
+OVERLAP_VARIABLE = "VLBENCH_EMBED_OVERLAP"  # "1": embed_images' `overlap` on by default (docs/benchmarks.md)
+
+
+def check_batch_options(batch_size: Any, num_workers: Any = None) -> None:
+    """The embed stages' --batch-size (a whole number >= 1) and --workers (>= 0, or None: the default), checked before
+    a model is loaded; one line naming the option otherwise."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise EngineError(f"--batch-size must be a whole number of at least 1, got {batch_size!r}")
+    if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
+                                    or num_workers < 0):
+        raise EngineError(f"--workers must be a whole number of at least 0 (0: decode in the main process), "
+                          f"got {num_workers!r}")
+
+
 MAX_LISTED_CORRUPT = 20  # sample ids named in a CorruptImageError; the total count is always given
 
 
@@ -285,7 +299,7 @@ def embed_images(
     loaded: LoadedModel, path: Path, dataset: str, split: str, *, batch_size: int = 256,
     num_workers: int | None = None, skip_corrupt: bool = False, progress: bool = True,
     normalise_in_workers: bool | None = None, encode: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    decode: str = DEFAULT_DECODE,
+    decode: str = DEFAULT_DECODE, overlap: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return (embeddings in row order, row indices that were kept).
 
@@ -293,7 +307,10 @@ def embed_images(
     read (the model stops at the first one) and one CorruptImageError names them all. `normalise_in_workers`: see
     `worker_preprocess` (None: on the CPU only); it changes speed, never the features. `encode`: what runs on each
     batch of model inputs (default `model.encode_image`; `PreProjectionEncoder` adds the pre-projection features).
-    `decode`: how bytes become model inputs (`vlbench.decoding.DECODERS`; `pil` unless the params say otherwise)."""
+    `decode`: how bytes become model inputs (`vlbench.decoding.DECODERS`; `pil` unless the params say otherwise).
+    `overlap` (None: $VLBENCH_EMBED_OVERLAP is 1): on CUDA, queue each batch on the device before waiting for the
+    previous one's embeddings (`launch_batch`), so that the device never idles while the host collects a batch; the
+    same kernels on the same batches, so the same features (a runtime choice, never a param)."""
     path = Path(path)
     encode = encode or loaded.model.encode_image
     num_rows = pq.ParquetFile(path).metadata.num_rows
@@ -304,7 +321,9 @@ def embed_images(
         ParquetImages(path, dec.worker), batch_size=batch_size, num_workers=workers,
         collate_fn=partial(collate, stack=dec.stack), pin_memory=loaded.device.type == "cuda" and dec.stack,
     )
+    overlap = os.environ.get(OVERLAP_VARIABLE) == "1" if overlap is None else overlap
     split_rows = SplitRows(num_rows)
+    queued: list[tuple[np.ndarray, Callable[[], np.ndarray]]] = []  # batches on the device, oldest first
     bar = tqdm(total=num_rows, desc=f"embed {dataset}/{split}", unit="img", disable=not progress)
     for rows, images, bad in loader:
         bar.update(len(rows) + len(bad))
@@ -312,11 +331,23 @@ def embed_images(
         if images is None or (split_rows.corrupt and not skip_corrupt):  # the split fails: only look for more corrupt files
             continue
         try:
-            split_rows.put(rows.numpy(), encode_batch(loaded, encode, dec.finish, images))
+            if overlap:
+                queued.append((rows.numpy(), launch_batch(loaded, encode, dec.finish, images)))
+            else:
+                split_rows.put(rows.numpy(), encode_batch(loaded, encode, dec.finish, images))
         except ImageDecodeError as err:  # a decoder that decodes on the device (torchvision)
             raise device_decode_error(dataset, split, path, rows, err) from err
+        while len(queued) > 1:  # the newest batch runs while the host takes the one before it
+            split_rows.put(*_waited(queued.pop(0)))
+    for item in queued:
+        split_rows.put(*_waited(item))
     bar.close()
     return split_rows.result(dataset, split, path, skip_corrupt)
+
+
+def _waited(item: tuple[np.ndarray, Callable[[], np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    rows, wait = item
+    return rows, wait()
 
 
 def encode_batch(loaded: LoadedModel, encode: Callable[[torch.Tensor], torch.Tensor],
@@ -326,6 +357,48 @@ def encode_batch(loaded: LoadedModel, encode: Callable[[torch.Tensor], torch.Ten
     batch = images.to(loaded.device, non_blocking=True) if isinstance(images, torch.Tensor) else images
     with torch.inference_mode(), loaded.autocast():
         return encode(finish(batch)).float().cpu().numpy()
+
+
+def launch_batch(loaded: LoadedModel, encode: Callable[[torch.Tensor], torch.Tensor],
+                 finish: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor) -> Callable[[], np.ndarray]:
+    """`encode_batch` in two halves: queue the batch on the device now (the copy from pinned memory on a side stream,
+    so that it runs while the previous batch computes, then `finish`, the model, and a copy of the embeddings into
+    pinned host memory from torch's caching host allocator, which reuses its buffers across batches), all without
+    waiting; return what waits for the embeddings. Off CUDA it runs at once."""
+    if loaded.device.type != "cuda":
+        embeddings = encode_batch(loaded, encode, finish, images)
+        return lambda: embeddings
+    batch = copied_beside(images, loaded.device) if isinstance(images, torch.Tensor) else images
+    with torch.inference_mode():
+        with loaded.autocast():
+            on_device = encode(finish(batch)).float()
+        host = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
+        host.copy_(on_device, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> np.ndarray:
+        done.synchronize()
+        return host.numpy()
+
+    return wait
+
+
+_COPY_STREAMS: dict[torch.device, Any] = {}
+
+
+def copied_beside(images: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`images` (pinned) copied to `device` on a stream of its own; the current stream waits for the copy alone, and
+    the copy's memory is marked as used there (so the copy stream cannot reuse it while the model reads it)."""
+    if device not in _COPY_STREAMS:
+        _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    stream = _COPY_STREAMS[device]
+    with torch.cuda.stream(stream):
+        batch = images.to(device, non_blocking=True)
+    current = torch.cuda.current_stream(device)
+    current.wait_stream(stream)
+    batch.record_stream(current)
+    return batch
 
 
 class SplitRows:
@@ -375,6 +448,7 @@ def embed_image_splits(
     `out_dir/pre_projection/projection.weights.parquet` (`vlbench.models.projection`; the projected embeddings are the
     same either way). `decode` (params' embed.decode) is recorded in every file's fingerprint. `engine_name`: where
     each split is embedded (`engine`); the files are the same either way."""
+    check_batch_options(batch_size, num_workers)
     embed_split = engine(engine_name).embed_images
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
     meta = load_meta(dataset_dir)

@@ -8,13 +8,15 @@ through the object store), on a GPU each where the cluster has GPUs; the driver 
 inside the same `atomic_dir`. A failed run raises `EngineError` and writes nothing.
 
 `ray.init(address=$VLBENCH_RAY_ADDRESS)` joins an existing cluster (`auto`, `ray://head:10001`, ...); unset, Ray's own
-RAY_ADDRESS, else a local Ray on this machine. Cluster set-up: docs/cluster.md.
+RAY_ADDRESS, else a local Ray on this machine. An address that does not answer a TCP connect within 5 s fails at once,
+naming it (Ray would retry it for minutes). Cluster set-up: docs/cluster.md.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -43,13 +45,58 @@ ACTORS_VARIABLE = "VLBENCH_RAY_ACTORS"  # model actors on a CPU-only cluster (de
 RETRIES_VARIABLE = "VLBENCH_RAY_RETRIES"  # restarts of a dead model actor, and retries of its batch (default 2)
 EXIT_AFTER_VARIABLE = "VLBENCH_RAY_EXIT_AFTER_BATCHES"  # fault injection: every model actor dies after N batches
 DEFAULT_RETRIES = 2
+PROBE_SECONDS = 5.0  # an address that does not answer a TCP connect within this fails before ray.init
+RAY_CLIENT_PORT = 10001
 
 
 def connect() -> None:
     """Join the cluster $VLBENCH_RAY_ADDRESS names, or start a local Ray; once per process."""
+    address = ray_address()
     if not ray.is_initialized():
-        ray.init(address=os.environ.get(ADDRESS_VARIABLE) or None, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+
+
+def ray_address() -> str | None:
+    """$VLBENCH_RAY_ADDRESS (else Ray's own $RAY_ADDRESS), checked to answer a TCP connect within PROBE_SECONDS: Ray
+    itself retries an unreachable address for minutes, printing only warnings that name the address it resolved."""
+    variable = ADDRESS_VARIABLE if os.environ.get(ADDRESS_VARIABLE) else "RAY_ADDRESS"
+    address = os.environ.get(variable) or None
+    if address is None or address == "local":
+        return address
+    target = _current_cluster() if address == "auto" else address
+    if target is None:
+        return address  # "auto" on a machine without `ray start`: Ray says so at once
+    host, port = _host_port(variable, address, target)
+    try:
+        socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
+    except OSError as err:
+        reason = err.strerror or str(err) or type(err).__name__
+        raise EngineError(f"${variable}={address}: no Ray cluster answers at {host}:{port} ({reason}, within "
+                          f"{PROBE_SECONDS:g} s); check that the head node runs (`ray status` on it), that this is "
+                          f"its GCS address (`ray start --head` prints it; port 6379 by default, Ray Client's ray:// "
+                          f"port 10001) and that no firewall blocks the port from this machine") from None
+    return address
+
+
+def _current_cluster() -> str | None:
+    """The address `auto` stands for: the last `ray start` on this machine (Ray's record of it), if any."""
+    try:  # Ray's own reading of /tmp/ray/ray_current_cluster (private: guarded)
+        from ray._private.services import find_bootstrap_address
+
+        return find_bootstrap_address(None)
+    except Exception:  # noqa: BLE001 - a private helper: when it cannot tell, Ray decides as before
+        return None
+
+
+def _host_port(variable: str, address: str, target: str) -> tuple[str, int]:
+    client = target.startswith("ray://")
+    host, _, port = target.removeprefix("ray://").rpartition(":")
+    if client and not port.isdigit():
+        host, port = target.removeprefix("ray://"), str(RAY_CLIENT_PORT)
+    if not host or not port.isdigit():
+        raise EngineError(f"${variable}={address}: not a Ray address; use auto, host:port (the head's GCS address) "
+                          f"or ray://host:port (Ray Client)")
+    return host.strip("[]"), int(port)
 
 
 def cluster_device() -> torch.device:

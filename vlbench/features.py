@@ -37,6 +37,10 @@ class StaleFeaturesError(VlbenchError):
     """Features on disk were made by another model or from another version of the data."""
 
 
+class FeaturesWriteError(VlbenchError):
+    """A features file could not be written (a full disk, a read-only folder); the message names the file."""
+
+
 class MissingFeaturesError(VlbenchError):
     """No features where a stage expects them: the embed stage has not run for this model and dataset."""
 
@@ -60,13 +64,19 @@ def features_schema(rows: pa.Schema, dim: int, fingerprint: Mapping[str, Any]) -
 
 
 def write_table(path: Path, batches: Iterable[pa.RecordBatch | pa.Table], schema: pa.Schema) -> int:
-    """Stream record batches into `path` (the caller makes the directory atomic)."""
+    """Stream record batches into `path` (the caller makes the directory atomic); a full disk or another write
+    failure is a FeaturesWriteError naming the file."""
     rows = 0
-    with pq.ParquetWriter(path, schema) as writer:
-        for batch in batches:
-            table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-            writer.write_table(table.cast(schema))
-            rows += table.num_rows
+    try:
+        with pq.ParquetWriter(path, schema) as writer:
+            for batch in batches:
+                table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+                writer.write_table(table.cast(schema))
+                rows += table.num_rows
+    except OSError as err:
+        detail = " ".join(str(err).split()) or type(err).__name__
+        raise FeaturesWriteError(f"{path}: cannot write the features ({detail}); free space on its disk (`df -h "
+                                 f"{Path(path).parent}`) or point the workspace elsewhere, then rerun") from err
     return rows
 
 

@@ -46,10 +46,12 @@ def _params_overlay(real: Path, composed: Path):
 
 
 def stage_statuses(params: Mapping[str, Any], root: Path = Path(".")) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(every stage of dvc.yaml for `params` in DAG order as {"name", "status", "cached": {"local", "remote"}},
+    """(every stage of dvc.yaml for `params` in DAG order as {"name", "status", "cached": {"local", "remote"},
+    "after"},
     {"name": the default remote or None, "reason": why `remote` is unknown, or None}).
 
-    status: "never run" (no entry in dvc.lock), "stale" (`dvc status` lists it) or "up to date". cached.local: the
+    status: "never run" (no entry in dvc.lock), "stale" (`dvc status` lists it), "downstream" (runs after the stages
+    in `after`, on their new outputs; `_mark_downstream`) or "up to date". cached.local: the
     stage is up to date, or DVC's run cache holds its outputs for the current inputs (`dvc repro` restores them instead
     of running). cached.remote: those outputs are all on the default remote (`dvc status -c`); None when there is no
     remote, it cannot be reached, or no outputs for these inputs are known here."""
@@ -67,7 +69,9 @@ def stage_statuses(params: Mapping[str, Any], root: Path = Path(".")) -> tuple[l
         composed.write_text(yaml.safe_dump(dict(params), sort_keys=False))
         try:
             with Repo(str(root), fs=_params_overlay((root / PARAMS_FILE).resolve(), composed)) as repo, repo.lock:
-                rows, outputs = zip(*(_stage_row(repo, stage, locked) for stage in _dag_order(repo)))
+                order = _dag_order(repo)
+                rows, outputs = zip(*(_stage_row(repo, stage, locked) for stage in order))
+                outputs = _mark_downstream(repo.index.graph, order, rows, outputs)
                 remote = _on_remote(repo, outputs)
         except LockError as err:
             raise PlanError(f"the DVC repository {str(root)!r} is locked by another DVC command (a `dvc repro` "
@@ -93,8 +97,26 @@ def _stage_row(repo, stage, locked: Mapping[str, Any]) -> tuple[dict[str, Any], 
     stale = bool(stage.status())
     status = "never run" if stage.addressing not in locked else "stale" if stale else "up to date"
     outputs = _run_cached(repo, stage) if stale else stage
-    row = {"name": stage.addressing, "status": status, "cached": {"local": outputs is not None, "remote": None}}
+    row = {"name": stage.addressing, "status": status, "cached": {"local": outputs is not None, "remote": None},
+           "after": []}
     return row, outputs
+
+
+def _mark_downstream(graph, order: list, rows: tuple, outputs: tuple) -> tuple:
+    """Stages up to date by their own dependencies that depend on a stage that runs: `dvc status` lists only the
+    latter, but `dvc repro` checks each stage again after its upstream ran and runs it when those outputs changed
+    (which a rerun of a changed stage normally does). Such a row gets status "downstream" and `after`: the stages
+    it depends on directly that run; its cached outputs are unknown until then. Returns the outputs per stage."""
+    runs: set[str] = set()
+    outputs = list(outputs)
+    for i, (stage, row) in enumerate(zip(order, rows)):
+        after = sorted(up.addressing for up in graph.successors(stage) if up.addressing in runs)
+        if row["status"] == "up to date" and after:
+            row.update(status="downstream", after=after, cached={"local": False, "remote": None})
+            outputs[i] = None
+        if row["status"] != "up to date":
+            runs.add(row["name"])
+    return tuple(outputs)
 
 
 def _run_cached(repo, stage):

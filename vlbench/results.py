@@ -81,11 +81,16 @@ def run_fact_keys(obj: Any, where: str = "") -> list[str]:
     return []
 
 
-def write_result(analysis: str, dataset: str, result: Result, fingerprint: Mapping[str, Any]) -> Path:
+def write_result(analysis: str, dataset: str, result: Result, fingerprint: Mapping[str, Any],
+                 partition: Mapping[str, Any] | None = None) -> Path:
     """Write the tables, then the JSON (atomically, each): the JSON is there only when everything is; then the run
-    facts (`result.run`) to runs/<analysis>/<dataset>.json."""
+    facts (`result.run`) to runs/<analysis>/<dataset>.json. `partition`: the prepared data's
+    `provenance.partition` where its builder partitions at preparation (VTAB's Caltech-101), so that two results
+    show whether they were computed on the same train/test split."""
     doc = {
-        "analysis": analysis, "dataset": dataset, "metrics": {k: _metric(v) for k, v in result.metrics.items()},
+        "analysis": analysis, "dataset": dataset,
+        **({"partition": dict(partition)} if partition else {}),
+        "metrics": {k: _metric(v) for k, v in result.metrics.items()},
         **({"intervals": check_intervals(analysis, dataset, result)} if result.intervals else {}),
         "counts": dict(result.counts), "params": dict(result.params),
         **({"details": dict(result.details)} if result.details else {}),

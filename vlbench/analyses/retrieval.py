@@ -17,6 +17,11 @@ whose texts are equal (case and white space ignored) are one text, a positive fo
 gallery items (i2t) and as a query's positives (t2i). Counts say how many captions are such duplicates and how many
 queries had a negative tied with their best positive, so the effect of both choices is visible.
 
+Scores are exact (`exact_scores`): the normalised features are rounded to multiples of 2**-25 and their products summed
+in float64, where every partial sum is an integer multiple of 2**-50 below 2**53 of them, so no rounding happens and a
+score does not depend on how many queries are scored at once (`CHUNK`), on the BLAS kernel or on the CPU. Texts with
+identical features (duplicate captions) therefore score exactly alike and tie as `ties` says, never by rounding.
+
 Intervals: a percentile bootstrap over the test images (`vlbench.stats.cluster_ratio_interval`): an image is drawn
 with all of its captions, since t2i's queries are captions and those of one image are not independent.
 Choices and the differences from CLIP_benchmark: docs/protocols.md, "Zero-shot retrieval".
@@ -33,7 +38,7 @@ import pyarrow as pa
 
 from vlbench.analyses.base import Result
 from vlbench.analyses.specificity import text_ids
-from vlbench.analyses.zeroshot import l2_normalize, similarities
+from vlbench.analyses.zeroshot import l2_normalize
 from vlbench.config import ParamsError
 from vlbench.errors import VlbenchError
 from vlbench.stats import cluster_ratio_interval
@@ -44,7 +49,8 @@ DUPLICATES = ("distinct", "merge")
 DIRECTIONS = ("i2t", "t2i")
 DEFAULTS = {"split": "test", "text_set": "captions_prompted", "dataset_text_sets": {}, "recall_at": [1, 5, 10],
             "ties": "pessimistic", "duplicates": "distinct"}
-CHUNK = 512  # queries scored at once: 512 x 25,010 COCO captions is 51 MB of float32 scores
+CHUNK = 256  # queries scored at once: 256 x 25,010 COCO captions is 51 MB of float64 scores
+FIXED_POINT = 2.0 ** 25  # features rounded to multiples of 2**-25: exact float64 sums (exact_scores)
 
 
 class RetrievalError(VlbenchError):
@@ -65,12 +71,28 @@ def first_positive_ranks(queries: np.ndarray, gallery: np.ndarray, positives: np
     is 1 + the number of negatives ranked above p, and that number is smallest for p: the rank is the minimum over
     the positives of 1 + (negatives scoring more) + (negatives scoring the same that `ties` puts first)."""
     n = queries.shape[0]
+    queries, gallery = fixed_point(queries), fixed_point(gallery)
     ranks, tied = np.empty(n, np.int64), np.zeros(n, bool)
     for lo in range(0, n, CHUNK):
-        scores = similarities(queries[lo:lo + CHUNK], gallery)
+        scores = exact_scores(queries[lo:lo + CHUNK], gallery)
         pos = positives[lo:lo + CHUNK]
         ranks[lo:lo + CHUNK], tied[lo:lo + CHUNK] = _chunk_ranks(scores, pos, ties)
     return ranks, tied
+
+
+def fixed_point(x: np.ndarray) -> np.ndarray:
+    """Normalised features as float64 integers: x * 2**25 rounded (|x| <= 1, so at most 2**25 each)."""
+    x = np.asarray(x, np.float64)
+    if x.size and np.linalg.norm(x, axis=1).max() > 1.001:
+        raise ValueError("retrieval scores need L2-normalised features (exact_scores)")
+    return np.rint(x * FIXED_POINT)
+
+
+def exact_scores(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(n, m) a @ b.T of `fixed_point` rows, exactly: by Cauchy-Schwarz every partial sum of a row pair's products is
+    at most |a||b| <= (2**25 + sqrt(d))**2 < 2**53 in magnitude, an integer that float64 holds exactly, so the result
+    is the same in any summation order, chunk size, BLAS kernel or CPU. Scores are in units of 2**-50."""
+    return a @ b.T
 
 
 def _chunk_ranks(scores: np.ndarray, pos: np.ndarray, ties: str) -> tuple[np.ndarray, np.ndarray]:

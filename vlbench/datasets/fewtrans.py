@@ -99,13 +99,22 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
 
 def read_folders(name: str, spec: Mapping, paths: Mapping[str, Path]) -> Pools:
     """`create_{DTD,QuickDraw,ucf,euroSAT,plantD,cifar100}_spec` and ImageNet-Sketch's leaves: classes =
-    sorted(os.listdir(root)), each class's pool = its image files (IMG_EXTENSIONS), sorted."""
+    sorted(os.listdir(root)), each class's pool = its image files (IMG_EXTENSIONS), sorted. `__MACOSX` and hidden
+    folders are not classes; a class folder without an image file is an error naming it."""
     root = _root(name, spec, paths["archive"])
-    keys = sorted(p.name for p in root.iterdir() if p.is_dir())
-    names = class_names(name, spec.get("names", "folder"), keys)
+    keys = sorted(p.name for p in root.iterdir() if p.is_dir() and not _foreign(p.name))
     pools = [[(f"{key}/{f.name}", f.read_bytes) for f in sorted((root / key).iterdir(), key=lambda p: p.name)
               if f.is_file() and is_image_file(f.name)] for key in keys]
-    return Pools(names, pools)
+    empty = [key for key, pool in zip(keys, pools) if not pool]
+    if empty:
+        raise DatasetError(f"dataset {name!r}: class folder(s) {empty[:10]} under {root} hold no image file "
+                           f"({len(empty)} of {len(keys)}); is this the right archive, or the right 'root'?")
+    return Pools(class_names(name, spec.get("names", "folder"), keys), pools)
+
+
+def _foreign(folder: str) -> bool:
+    """A folder that is not a class: macOS's resource forks (`__MACOSX`) and hidden folders (`.git`, `.thumbs`)."""
+    return folder == "__MACOSX" or folder.startswith(".")
 
 
 def read_flowers(name: str, spec: Mapping, paths: Mapping[str, Path]) -> Pools:

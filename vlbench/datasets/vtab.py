@@ -27,6 +27,7 @@ except where the task scales pixels (dSprites' 0/1 pixels times 255, as task_ada
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator, Mapping
@@ -214,6 +215,39 @@ def split_rows(name: str, task: VtabTask, shards: Mapping[str, list[tuple[Path, 
             yield {"sample_id": f"{tfds_split}/{row:07d}", **_sample(name, task, path, index, record)}
 
 
+def partition(name: str, task: VtabTask, shards: Mapping[str, list[tuple[Path, int]]]) -> dict:
+    """The identity of the TFDS train/test partition the task reads, for a builder that partitions at preparation
+    (TFDS's Caltech-101 picks its 30 training images per class in file-system order, so two preparations can differ):
+    per TFDS split, the sha256 of its examples' ids in prepared order, one per line, an id being
+    `<label>/<identity_key value>` (file names repeat across classes); `sha256` hashes the splits' lines
+    `<split> <sha256>`, sorted. Two users evaluated the same split (and the same 1k subsets, which are prefixes)
+    exactly when their `sha256` agree; classes.json `provenance.partition`, and every result on the dataset."""
+    digests = {}
+    for split in sorted({s for slices in task.splits.values() for s, _, _ in slices}):
+        lines = hashlib.sha256()
+        for _, path, index, record in iter_slice(shards[split], 0, sum(n for _, n in shards[split])):
+            lines.update(f"{_identity(name, task, path, index, record)}\n".encode())
+        digests[split] = lines.hexdigest()
+    overall = "".join(f"{split} {digest}\n" for split, digest in sorted(digests.items()))
+    return {"sha256": hashlib.sha256(overall.encode()).hexdigest(), "splits": digests,
+            "id": f"<label>/<{task.identity_key}>, one per line in prepared order"}
+
+
+def _identity(name: str, task: VtabTask, path: Path, index: int, record: bytes) -> str:
+    where = f"dataset {name!r}: {path} record {index}"
+    try:
+        features = parse_example(record)
+        label = int(task.label(features))
+    except (KeyError, IndexError, ValueError, TypeError) as err:
+        raise DatasetError(f"{where}: cannot read its label ({type(err).__name__}: {err})") from err
+    value = features.get(task.identity_key)
+    if value is None or len(value) != 1:
+        raise DatasetError(f"{where}: feature {task.identity_key!r} must hold one value (the example's identity in "
+                           f"task {task.name!r}), found {'nothing' if value is None else f'{len(value)} value(s)'}")
+    text = value[0].decode("utf-8", "replace") if isinstance(value[0], bytes) else str(value[0])
+    return f"{label}/{text}"
+
+
 def _sample(name: str, task: VtabTask, path: Path, index: int, record: bytes) -> dict:
     where = f"dataset {name!r}: {path} record {index}"
     try:
@@ -267,6 +301,7 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
         "subsets": {split: f"the first {task.split_sizes()[split]} rows of {parts[0]}" if len(parts) == 1 else
                     " + ".join(parts) for split, parts in PREFIXES.items() if split in task.splits},
         "class_source": task.class_source,
+        **({"partition": partition(name, task, shards)} if task.identity_key else {}),
         "image_encoding": "as stored in the TFDS records (not re-encoded)" if task.pixel_scale == 1 else
                           f"PNG of the stored pixels times {task.pixel_scale} (task_adaptation's scaling), lossless",
     }

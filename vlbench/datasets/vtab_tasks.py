@@ -64,6 +64,9 @@ class VtabTask:
     metric: str = "accuracy"  # VTAB reports top-1 accuracy on every task
     # later TFDS versions whose release notes change only URLs or add features: same images, labels, keys, order
     same_examples: tuple[str, ...] = ()
+    # a feature naming an example independently of its position, for a builder whose train/test partition is made at
+    # preparation and can differ between two preparations (Caltech-101: file-system order): vtab.partition hashes it
+    identity_key: str | None = None
 
     def split_sizes(self) -> dict[str, int]:
         return {split: sum(stop - start for _, start, stop in slices) for split, slices in self.splits.items()}
@@ -231,7 +234,7 @@ def _rows() -> list[dict[str, Any]]:
 
     return [
         _row("caltech101", "caltech101", "3.0.0", caltech, p90, stored_label("caltech101", "label", 102),
-             same_examples=("3.0.1", "3.0.2")),
+             same_examples=("3.0.1", "3.0.2"), identity_key="image/file_name"),
         _row("cifar100", "cifar100", "3.0.2", cifar, p90, stored_label("cifar100", "label", 100)),
         _row("dtd", "dtd", "3.0.1", dtd, tfds_three, stored_label("dtd", "label", 47)),
         _row("oxford_flowers102", "oxford_flowers102", "2.1.1", flowers, tfds_three,

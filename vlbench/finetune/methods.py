@@ -73,11 +73,13 @@ class LoraDelta(nn.Module):
         super().__init__()
         rows, cols = weight.shape[0] // blocks, weight.shape[1]
         self.blocks, self.adapted, self.scale = blocks, adapted, scale
-        kw = {"device": weight.device, "dtype": weight.dtype}
-        self.a = nn.ParameterList(nn.Parameter(torch.empty(rank, cols, **kw)) for _ in adapted)
-        self.b = nn.ParameterList(nn.Parameter(torch.zeros(rows, rank, **kw)) for _ in adapted)
-        for a in self.a:  # nn.Linear's own init, as lora_ViT's reset_parameters
-            nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
+        # nn.Linear's own init, as lora_ViT's reset_parameters, drawn on the CPU (where `generator` lives) and then
+        # moved: the same A on every device
+        a_init = [nn.init.kaiming_uniform_(torch.empty(rank, cols, dtype=weight.dtype), a=math.sqrt(5),
+                                           generator=generator) for _ in adapted]
+        self.a = nn.ParameterList(nn.Parameter(a.to(weight.device)) for a in a_init)
+        self.b = nn.ParameterList(nn.Parameter(torch.zeros(rows, rank, device=weight.device, dtype=weight.dtype))
+                                  for _ in adapted)
 
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
         rows = weight.shape[0] // self.blocks

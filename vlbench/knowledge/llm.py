@@ -13,8 +13,9 @@ knowledge variants ask a chat-completions endpoint instead, for any class list, 
   the gpt3 variant composes ELEVATER's GPT-3 file (first `gpt3_items`).
 
 The endpoint comes from the environment: `VLBENCH_LLM_BASE_URL` (POST `{url}/chat/completions`), `VLBENCH_LLM_API_KEY`
-(sent as a bearer token, never written anywhere), `VLBENCH_LLM_TIMEOUT` (seconds, default 60); the model from the
-params (`knowledge.llm.model`) or `VLBENCH_LLM_MODEL`. Each prompt is sent as one user message.
+(sent as a bearer token, never written anywhere, redacted from every message), `VLBENCH_LLM_TIMEOUT` (seconds for a
+whole request, default 60); the model from the params (`knowledge.llm.model`) or `VLBENCH_LLM_MODEL`. Each prompt is
+sent as one user message. A Retry-After over `MAX_WAIT` and a response over `MAX_BYTES` are errors.
 
 Every answer is cached (`AnswerCache`, one JSON line per request: key, style, class, prompt, model, settings, answers,
 time), keyed by the sha256 of (model, messages, settings): a rerun asks only for what the cache lacks, and nothing is
@@ -26,6 +27,7 @@ docs/protocols.md, "LLM descriptions for any class list".
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import functools
 import hashlib
@@ -34,6 +36,9 @@ import json
 import os
 import random
 import re
+import socket
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -59,6 +64,9 @@ HINTS = {
     403: f"the key in {ENV_KEY} may not use this model",
     404: f"check {ENV_URL} (without /chat/completions) and the model name",
 }
+MAX_WAIT = 300.0  # seconds: the longest Retry-After vlbench waits for; a longer one fails naming the wait
+MAX_BYTES = 256 * 1024  # bytes: the largest response kept (the styles' answers are a few KiB)
+_BEARER = re.compile(r"(Bearer\s+)[^\s\"',;]+", re.IGNORECASE)
 
 
 class LLMError(KnowledgeError):
@@ -235,10 +243,12 @@ def postprocess(spec: Mapping[str, Any], answer: str) -> str:
 class Endpoint:
     base_url: str
     api_key: str | None = field(default=None, repr=False)
-    timeout: float = 60.0
+    timeout: float = 60.0  # seconds for a whole try: connect, headers and body (not per socket read)
     retries: int = 6  # further tries after a 429, a 5xx, a timeout or a dropped connection
     backoff: float = 1.0  # seconds before the first retry without Retry-After, doubled each time
     max_backoff: float = 60.0
+    max_wait: float = MAX_WAIT  # a longer Retry-After is an error, not a wait
+    max_bytes: int = MAX_BYTES  # a larger response (answer or error) is an error, found while reading
 
     @property
     def url(self) -> str:
@@ -255,6 +265,8 @@ def endpoint_from_env(missing: int, cache: Path, env: Mapping[str, str] = os.env
         timeout = float(env.get(ENV_TIMEOUT) or 60)
     except ValueError:
         raise LLMError(f"{ENV_TIMEOUT} must be a number of seconds, got {env.get(ENV_TIMEOUT)!r}") from None
+    if not timeout > 0:
+        raise LLMError(f"{ENV_TIMEOUT} must be a positive number of seconds, got {env.get(ENV_TIMEOUT)!r}")
     return Endpoint(url, env.get(ENV_KEY) or None, timeout)
 
 
@@ -270,32 +282,155 @@ def retry_after(value: str | None) -> float | None:
         return None
 
 
+def redact(text: str, key: str | None) -> str:
+    """The text without the key and without any bearer token (a server may echo the request's headers)."""
+    if key:
+        text = text.replace(key, "***")
+    return _BEARER.sub(r"\1***", text)
+
+
 def _where(endpoint: Endpoint, request: Request) -> str:
     return f"{endpoint.url}: class {request.class_index} ({request.name!r}), llm style {request.style}"
 
 
-def _detail(body: bytes) -> str:
-    """The server's error message (OpenAI's {"error": {"message"}}) or the start of its body."""
+def _error(endpoint: Endpoint, request: Request, message: str) -> LLMError:
+    """One line naming the endpoint and the class; the key and bearer tokens redacted."""
+    return LLMError(redact(f"{_where(endpoint, request)}: {message}", endpoint.api_key))
+
+
+def _detail(body: bytes, key: str | None) -> str:
+    """The server's error message (OpenAI's {"error": {"message"}}) or the start of its body, redacted."""
     try:
         message = json.loads(body)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = body.decode("utf-8", "replace")
-    return " ".join(str(message).split())[:200]
+    return redact(" ".join(str(message).split()), key)[:200]
+
+
+def _excerpt(raw: bytes, key: str | None, size: int) -> str:
+    return redact(repr(raw[:size + 200]), key)[:size]
 
 
 def _choices(endpoint: Endpoint, request: Request, raw: bytes) -> list[str]:
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        raise LLMError(f"{_where(endpoint, request)}: the answer is not JSON: {raw[:80]!r}") from None
+        raise _error(endpoint, request, f"the answer is not JSON: {_excerpt(raw, endpoint.api_key, 80)}") from None
     try:
         choices = [choice["message"]["content"] or "" for choice in data["choices"]]
     except (KeyError, TypeError):
-        raise LLMError(f"{_where(endpoint, request)}: the answer has no choices[].message.content: "
-                       f"{raw[:120]!r}") from None
+        raise _error(endpoint, request, f"the answer has no choices[].message.content: "
+                                        f"{_excerpt(raw, endpoint.api_key, 120)}") from None
     if not choices or not all(isinstance(c, str) for c in choices):
-        raise LLMError(f"{_where(endpoint, request)}: the answer has no text choices: {raw[:120]!r}")
+        raise _error(endpoint, request, f"the answer has no text choices: {_excerpt(raw, endpoint.api_key, 120)}")
     return choices
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Deadline:
+    """A whole-request time limit: urllib's timeout bounds each socket read, so a server sending a byte now and then
+    never times out; when the time is up this shuts the request's sockets down (which ends a blocked read), and
+    `check` between reads raises TimeoutError."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.expired, self.sockets = seconds, False, []
+        self.timer = threading.Timer(seconds, self._expire)
+        self.timer.daemon = True
+
+    def _expire(self) -> None:
+        self.expired = True
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def handler(self, base: type) -> urllib.request.BaseHandler:
+        """urllib's HTTP(S) handler whose sockets this deadline records (urllib detaches a response's socket from
+        its connection, so it is recorded when it connects)."""
+        deadline = self
+
+        def watched(http_class):
+            def make(*args, **kwargs):
+                connection = http_class(*args, **kwargs)
+                connect = connection.connect
+
+                def connect_and_record():
+                    connect()
+                    deadline.sockets.append(connection.sock)
+                    if deadline.expired:
+                        deadline._expire()
+                connection.connect = connect_and_record
+                return connection
+            return make
+
+        class Watched(base):
+            def do_open(self, http_class, req, **kwargs):
+                return super().do_open(watched(http_class), req, **kwargs)
+
+        return Watched()
+
+    def __enter__(self):
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
+
+    def check(self) -> None:
+        if self.expired:
+            raise TimeoutError(f"no complete answer within {self.seconds:g} s")
+
+
+def _read(response, limit: int, deadline: _Deadline) -> bytes:
+    """The body, read as it comes; more than `limit` bytes (declared or received) raises _TooLarge at once, the
+    deadline's end TimeoutError."""
+    length = response.headers.get("Content-Length", "")
+    if length.isdigit() and int(length) > limit:
+        raise _TooLarge(int(length))
+    chunks, size, read = [], 0, getattr(response, "read1", response.read)  # read1: what has come, not 64 KiB
+    while chunk := read(64 * 1024):
+        deadline.check()
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge(size)
+        chunks.append(chunk)
+    if length.isdigit() and size < int(length):  # read(amt) does not raise on a cut body, read() would
+        raise http.client.IncompleteRead(b"".join(chunks), int(length) - size)
+    return b"".join(chunks)
+
+
+def _exchange(endpoint: Endpoint, post: urllib.request.Request) -> tuple[int, Any, bytes]:
+    """One try: (status, headers, body), all within `endpoint.timeout` seconds and `endpoint.max_bytes` bytes."""
+    with _Deadline(endpoint.timeout) as deadline:
+        opener = urllib.request.build_opener(deadline.handler(urllib.request.HTTPHandler),
+                                             deadline.handler(urllib.request.HTTPSHandler))
+        try:
+            try:
+                response = opener.open(post, timeout=endpoint.timeout)
+            except urllib.error.HTTPError as err:
+                response = err
+            with response:
+                body = _read(response, endpoint.max_bytes, deadline)
+            deadline.check()
+            return response.status, response.headers, body
+        except (OSError, http.client.HTTPException):
+            deadline.check()
+            raise
+
+
+def _wait(endpoint: Endpoint, request: Request, attempt: int, cause: str, after: float | None,
+          sleep: Callable[[float], None]) -> None:
+    """Sleep before the next try, saying so; a server's Retry-After over `max_wait` is an error instead."""
+    if after is not None and after > endpoint.max_wait:
+        raise _error(endpoint, request, f"{cause}: the server asks to wait {after:g} s (Retry-After), more than the "
+                                        f"{endpoint.max_wait:g} s vlbench waits; try again later")
+    seconds = after if after is not None else min(endpoint.backoff * 2 ** attempt, endpoint.max_backoff)
+    reason = "as the server asks (Retry-After)" if after is not None else "backoff"
+    tqdm.write(redact(f"{endpoint.url}: {cause}; waiting {seconds:g} s {reason} before try {attempt + 2} of "
+                      f"{endpoint.retries + 1}", endpoint.api_key), file=sys.stderr)
+    sleep(seconds)
 
 
 def _post(endpoint: Endpoint, request: Request, n: int, sleep: Callable[[float], None]) -> list[str]:
@@ -305,26 +440,29 @@ def _post(endpoint: Endpoint, request: Request, n: int, sleep: Callable[[float],
     data = json.dumps(request.body(n)).encode()
     for attempt in range(endpoint.retries + 1):
         last = attempt == endpoint.retries
+        post = urllib.request.Request(endpoint.url, data=data, headers=headers, method="POST")
         try:
-            post = urllib.request.Request(endpoint.url, data=data, headers=headers, method="POST")
-            with urllib.request.urlopen(post, timeout=endpoint.timeout) as response:
-                return _choices(endpoint, request, response.read())
-        except urllib.error.HTTPError as err:
-            body, after = err.read(), retry_after(err.headers.get("Retry-After"))
-            err.close()
-            if err.code != 429 and err.code < 500:
-                hint = HINTS.get(err.code, "the endpoint refused the request")
-                raise LLMError(f"{_where(endpoint, request)}: HTTP {err.code} ({hint}): {_detail(body)}") from None
-            if last:
-                raise LLMError(f"{_where(endpoint, request)}: HTTP {err.code} after {attempt + 1} tries: "
-                               f"{_detail(body)}") from None
+            status, response_headers, body = _exchange(endpoint, post)
+        except _TooLarge as err:
+            raise _error(endpoint, request, f"the response is larger than {endpoint.max_bytes:,} bytes "
+                                            f"({err.args[0]:,} or more); vlbench keeps at most that per "
+                                            f"request") from None
         except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as err:
+            reason = getattr(err, "reason", err)
             if last:
-                reason = getattr(err, "reason", err)
-                raise LLMError(f"{_where(endpoint, request)}: no answer after {attempt + 1} tries "
-                               f"(timeout {endpoint.timeout:g} s): {reason}") from None
-            after = None
-        sleep(after if after is not None else min(endpoint.backoff * 2 ** attempt, endpoint.max_backoff))
+                raise _error(endpoint, request, f"no answer after {attempt + 1} tries (timeout "
+                                                f"{endpoint.timeout:g} s): {reason}") from None
+            _wait(endpoint, request, attempt, f"no answer ({reason})", None, sleep)
+            continue
+        if status < 300:
+            return _choices(endpoint, request, body)
+        if status != 429 and status < 500:
+            hint = HINTS.get(status, "the endpoint refused the request")
+            raise _error(endpoint, request, f"HTTP {status} ({hint}): {_detail(body, endpoint.api_key)}")
+        if last:
+            raise _error(endpoint, request,
+                         f"HTTP {status} after {attempt + 1} tries: {_detail(body, endpoint.api_key)}")
+        _wait(endpoint, request, attempt, f"HTTP {status}", retry_after(response_headers.get("Retry-After")), sleep)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -378,16 +516,18 @@ class AnswerCache:
             os.fsync(out.fileno())
 
     def commit(self, rows: Mapping[str, Mapping[str, Any]]) -> None:
-        """Write every row into the cache at once (atomic), then drop the journal."""
+        """Write every row into the cache at once (atomic), then drop the journal. A cache without answers is one
+        empty line, not an empty file: DVC warns "'data/llm/<d>.jsonl' is empty" about an empty output on every
+        run (readers skip blank lines)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(self.path) as tmp:
             lines = (json.dumps(rows[key], sort_keys=True, ensure_ascii=False) + "\n" for key in sorted(rows))
-            tmp.write_text("".join(lines), encoding="utf-8")
+            tmp.write_text("".join(lines) or "\n", encoding="utf-8")
         self.journal.unlink(missing_ok=True)
 
     def ensure(self) -> None:
-        """The cache exists (empty if nothing was ever asked) and holds the journal's answers."""
-        if self.journal.exists() or not self.path.exists():
+        """The cache exists (one empty line if nothing was ever asked) and holds the journal's answers."""
+        if self.journal.exists() or not self.path.exists() or self.path.stat().st_size == 0:
             self.commit(self.load())
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from vlbench import portable
 from vlbench.config import NAME, ParamsError
 from vlbench.errors import VlbenchError
 
@@ -209,6 +210,7 @@ def faiss_module():
         import faiss
     except ImportError as err:  # pragma: no cover - faiss-cpu is a dependency
         raise RetrievalError("retrieval needs FAISS: pip install faiss-cpu (or vlbench[gpu] for faiss-gpu)") from err
+    portable.use_portable_faiss(faiss)
     return faiss
 
 

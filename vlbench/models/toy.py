@@ -4,7 +4,8 @@ The demo suite needs a model without network access, so the pipeline trains one:
 the corpus's `train.parquet` (images + `captions`), decodes every image once into a uint8 tensor,
 tokenizes every caption once, and trains an open_clip architecture from `vlbench/models/configs/` with
 open_clip's own `ClipLoss`, AdamW and a warmup + cosine schedule. Everything is deterministic from the
-seed (model init, batch order, caption choice) on a given machine and thread count.
+seed (model init, batch order, caption choice), and the same on every x86-64 CPU with AVX2 when the process
+runs with vlbench.portable's settings (every stage does).
 
 The checkpoint is a plain `state_dict`, so the toy model loads like any local checkpoint:
 
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vlbench import portable
 from vlbench.datasets.canonical import DatasetError, iter_batches, split_path
 from vlbench.io import atomic_path, sha256_file
 
@@ -60,7 +62,7 @@ def train_toy_clip(
     :func:`_make_optimizer`, :func:`_train_loop` (one :func:`_train_step` per step), then
     :func:`_write_checkpoint`, :func:`_write_train_log` and :func:`_summary`. Model init, corpus loading and
     training run in that order under one seeded, deterministic RNG scope, which is what makes the
-    checkpoint bit-identical for a seed (on one CPU type and thread count).
+    checkpoint bit-identical for a seed (on every x86-64 CPU with AVX2 under vlbench.portable, as stages run).
     """
     if steps < 1 or batch_size < 2:
         raise ValueError(f"steps must be >= 1 and batch_size >= 2 (got steps={steps}, batch_size={batch_size})")
@@ -83,13 +85,14 @@ def train_toy_clip(
         log = _train_loop(model, optimizer, batches, _lr_schedule(lr, warmup_steps, steps), steps, grad_clip_norm,
                           _progress(steps, arch, progress))
         train_seconds = time.perf_counter() - t_train
+        threads = torch.get_num_threads()
 
     model.eval()
     _write_checkpoint(model, out_path)
     log_path = _write_train_log(log, out_path.with_name(LOG_NAME))
     settings = dict(steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                     warmup_steps=warmup_steps, seed=seed)
-    timings = dict(data=t_data, train=train_seconds, total=time.perf_counter() - t_start)
+    timings = dict(data=t_data, train=train_seconds, total=time.perf_counter() - t_start, threads=threads)
     return _summary(model, arch, out_path, log_path, log, images.shape[0], tokens.shape[0], settings, timings)
 
 
@@ -218,7 +221,7 @@ def _summary(model, arch: str, out_path: Path, log_path: Path, log: list[tuple[i
         "train_seconds": round(timings["train"], 2),
         "seconds": round(timings["total"], 2),
         "steps_per_s": round(steps / timings["train"], 3),
-        "threads": torch.get_num_threads(),
+        "threads": timings["threads"],
     }
 
 
@@ -342,16 +345,21 @@ def _lr_schedule(base_lr: float, warmup: int, total: int):
 
 @contextlib.contextmanager
 def _deterministic(seed: int):
-    """Seeded, deterministic kernels for the duration of training; the caller's settings are restored."""
+    """Seeded, deterministic kernels and a fixed thread count (vlbench.portable.THREADS: a parallel reduction splits
+    by thread) for the duration of training; the caller's settings are restored."""
     previous = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    threads = torch.get_num_threads()
     py_state, np_state = random.getstate(), np.random.get_state()
     torch.use_deterministic_algorithms(True)
+    if portable.enabled():
+        torch.set_num_threads(portable.THREADS)
     random.seed(seed)
     np.random.seed(seed)
     try:
         yield
     finally:
+        torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(previous, warn_only=warn_only)
         random.setstate(py_state)
         np.random.set_state(np_state)

@@ -103,15 +103,39 @@ def _model_section(model: Mapping[str, Any]) -> list[str]:
 
 
 def _headline_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    rows = [[_td(_e(a)), _td(_e(d)), _td(_e(m)), _td(number(v), "num"),
-             _td(interval_text(i) or '<span class="muted">none</span>', "interval")]
-            for a, d, m, v, i in headline_rows(metrics, results)]
+    found = headline_rows(metrics, results)
+    notes, folded = text_notes(found)
+    rows = [[_td(_e(a)), _td(_e(d)), _td(_e(m)),
+             _td(number(v), "num") if _is_number(v) or v is None else _td(""),
+             _td(interval_text(i) or '<span class="muted">none</span>', "interval"),
+             _td(_e("; ".join(notes.get((a, d, m), [])) or ("" if _is_number(v) or v is None else v)), "note")]
+            for a, d, m, v, i in found if (a, d, m) not in folded]
     return ["<h2 id=\"headline\">Headline numbers</h2>",
             "<p>Every analysis on every dataset (reports/metrics.json), with its 95% interval where the result has "
             "one (its <code>intervals</code>: <em>bootstrap</em> resamples the test samples, <em>seeds</em> spans the "
             "protocol's seeds, <em>episodes</em> its few-shot episodes); all other numbers are in "
             "reports/&lt;analysis&gt;/&lt;dataset&gt;.json.</p>",
-            _table(["analysis", "dataset", "metric", "value", "95% interval"], rows)]
+            _table(["analysis", "dataset", "metric", "value", "95% interval", "note"], rows)]
+
+
+def text_notes(rows: list[tuple[str, str, str, Any, Any]]) -> tuple[dict[tuple, list[str]], set[tuple]]:
+    """Text values (zeroshot's `knowledge_best_variant`: which variant) go to the note column, never the number
+    column: onto the rows of the same analysis and dataset whose metric shares their stem (`knowledge_best_*`), as
+    "variant: repe"; a text value without such a row keeps its own row (value column empty). Returns ({row key:
+    notes}, the keys of the text rows folded into others)."""
+    notes: dict[tuple, list[str]] = {}
+    folded: set[tuple] = set()
+    for a, d, m, v, _ in rows:
+        if _is_number(v) or v is None:
+            continue
+        stem, _, what = m.rpartition("_")
+        targets = [(a, d, k) for a2, d2, k, v2, _ in rows if (a2, d2) == (a, d) and k != m and stem
+                   and k.startswith(f"{stem}_") and (_is_number(v2) or v2 is None)]
+        for key in targets:
+            notes.setdefault(key, []).append(f"{what}: {v}")
+        if targets:
+            folded.add((a, d, m))
+    return notes, folded
 
 
 def _reference_section(reference: Mapping[str, Any]) -> list[str]:

@@ -20,7 +20,8 @@ from vlbench.io import atomic_path
 VALUE_FORMAT = "{:.3f}"          # the value printed on each bar
 BAR_STEP = 28                    # px per bar
 CHART_WIDTH = 480                # px, the 0..1 axis
-INSIDE_FROM = 0.5                # bars at least this long carry their label inside, others just after
+INSIDE_FROM = 0.5                # bars at least this long carry their label inside if it fits, others just after
+LABEL_PX_PER_CHAR = 8.0          # an upper bound of a bold 12 px DejaVu Sans character's width
 # dark colours that keep white bold labels readable (ColorBrewer Dark2 with its yellow swapped for blue)
 PALETTE = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#1f78b4", "#a6761d", "#66a61e", "#666666")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -54,6 +55,12 @@ def _label(metric: str, value: float) -> str:
     return f"{metric} {VALUE_FORMAT.format(value)}" if math.isfinite(value) else f"{metric} n/a"
 
 
+def _fits(label: str, value: float) -> bool:
+    """Whether the label fits inside its bar: its width at 12 px bold (DejaVu Sans, at most ~8 px a character; an
+    over-estimate puts a label outside, never cuts it) within the bar's length less the 6 px inset and a margin."""
+    return len(label) * LABEL_PX_PER_CHAR + 12 <= min(value, 1.0) * CHART_WIDTH
+
+
 def vegalite_spec(analysis: str, rows: list[tuple[str, str, float]]) -> dict[str, Any]:
     """Horizontal bars on a 0..1 axis, one per (dataset, metric), each labelled "metric value".
 
@@ -70,8 +77,9 @@ def vegalite_spec(analysis: str, rows: list[tuple[str, str, float]]) -> dict[str
             "metric": metric,
             "value": value if finite else None,
             "label": _label(metric, value),
-            # bars long enough hold their label inside (white on colour), short ones just after the end
-            "inside": bool(finite and value >= INSIDE_FROM),
+            # bars long enough hold their label inside (white on colour), others just after the end (the chart
+            # grows to the right to hold it: a label is never cut)
+            "inside": bool(finite and value >= INSIDE_FROM and _fits(_label(metric, value), value)),
         })
     datasets_by_key = {v["key"]: v["dataset"] for v in values}
     # the y axis names each dataset once: on its first band; a dataset's further metrics get no repeat

@@ -780,8 +780,8 @@ def settings_details(s: Settings, seed: int) -> dict[str, Any]:
 
 
 def head_interval(runs: list[dict], head: str, shots, report: str, pool: Pool, seed: int):
-    """The 95% interval of a head's reported number at `shots`: over the sampling seeds (a t-interval) where it ran
-    several, else a bootstrap over the test samples of its one final head (single-label accuracy or mean-per-class,
+    """The 95% interval of a head's reported number at `shots`: over the sampling seeds (a t-interval on the logit scale,
+    `stats.seeds_interval`) where it ran several, else a bootstrap over the test samples of its one final head (single-label accuracy or mean-per-class,
     from its test predictions); None for other metrics."""
     chosen = [r for r in runs if r["shots"] == shots]
     if len(chosen) > 1:
