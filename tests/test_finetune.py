@@ -5,15 +5,18 @@ same weights bit for bit, the search is ELEVATER's, and a fine-tuned model's fea
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import open_clip
 import pytest
 import torch
+import yaml
 
 from tests.conftest import make_dataset, make_texts
 from vlbench.analyses import specificity
 from vlbench.analyses.base import Inputs
+from vlbench.config import ParamsError, compose
 from vlbench.datasets.canonical import load_meta
 from vlbench.datasets.synthetic import build
 from vlbench.embed import embed_image_splits, embed_text_sets
@@ -29,6 +32,7 @@ from vlbench.texts import build_text_sets, write_text_sets
 
 ADAPT = {"elevater": {"shots": [2], "seeds": [0], "batch_size": 8, "search_epochs": 1, "final_epochs": 2,
                       "lr_grid": {"log_lower": -3, "log_upper": -2, "num": 2}}}
+ROOT = Path(__file__).resolve().parent.parent
 TEXT_TOWER = ("transformer.", "token_embedding.", "ln_final.", "positional_embedding", "text_projection", "logit_scale")
 COLOURS = ["red", "orange", "yellow", "green", "cyan", "blue", "purple", "pink", "brown"]
 
@@ -76,9 +80,9 @@ def elevater_run(colours, base):
     return method("elevater_full")(elevater_job(colours, base))
 
 
-def elevater_job(colours, base, runtime=None, **settings):
+def elevater_job(colours, base, runtime=None, adapt=ADAPT, **settings):
     return Job("tiny", colours / "prepared/tiny", colours / "texts/tiny", base, {"head": "language_2p", **settings},
-               {"precision": "fp32"}, 0, {"adapt": ADAPT}, runtime or Runtime(progress=False))
+               {"precision": "fp32"}, 0, {"adapt": adapt}, runtime or Runtime(progress=False))
 
 
 def negclip_job(captions, base, runtime=None):
@@ -124,6 +128,47 @@ def test_elevater_full_trains_the_image_tower_only_with_the_probe_search_and_the
     assert out.details["trainable_params"] == m
     assert out.metrics["elevater_full/language_2p/2/pe"] == pytest.approx(score * math.exp(math.log10(m / 1e8 + 1)))
     assert len(out.chart["data"]["values"]) == len(table)
+
+
+def test_a_search_candidate_whose_loss_turns_non_finite_is_a_failed_candidate_and_the_search_goes_on(colours, base):
+    """Issue 30 (2): with weight decay 1e4 and more, learning rate 0.01 multiplies the weights by about -100 per step
+    (and learning rate 1 diverges at every weight decay): those candidates' loss is NaN within their 8 steps. Each is a
+    failed candidate scored 0, the worst, as ELEVATER's toolkit scores a run that fails; the table says where it
+    diverged, the choice is made among the others and the final run completes."""
+    adapt = {"elevater": {"shots": [4], "seeds": [0], "batch_size": 2, "search_epochs": 2, "final_epochs": 1,
+                          "lr_grid": {"log_lower": -2, "log_upper": 0, "num": 2}}}
+    out = method("elevater_full")(elevater_job(colours, base, adapt=adapt))
+    table = out.tables["search"].to_pylist()
+    failed = [r for r in table if r["status"] == "diverged"]
+    finite = [r for r in table if r["status"] == "ok"]
+    assert len(failed) + len(finite) == len(table) and failed and finite
+    assert any(r["lr"] == 0.01 and r["wd"] == 1e4 for r in failed)  # the candidate that stopped the stage before
+    assert all(r["val_score"] == 0.0 and 1 <= r["diverged_step"] <= 8 for r in failed)  # 4 steps per epoch, 2 epochs
+    assert all(r["diverged_step"] is None for r in finite)
+    run = out.details["runs"][0]
+    assert run["search_diverged"] == len(failed)
+    best = max(r["val_score"] for r in finite)
+    assert best > 0 and run["chosen"]["val_score"] == best
+    chosen = next(r for r in table if r["lr"] == run["chosen"]["lr"] and r["wd"] == run["chosen"]["wd"])
+    assert chosen["status"] == "ok" and chosen["val_score"] == best
+    assert math.isfinite(out.metrics["elevater_full/language_2p/4/last"])
+    assert any(v["status"] == "diverged" for v in out.chart["data"]["values"])
+
+
+def test_a_diverging_final_run_is_one_line_naming_the_run_its_hyper_parameters_and_what_to_do(colours, base):
+    """A search run of one step cannot diverge (its loss is that of the base weights), so learning rate 100 is chosen;
+    the final run's 6 steps at that rate overflow. That is an error: the message names the run, the chosen pair, and
+    the grid to search instead."""
+    adapt = {"elevater": {"shots": [2], "seeds": [0], "batch_size": 8, "search_epochs": 1, "final_epochs": 6,
+                          "lr_grid": {"log_lower": 2, "log_upper": 2, "num": 1}}}
+    with pytest.raises(FinetuneError) as err:
+        method("elevater_full")(elevater_job(colours, base, adapt=adapt))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("finetune elevater_full on 'tiny': the final run final-2-0 (2 shots, seed 0) diverged at "
+                              "step ")
+    assert "with the search's choice: learning rate 100, weight decay 1e-06" in message
+    assert "-S adapt.elevater.lr_grid.log_lower=1 -S adapt.elevater.lr_grid.log_upper=1" in message
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights_bit_for_bit(captions, base, negclip_run, tmp_path):
@@ -217,6 +262,32 @@ def test_features_of_a_finetuned_model_are_never_read_as_the_base_models(colours
     (out_dir / "checkpoint.pt").write_bytes(b"other weights")
     with pytest.raises(FinetunedModelError, match="fingerprint.json: its weights_sha256 is not the sha256 of"):
         model_identity(tuned)
+
+
+def test_a_finetuned_entry_without_its_weights_names_the_run_that_makes_them(tmp_path, monkeypatch):
+    """Issue 30 (5): `-S model=toy-elevater-shapes` before the fine-tuning run is refused when params are composed (DVC
+    would otherwise fail hashing the missing checkpoint with a bare `No such file or directory`), in one line naming
+    the checkpoint and the command that makes it; once the run's outputs are there, the entry composes and loads."""
+    monkeypatch.chdir(tmp_path)  # a project without the fine-tuned weights
+    entry = yaml.safe_load((ROOT / "conf/model/toy-elevater-shapes.yaml").read_text())
+    message = ("model 'toy-elevater-shapes' needs data/finetuned/shapes/elevater_full/checkpoint.pt, which is not "
+               "there: it is made by fine-tuning 'toy' on 'shapes' with elevater_full: `dvc exp run -S model=toy -S "
+               "'suite.finetune=[shapes]' -S finetune.method=elevater_full`, then rerun this command")
+    with pytest.raises(ParamsError) as err:
+        compose(["model=toy-elevater-shapes"], ROOT / "conf")
+    assert message in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(FinetunedModelError) as err:
+        model_identity(entry)  # a stage run by hand says the same
+    assert str(err.value) == message
+    out = tmp_path / "data/finetuned/shapes/elevater_full"
+    fingerprint = make_fingerprint({"model": "toy"}, "elevater_full", {}, "shapes", {"dataset_version": "v"}, 0, 1)
+    write_finetuned(out, lambda p: p.write_bytes(b"weights"), fingerprint)
+    params = compose(["model=toy-elevater-shapes"], ROOT / "conf")
+    assert params["model"]["weights_file"] == "data/finetuned/shapes/elevater_full/checkpoint.pt"
+    assert model_identity(params["model"])["finetune"] == fingerprint["id"]
+    (out / "fingerprint.json").unlink()
+    with pytest.raises(FinetunedModelError, match="needs data/finetuned/shapes/elevater_full/fingerprint.json, which"):
+        model_identity(entry)
 
 
 def test_bad_settings_are_one_line_naming_the_key(colours, base):

@@ -23,7 +23,7 @@ def test_dvc_exp_run_fine_tunes_and_the_weights_run_as_a_model(tmp_path):
     assert "finetune@shapes" not in run(repo, *DVC, "status").stdout  # opt-in: the default suite has no finetune stage
     tuned = {"slug": "toy-smoke-ft", "arch": "vlbench-toy", "base": "toy-smoke",
              "finetune": {"dataset": "shapes", "method": "elevater_full"},
-             "pretrained": "data/finetuned/shapes/elevater_full/checkpoint.pt", "weights_file": "${.pretrained}",
+             "pretrained": "data/finetuned/shapes/elevater_full/checkpoint.pt", "weights_file": "${vlbench.finetuned:}",
              "precision": "fp32", "pretrain": []}
     (repo / "conf/model/toy-smoke-ft.yaml").write_text(yaml.safe_dump(tuned, sort_keys=False))
     run(repo, "git", "add", "-A")

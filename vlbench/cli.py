@@ -13,7 +13,15 @@ from pathlib import Path
 import click
 import yaml
 
-from vlbench.config import OWN_DATA, available, compose, conf_dir, link_data_root
+from vlbench.config import (
+    OWN_DATA,
+    available,
+    compose,
+    conf_dir,
+    finetune_command,
+    link_data_root,
+    missing_finetuned,
+)
 from vlbench.errors import VlbenchError
 from vlbench.io import atomic_path
 
@@ -37,11 +45,15 @@ def _conf(ctx: click.Context) -> Path:
 @main.command()
 @click.pass_context
 def models(ctx: click.Context) -> None:
-    """List the model slugs (conf/model/*.yaml)."""
+    """List the model slugs (conf/model/*.yaml); a fine-tuned model's entry says which run makes its weights."""
     conf = _conf(ctx)
     for slug in available("model", conf):
         cfg = yaml.safe_load((conf / "model" / f"{slug}.yaml").read_text())
-        click.echo(f"{slug:20s} {cfg['arch']:24s} {cfg['pretrained']}")
+        needs = ""
+        if cfg.get("finetune"):
+            made = missing_finetuned(cfg, conf.parent) is None
+            needs = f"  needs `{finetune_command(cfg)}` ({'made' if made else 'not made yet'})"
+        click.echo(f"{slug:20s} {cfg['arch']:24s} {cfg['pretrained']}{needs}")
 
 
 @main.command()

@@ -83,6 +83,15 @@ class Interrupted(Exception):
     """A run stopped after `Runtime.stop_after` steps; its state file lets the next call resume it."""
 
 
+class Diverged(FinetuneError):
+    """A run's loss turned non-finite at `step` (of `steps`); no optimizer step was taken on it. A method with a
+    hyper-parameter search scores such a search run as failed; elsewhere it is the user's error (one line)."""
+
+    def __init__(self, run: str, step: int, steps: int, loss: float):
+        self.run, self.step, self.steps, self.loss = run, step, steps, loss
+        super().__init__(f"{run}: loss {loss} is not finite at step {step} of {steps}; lower the learning rate")
+
+
 # --------------------------------------------------------------------------------------------------
 # seeds, devices, precision
 
@@ -191,7 +200,11 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loop: Loop, 
         for group in optimizer.param_groups:
             group["lr"] = lr
         torch.manual_seed(step_seed(loop.seed, loop.name, step))
-        value, micro = optimise(model, optimizer, loop, loop.batch(step), micro, options, device)
+        try:
+            value, micro = optimise(model, optimizer, loop, loop.batch(step), micro, options, device)
+        except NonFinite as err:
+            bar.close()
+            raise Diverged(loop.name, step, loop.steps, err.loss) from None
         extra = loop.after_step(model, step) if loop.after_step is not None else None
         log.append({"step": step, "loss": value, "lr": lr, "micro_batch": micro or 0, **(extra or {})})
         bar.update(1)
@@ -226,13 +239,21 @@ def _accumulate(model, optimizer, loop: Loop, batch: tuple, micro: int, options,
         with autocast(options, device):
             loss = loop.loss(model, *chunk) * (chunk[0].shape[0] / size)
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"{loop.name}: loss {loss.item()} is not finite; lower the learning rate")
+            raise NonFinite(float(loss.item()))
         loss.backward()
         total += float(loss.item())
     if loop.grad_clip_norm:
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], loop.grad_clip_norm)
     optimizer.step()
     return total
+
+
+class NonFinite(Exception):
+    """A chunk's loss is not finite (raised before its backward pass; `train` names the run and step)."""
+
+    def __init__(self, loss: float):
+        super().__init__(loss)
+        self.loss = loss
 
 
 def resume(model, optimizer, state_path: Path | None) -> tuple[int, list[dict[str, float]]]:

@@ -8,17 +8,21 @@ final run on train + validation for 10 + EXTRA_FINAL_TRAIN_EPOCH 40 epochs, the 
 language-initialised head (`text_classifier`'s class embeddings of the `prompts` set, made here by the base model) or
 Random-2P, and the parameter-efficiency metric with M0 = 1e8. What differs from the probe is what trains: the image
 tower and the head (the toolkit's `Classifier`: the text tower and logit scale frozen), on images rather than
-cached features, SGD with momentum in FP32 (finetune.precision amp_bf16 is an option on CUDA).
+cached features, SGD with momentum in FP32 (finetune.precision amp_bf16 is an option on CUDA). A search run whose loss
+turns non-finite is a failed candidate (score 0, the toolkit's score for a run that fails; `status` and `diverged_step`
+in the search table); a final run that diverges is a one-line error naming the run, the chosen pair and what to do.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from vlbench.analyses.adapt.common import pytorch_linear_init, score_heads, softmax_np
@@ -40,6 +44,7 @@ from vlbench.datasets.canonical import load_meta
 from vlbench.embed import embed_texts, model_for_dataset
 from vlbench.finetune import FinetuneError
 from vlbench.finetune.common import (
+    Diverged,
     Job,
     Loop,
     Outcome,
@@ -218,12 +223,22 @@ class Task:
         val_labels = targets(self.labels, val, len(self.meta.classes), self.meta.multi_label).numpy()
         lrs, wds = s.learning_rates(), s.weight_decays()
 
-        def evaluate(requests):
-            return [self.fit(f"search-{shots}-{seed}-{li}-{wi}", fit, self.train_images, val, val_labels, lrs[li],
-                             wds[wi], s.search_epochs, quiet)[1].max() for (_, li), wi in requests]
+        diverged: dict[tuple[int, int], int] = {}  # (lr index, wd index trained) -> the step its loss turned non-finite
 
-        outcome = weight_decay_search(evaluate, [("finetune", li) for li in range(len(lrs))],
-                                      refinement=s.wd_refinement)
+        def candidate(li: int, wi: int) -> float:
+            """A search run's score: its best validation epoch; a run that diverges is a failed run and scores 0, the
+            worst (the toolkit's `except: best_score_ = 0.0`), so it is never chosen over one that did not."""
+            try:
+                return self.fit(f"search-{shots}-{seed}-{li}-{wi}", fit, self.train_images, val, val_labels, lrs[li],
+                                wds[wi], s.search_epochs, quiet)[1].max()
+            except Diverged as err:
+                diverged[li, wi] = err.step
+                print(f"{err.run}: loss {err.loss} at step {err.step} of {err.steps} (learning rate {lrs[li]:g}, "
+                      f"weight decay {wds[wi]:g}): diverged, a failed search run (score 0)")
+                return 0.0
+
+        outcome = weight_decay_search(lambda requests: [candidate(li, wi) for (_, li), wi in requests],
+                                      [("finetune", li) for li in range(len(lrs))], refinement=s.wd_refinement)
         per_lr = [outcome.peaks["finetune", li] for li in range(len(lrs))]
         li = select_learning_rate([score for _, score in per_lr])
         chosen = {"lr": lrs[li] if li is not None else 0.0, "wd": wds[per_lr[li][0]] if li is not None else 0.0,
@@ -231,8 +246,12 @@ class Task:
         final_rows = pool if n_search else (rows if merge else fit)
         test_rows = np.arange(len(self.test_labels))
         test_y = targets(self.test_labels, test_rows, len(self.meta.classes), self.meta.multi_label).numpy()
-        model, scores, predicted = self.fit(f"final-{shots}-{seed}", final_rows, self.test_images, test_rows, test_y,
-                                            chosen["lr"], chosen["wd"], s.final_epochs, self.job.runtime)
+        try:
+            model, scores, predicted = self.fit(f"final-{shots}-{seed}", final_rows, self.test_images, test_rows,
+                                                test_y, chosen["lr"], chosen["wd"], s.final_epochs, self.job.runtime)
+        except Diverged as err:
+            raise FinetuneError(final_diverged(err, self.meta.name, shots, seed, chosen, s, li, fit.size,
+                                               final_rows.size)) from None
         if self.exported is None:
             self.exported = state_on_cpu(model.clip)
             self.export_setting = {"shots": shots, "seed": seed, **chosen}
@@ -240,8 +259,28 @@ class Task:
                 "final_train": int(final_rows.size), "chosen": chosen,
                 "final": {"last": float(scores[-1]), "best_on_test": float(scores.max()),
                           "best_epoch": int(scores.argmax()) + 1, "per_epoch": scores.tolist()},
-                "search_runs": outcome.runs, "trace": [{**t, "line": ("finetune", t["line"][1])} for t in outcome.trace],
+                "search_runs": outcome.runs, "search_diverged": len(diverged),
+                "trace": [{**t, "line": ("finetune", t["line"][1]),
+                           "diverged_step": diverged.get((t["line"][1], t["trained"]))} for t in outcome.trace],
                 "predicted": predicted}
+
+
+def final_diverged(err: Diverged, dataset: str, shots, seed: int, chosen: Mapping[str, float], s: Settings,
+                   li: int | None, search_images: int, final_images: int) -> str:
+    """The one-line error of a final run that diverged: the run, the search's choice, and a grid that leaves out the
+    chosen learning rate (the smaller rates of this grid; a grid one step lower when it was the smallest)."""
+    lower, upper = s.lr_log_range
+    key = "-S adapt.elevater.lr_grid"
+    if li:
+        grid = f"{key}.log_upper={math.log10(s.learning_rates()[li - 1]):g} {key}.num={li}"
+    else:
+        step = (upper - lower) / (s.lr_num - 1) if s.lr_num > 1 else 1
+        grid = f"{key}.log_lower={lower - step:g} {key}.log_upper={upper - step:g}"
+    return (f"finetune {METHOD} on {dataset!r}: the final run {err.run} ({shots} shots, seed {seed}) diverged at step "
+            f"{err.step} of {err.steps} (loss {err.loss}) with the search's choice: learning rate {chosen['lr']:g}, "
+            f"weight decay {chosen['wd']:g} (validation score {chosen['val_score']:.4f} after {s.search_epochs} search "
+            f"epoch(s) on {search_images} images; the final run: {s.final_epochs} epochs on {final_images}); rerun "
+            f"searching smaller learning rates: {grid} (docs/protocols.md, \"Fine-tuning: ELEVATER full\")")
 
 
 def outcome(job: Job, s: Settings, head: str, meta, runs: list[dict], task: Task, texts_version, seconds) -> Outcome:
@@ -254,7 +293,8 @@ def outcome(job: Job, s: Settings, head: str, meta, runs: list[dict], task: Task
                                "per_seed": values, **parameter_efficiency(mean, m, s)}
     metrics = {f"{METHOD}/{head}/{k}/{s.report}": v["mean"] for k, v in summary.items()}
     metrics.update({f"{METHOD}/{head}/{k}/pe": v["pe"] for k, v in summary.items()})
-    table = search_table([{**r, "trace": [{**t, "line": (head, t["line"][1])} for t in r["trace"]]} for r in runs], s)
+    table = with_status(search_table([{**r, "trace": [{**t, "line": (head, t["line"][1])} for t in r["trace"]]}
+                                      for r in runs], s), [t for r in runs for t in r["trace"]])
     hyper = {"head": head, **task.export_setting, "settings": settings_details(replace(s, heads=(head,)), job.seed),
              "options": {k: job.options.get(k) for k in ("precision",)}}
     kept = [{k: v for k, v in r.items() if k not in ("trace", "predicted")} for r in runs]
@@ -264,6 +304,14 @@ def outcome(job: Job, s: Settings, head: str, meta, runs: list[dict], task: Task
                  "settings": settings_details(replace(s, heads=(head,)), job.seed), "texts_version": texts_version},
         tables={"search": table}, counts={"pool": len(task.labels), "test": len(task.test_labels)},
         run={"seconds": seconds}, chart=search_chart(table.to_pylist(), meta.name))
+
+
+def with_status(table: pa.Table, trace: list[Mapping[str, Any]]) -> pa.Table:
+    """The probe's search table (one row per candidate, in `trace` order) with `status` ("ok" | "diverged") and
+    `diverged_step` (the step of the run whose loss was not finite; null for a run that finished)."""
+    steps = [t["diverged_step"] for t in trace]
+    return (table.append_column("status", pa.array(["ok" if x is None else "diverged" for x in steps], pa.string()))
+            .append_column("diverged_step", pa.array(steps, pa.int64())))
 
 
 def search_chart(rows: list[Mapping[str, Any]], dataset: str) -> dict[str, Any]:
@@ -277,7 +325,8 @@ def search_chart(rows: list[Mapping[str, Any]], dataset: str) -> dict[str, Any]:
                          "y": {"field": "val_score", "type": "quantitative", "title": "validation score"},
                          "color": {"field": "lr", "type": "nominal", "title": "learning rate"},
                          "shape": {"field": "setting", "type": "nominal"},
-                         "tooltip": [{"field": "wd", "type": "quantitative"}, {"field": "round", "type": "quantitative"}]},
+                         "tooltip": [{"field": "wd", "type": "quantitative"}, {"field": "round", "type": "quantitative"},
+                                     {"field": "status", "type": "nominal"}]},
             "width": 480, "height": 240}
 
 

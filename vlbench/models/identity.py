@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from vlbench.errors import VlbenchError
+from vlbench.config import FINETUNE_FINGERPRINT, FinetunedModelError, missing_finetuned
 from vlbench.io import sha256_file
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
@@ -28,11 +28,6 @@ CLEANS = ("canonicalize", "lower", "whitespace")  # open_clip's text cleaning; t
 LOGITS = ("softmax", "sigmoid")  # CLIP: softmax over scale * cos; SigLIP: sigmoid(scale * cos + bias) per pair
 # entry key -> the fingerprint key whose value must contain it
 DECLARED = {"preprocess": "model_preprocess", "text": "text", "logits": "logits"}
-FINETUNE_FINGERPRINT = "fingerprint.json"  # beside a fine-tuned checkpoint (vlbench.finetune.artifacts writes both)
-
-
-class FinetunedModelError(VlbenchError):
-    """A model config names a fine-tuned checkpoint whose fingerprint.json is missing or does not match it."""
 
 
 def hub_repo(arch: str) -> str | None:
@@ -66,11 +61,9 @@ def model_identity(model: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def finetuned_fingerprint(checkpoint: str | Path) -> dict[str, Any]:
-    """fingerprint.json beside a fine-tuned checkpoint, checked against the checkpoint's sha256."""
+    """fingerprint.json beside a fine-tuned checkpoint (both there: `missing_finetuned`), checked against the
+    checkpoint's sha256."""
     path = Path(checkpoint).with_name(FINETUNE_FINGERPRINT)
-    if not path.is_file():
-        raise FinetunedModelError(f"{path}: missing; a model with `finetune:` must name a checkpoint written by the "
-                                  f"finetune stage (data/finetuned/<dataset>/<method>/checkpoint.pt)")
     doc = json.loads(path.read_text())
     if Path(checkpoint).is_file() and sha256_file(checkpoint) != doc.get("weights_sha256"):
         raise FinetunedModelError(f"{path}: its weights_sha256 is not the sha256 of {checkpoint}; re-run the finetune "
@@ -84,6 +77,9 @@ def finetune_identity(model: Mapping[str, Any]) -> dict[str, Any]:
     weights) never takes them, nor the reverse."""
     if not model.get("finetune"):
         return {}
+    missing = missing_finetuned(model)
+    if missing is not None:
+        raise missing
     doc = finetuned_fingerprint(model["pretrained"])
     if model.get("base") and doc["base"]["model"] != model["base"]:
         raise FinetunedModelError(f"model {model.get('slug')!r}: base {model['base']!r}, but {model['pretrained']} was "
