@@ -261,4 +261,5 @@ def test_your_own_data_runs_as_an_experiment_and_compares(demo, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- fine-tuning
 # The README's fine-tuning flow (`dvc exp run -S 'suite.finetune=[shapes]' -S finetune.method=elevater_full`, issue 30
-# defect 2) belongs here, on the `demo` fixture; its owner adds the test.
+# defects 2 and 5) belongs here, on the `demo` fixture; for now it is tests/test_readme_flows_finetune.py (its own
+# miniature repository), which its owner moves into this section.
