@@ -43,7 +43,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import pyarrow as pa
 
-from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, write_dataset
+from vlbench.datasets.canonical import GROUP_COLUMN, ClassInfo, DatasetError, DatasetMeta, write_dataset
 from vlbench.datasets.download import Resource, fetch
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
@@ -164,7 +164,7 @@ def parse_spec(name: str, spec: Mapping) -> WdsSpec:
 def extra_columns(cfg: WdsSpec) -> dict[str, pa.DataType]:
     out = {"captions": pa.list_(pa.string())} if cfg.kind == "retrieval" else {}
     if cfg.group:
-        out["group"] = pa.string()
+        out[GROUP_COLUMN] = pa.string()
     return out
 
 
@@ -230,7 +230,7 @@ def row(name: str, cfg: WdsSpec, shard: str, sample: dict, num_classes: int) -> 
     else:
         out["label"] = label(where, sample, num_classes)
     if cfg.group:
-        out["group"] = group(where, sample, cfg.group)
+        out[GROUP_COLUMN] = group(where, sample, cfg.group)
     return out
 
 
