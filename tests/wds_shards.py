@@ -76,5 +76,5 @@ def caption_samples(captions: list[list[str]], seed: int = 0) -> list[dict]:
 def entry(name: str, base_url: str, **prepare) -> dict:
     """The real conf/dataset/<name>.yaml entry, pointed at the local server and pinned at `REVISION`."""
     found = yaml.safe_load((CONF / f"{name}.yaml").read_text())
-    found["prepare"].update(base_url=base_url, revision=REVISION, **prepare)
+    found["prepare"].update(base_url=str(base_url), revision=REVISION, **prepare)
     return found
