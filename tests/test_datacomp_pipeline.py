@@ -120,6 +120,26 @@ def test_retrieval_mean_recall_at_1_against_an_independent_computation(repo):
     assert metrics.mean_recall_at_1(result["i2t_r1"], result["t2i_r1"]) == pytest.approx((i2t + t2i) / 2, abs=6e-4)
 
 
+def test_the_results_give_their_cells_of_the_datacomp_average(repo):
+    """The three results' DataComp cells (`wds.datacomp_cell`) in a row whose other 35 cells are written here: the
+    average is the plain mean of the 38 (DataComp's aggregate_scores.py)."""
+    import yaml
+
+    from vlbench.datasets.wds import datacomp_cell
+
+    cells = {}
+    for name, analysis in (("wds-wilds-iwildcam", "zeroshot"), ("wds-dollar_street", "zeroshot"),
+                           ("wds-mscoco", "retrieval")):
+        spec = yaml.safe_load((repo / f"conf/dataset/{name}.yaml").read_text())["prepare"]
+        result = json.loads((repo / f"reports/{analysis}/{name}.json").read_text())["metrics"]
+        task, value = datacomp_cell(name, spec, result)
+        cells[task] = value
+    assert cells["MSCOCO"] == pytest.approx(metrics.mean_recall_at_1(*[json.loads(
+        (repo / "reports/retrieval/wds-mscoco.json").read_text())["metrics"][k] for k in ("i2t_r1", "t2i_r1")]))
+    row = {task: 0.5 for task in metrics.DATACOMP_TASKS if task not in cells} | cells
+    assert metrics.datacomp_average(row)["Average"] == pytest.approx((35 * 0.5 + sum(cells.values())) / 38)
+
+
 def test_nothing_is_stale_after_the_run(repo):
     from tests.pipeline_repo import run
 

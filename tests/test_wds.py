@@ -124,3 +124,14 @@ def test_the_entries_are_the_tools_output(tmp_path):
     datacomp_conf.main()
     assert before == {p.name: p.read_text() for p in CONF.glob("wds-*.yaml")}
     assert suites == {n: (CONF.parent / "suite" / f"{n}.yaml").read_text() for n in suites}
+
+
+def test_a_result_gives_its_datacomp_cell():
+    from vlbench.datasets.wds import datacomp_cell
+
+    iwildcam = entry("wds-wilds-iwildcam", "http://127.0.0.1:1")["prepare"]
+    assert datacomp_cell("wds-wilds-iwildcam", iwildcam, {"f1_macro": 0.25, "accuracy": 0.5}) == ("iWildCam", 0.25)
+    coco = entry("wds-mscoco", "http://127.0.0.1:1")["prepare"]
+    assert datacomp_cell("wds-mscoco", coco, {"i2t_r1": 0.5, "t2i_r1": 0.3, "i2t_r5": 0.9}) == ("MSCOCO", 0.4)
+    with pytest.raises(DatasetError, match="no 't2i_r1'"):
+        datacomp_cell("wds-mscoco", coco, {"i2t_r1": 0.5})

@@ -47,6 +47,7 @@ from vlbench.datasets.canonical import GROUP_COLUMN, ClassInfo, DatasetError, Da
 from vlbench.datasets.download import Resource, fetch
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
+from vlbench.metrics import mean_recall_at_1
 
 SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "base_url", "split", "kind", "metric", "group", "size", "classes",
              "sha256", "unsupported", "skip_corrupt")
@@ -131,6 +132,22 @@ def catalogue_row(name: str, spec: dict) -> dict:
     if spec.get("unsupported"):
         row["unsupported"] = spec["unsupported"]
     return row
+
+
+def datacomp_cell(name: str, spec: Mapping, result_metrics: Mapping[str, float]) -> tuple[str, float]:
+    """(DataComp's display name of the task, its main metric) from the `metrics` of the entry's result file: the
+    zero-shot result's `metric` for a classification task, `metrics.mean_recall_at_1` of the retrieval result's
+    `i2t_r1` and `t2i_r1` for a retrieval task. The 38 cells are what `metrics.datacomp_average` takes."""
+    cfg = parse_spec(name, spec)
+    task = (spec.get("datacomp") or {}).get("name", spec.get("task"))
+    try:
+        if cfg.kind == "retrieval":
+            return task, mean_recall_at_1(result_metrics["i2t_r1"], result_metrics["t2i_r1"])
+        return task, float(result_metrics[cfg.metric])
+    except KeyError as err:
+        raise DatasetError(f"dataset {name!r}: its result has no {err.args[0]!r} (metrics: "
+                           f"{sorted(result_metrics)}); is it the {'retrieval' if cfg.kind == 'retrieval' else 'zeroshot'}"
+                           f" result of this entry?") from None
 
 
 def parse_spec(name: str, spec: Mapping) -> WdsSpec:
