@@ -218,10 +218,10 @@ def metric_interval(metric: str, scores, labels, convention: str = "default", *,
     from vlbench import metrics
 
     scores = np.asarray(scores)
-    if metric in GROUP_METRICS:
+    if metric in GROUP_TOPK:
         metrics.compute(metric, scores, labels, convention, groups)  # the metric's own checks
         y = np.asarray(labels)
-        correct = metrics.topk_correct(scores.astype(np.float64), y, GROUP_METRICS[metric])
+        correct = metrics.topk_correct(scores.astype(np.float64), y, GROUP_TOPK[metric])
         reps = group_replicates(correct, groups, resamples, np.random.default_rng(seed))
         return Interval(*_quantiles(reps, level), level, "bootstrap", int(resamples), int(seed))
     if metric in SAMPLE_METRICS:
@@ -229,7 +229,7 @@ def metric_interval(metric: str, scores, labels, convention: str = "default", *,
         return bootstrap_sample_metric(metric, scores.argmax(axis=1) == y, y, resamples=resamples, seed=seed,
                                        level=level)
     if metric not in WHOLE_SET_METRICS:
-        known = ", ".join(SAMPLE_METRICS + tuple(WHOLE_SET_METRICS) + tuple(GROUP_METRICS))
+        known = ", ".join(SAMPLE_METRICS + tuple(WHOLE_SET_METRICS) + tuple(GROUP_TOPK))
         raise StatsError(f"no bootstrap for metric {metric!r}; known: {known}")
     _check_resamples(resamples)
     metrics.compute(metric, scores, labels, convention)  # the metric's own checks of shapes and values
@@ -248,7 +248,7 @@ def _roc_auc_replicates(scores, labels, weights, convention):
 
 
 WHOLE_SET_METRICS = {"map_11point": _weighted_map_11point, "roc_auc": _roc_auc_replicates, "f1_macro": _weighted_f1_macro}
-GROUP_METRICS = {"worst_group_accuracy": 1, "worst_group_top5": 5}  # metric: k of its top-k correctness
+GROUP_TOPK = {"worst_group_accuracy": 1, "worst_group_top5": 5}  # metric: k of its top-k correctness
 
 
 # --------------------------------------------------------------------------------------------------------- paired
