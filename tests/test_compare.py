@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from scipy import stats as sps
 
@@ -134,7 +135,8 @@ def test_unknown_revision_and_different_samples_are_one_line_errors(repo):
     proc = cli("HEAD", "no-such-rev")
     assert proc.exit_code == 1 and "unknown revision 'no-such-rev'" in proc.stderr
     proc = cli("HEAD~1", "HEAD")
-    assert proc.exit_code == 1 and "zeroshot/d: the two revisions scored different samples" in proc.stderr
+    assert proc.exit_code == 1 and "reports/zeroshot/d.predictions.parquet: " in proc.stderr
+    assert "scored different images (sample_id differ: 400 against 400, e.g. [" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
@@ -173,3 +175,65 @@ def test_per_sample_files_missing_from_cache_and_remote_fall_back_to_unpaired_wi
     assert "note: HEAD~1: 1 per-sample file(s) in neither the DVC cache nor the remote" in proc.stderr
     (diff,) = json.loads(proc.stdout)["rows"][0]["differences"]
     assert diff["paired"] is False and diff["p_mcnemar"] is None and diff["delta"] == pytest.approx(0.1)
+
+
+def test_each_metric_is_paired_by_the_table_its_analysis_declares(tmp_path, monkeypatch):
+    """Robustness's `correct` column, compositionality's per-category trials, multi-label zero-shot (`labels`) and a
+    metric no table declares: paired where declared, else unpaired with the reason; never an ArrowInvalid."""
+    import fsspec
+
+    from vlbench.compare import Experiment, compare
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    correct = {name: rng.random((2, 40)) < p for name, p in (("a", 0.5), ("b", 0.8))}
+    docs = {}
+    for i, name in enumerate("ab"):
+        folder = tmp_path / name / "reports"
+        for sub in ("robustness", "compositionality", "zeroshot"):
+            (folder / sub).mkdir(parents=True)
+        pq.write_table(pa.table({"sample_id": [f"s{k}" for k in range(40)], "label": LABELS[:40],
+                                         "predicted_reference_class": LABELS[:40], "correct": correct[name][0]}),
+                               folder / "robustness/shift.predictions.parquet")
+        pq.write_table(pa.table({"item": [f"i{k}" for k in range(40)], "sample_id": ["s0"] * 40,
+                                         "category": ["swap"] * 20 + ["replace"] * 20, "correct": correct[name][1]}),
+                               folder / "compositionality/c.trials.parquet")
+        pq.write_table(pa.table({"sample_id": ["s0"], "labels": [[0, 1]], "predicted": [0]}),
+                               folder / "zeroshot/h.predictions.parquet")
+        docs[name] = {("robustness", "shift"): {"metrics": {"accuracy": float(correct[name][0].mean()),
+                                                            "effective_robustness": 0.1 * i}},
+                      ("compositionality", "c"): {"metrics": {"swap": float(correct[name][1][:20].mean()),
+                                                              "mean": 0.5}},
+                      ("zeroshot", "h"): {"metrics": {"map_11point": 0.3, "accuracy": 0.2}}}
+    fs = fsspec.filesystem("dir", path=str(tmp_path / "a")), fsspec.filesystem("dir", path=str(tmp_path / "b"))
+    data = compare([Experiment("a", "1" * 40, docs["a"], fs[0]), Experiment("b", "2" * 40, docs["b"], fs[1])])
+    rows = {(r["analysis"], r["metric"]): r["differences"][0] for r in data["rows"]}
+    robust = rows[("robustness", "accuracy")]
+    expected = stats.paired_difference("accuracy", correct["a"][0], correct["b"][0], LABELS[:40])
+    assert (robust["paired"], robust["unit"], robust["n"]) == (True, "image", 40)
+    assert (robust["low"], robust["high"], robust["p_mcnemar"]) == (expected.low, expected.high, expected.p_mcnemar)
+    swap = rows[("compositionality", "swap")]
+    expected = stats.paired_difference("accuracy", correct["a"][1][:20], correct["b"][1][:20])
+    assert (swap["paired"], swap["unit"], swap["n"], swap["p_mcnemar"]) == (True, "trial", 20, expected.p_mcnemar)
+    assert swap["delta"] == pytest.approx(correct["b"][1][:20].mean() - correct["a"][1][:20].mean())
+    reasons = {key: rows[key]["unpaired_reason"] for key in (("compositionality", "mean"), ("zeroshot", "map_11point"),
+                                                             ("robustness", "effective_robustness"),
+                                                             ("zeroshot", "accuracy"))}
+    assert reasons == {
+        ("compositionality", "mean"): "reports/compositionality/c.trials.parquet has no rows whose category is 'mean': "
+                                      "not the accuracy of one group",
+        ("zeroshot", "map_11point"): "zeroshot declares no per-sample table for 'map_11point'",
+        ("robustness", "effective_robustness"): "robustness declares no per-sample table for 'effective_robustness'",
+        ("zeroshot", "accuracy"): "a's reports/zeroshot/h.predictions.parquet lacks the column(s) ['label'] its "
+                                  "analysis declares"}
+
+
+def test_every_per_sample_table_in_dvc_yaml_is_declared_by_its_analysis():
+    """dvc.yaml's reports/<analysis>/${item}.<table>.parquet outputs and the ANALYSES rows' tables are the same set."""
+    import re
+
+    from vlbench.analyses import ANALYSES
+
+    outs = set(re.findall(r"reports/(\w+)/\$\{item\}\.(\w+)\.parquet", (ROOT / "dvc.yaml").read_text()))
+    declared = {(name, t.name) for name, a in ANALYSES.items() for t in a.tables}
+    assert {o for o in outs if o[0] in ANALYSES} == declared

@@ -304,6 +304,9 @@ def compare_cmd(revs: tuple[str, ...], as_json: bool, out: str) -> None:
 
     if len(revs) < 2 or len(set(revs)) < len(revs):
         raise click.UsageError(f"give at least two different revisions, got {list(revs)}")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise click.BadParameter(f"{out} is a file; --out names the folder of the comparison page (index.html)",
+                                 param_hint="--out")
     try:
         experiments = [open_revision(rev) for rev in revs]
         data = compare(experiments)

@@ -5,15 +5,19 @@ Each revision is read through DVC (`dvc.api.DVCFileSystem(repo, rev)`), never ch
 per-sample tables from the DVC cache or the remote. A revision is anything git resolves (HEAD~1, a branch, a tag, a
 commit) or an experiment name as `dvc exp show` gives it.
 
-A difference is paired when both revisions kept per-sample results for the metric (a `<dataset>.predictions.parquet`
-with `sample_id`, `label` and `predicted`, for `accuracy` and `mean_per_class`): paired bootstrap of b - a, and for
-accuracy the exact McNemar test. Otherwise it is a normal approximation from the two intervals (`paired: false`).
+A difference is paired where the analysis declares a per-sample table for the metric (its `ANALYSES` row,
+`vlbench.analyses.SampleTable`: the table, the unit that pairs two runs, the statistic) and both revisions kept it:
+paired bootstrap of b - a over the units, and for accuracy the exact McNemar test. Otherwise it is a normal
+approximation from the two intervals (`paired: false`, with the reason in `unpaired_reason`). Two revisions whose
+tables hold different units (another split, another dataset version) are refused, naming the table.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import subprocess
+from fnmatch import fnmatchcase
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from vlbench import stats
+from vlbench.analyses import ANALYSES, SampleTable
 from vlbench.errors import VlbenchError
 
 REPORTS = "reports"
-SAMPLE_TABLE = "predictions"  # reports/<analysis>/<dataset>.predictions.parquet: sample_id, label, predicted
 ALPHA = 0.05  # a winner beats every other experiment with p below this
 
 
@@ -40,22 +44,46 @@ class Experiment:
     results: dict[tuple[str, str], dict[str, Any]]  # (analysis, dataset) -> result JSON
     fs: Any = field(repr=False, default=None)  # its DVCFileSystem, for per-sample tables
     unavailable: list[str] = field(default_factory=list)  # per-sample tables in neither the cache nor the remote
+    _tables: dict[str, tuple[Any, str]] = field(default_factory=dict, repr=False)
 
-    def samples(self, analysis: str, dataset: str):
-        """The per-sample table of (analysis, dataset) as a pyarrow table; None where the revision has none, or where
-        neither the DVC cache nor the remote holds it (listed in `unavailable`)."""
+    def table(self, analysis: str, dataset: str, declared: SampleTable) -> tuple[Any, str]:
+        """(the declared columns of reports/<analysis>/<dataset>.<table>.parquet as a pyarrow table, "") or (None, why
+        not): the revision has no such file, neither the DVC cache nor the remote holds it (also listed in
+        `unavailable`), or it lacks a declared column."""
+        path = f"{REPORTS}/{analysis}/{dataset}.{declared.name}.parquet"
+        if path not in self._tables:
+            self._tables[path] = self._read(path, declared.columns())
+        return self._tables[path]
+
+    def _read(self, path: str, columns: list[str]) -> tuple[Any, str]:
         import pyarrow.parquet as pq
         from dvc.exceptions import DvcException
 
-        path = f"{REPORTS}/{analysis}/{dataset}.{SAMPLE_TABLE}.parquet"
         if self.fs is None or not self.fs.exists(path):
-            return None
+            return None, f"{self.name} has no {path}"
         try:
             with self.fs.open(path, "rb") as f:
-                return pq.read_table(f, columns=["sample_id", "label", "predicted"])
+                found = pq.read_schema(f).names
+                missing = [c for c in columns if c not in found]
+                if missing:
+                    return None, f"{self.name}'s {path} lacks the column(s) {missing} its analysis declares"
+                f.seek(0)
+                return pq.read_table(f, columns=columns), ""
         except (FileNotFoundError, DvcException):
             self.unavailable.append(path)
-            return None
+            return None, f"{self.name}'s {path} is in neither the DVC cache nor the remote (dvc pull)"
+
+
+def resolve_commit(rev: str, repo: str | Path = ".") -> str:
+    """The commit `rev` names (git, or a DVC experiment name); a tree or blob (`HEAD^{tree}`) is refused."""
+    from dvc.scm import SCM, resolve_rev
+
+    sha = resolve_rev(SCM(str(repo)), rev)
+    kind = subprocess.run(["git", "cat-file", "-t", sha], cwd=repo, capture_output=True, text=True).stdout.strip()
+    if kind != "commit":
+        raise CompareError(f"revision {rev!r} is a {kind or 'unknown object'} ({sha[:10]}), not a commit: give a "
+                           f"commit, branch, tag or experiment name")
+    return sha
 
 
 def open_revision(rev: str, repo: str | Path = ".") -> Experiment:
@@ -65,8 +93,8 @@ def open_revision(rev: str, repo: str | Path = ".") -> Experiment:
     from dvc.scm import RevError
 
     try:
-        fs = DVCFileSystem(str(repo), rev=rev)
-        commit = fs.repo.get_rev()
+        commit = resolve_commit(rev, repo)
+        fs = DVCFileSystem(str(repo), rev=commit)
     except (RevError, DvcException) as err:
         raise CompareError(f"unknown revision {rev!r}: neither git nor `dvc exp show` knows it ({err})") from None
     results = {}
@@ -83,41 +111,89 @@ def open_revision(rev: str, repo: str | Path = ".") -> Experiment:
 # ------------------------------------------------------------------------------------------------- comparing
 
 
-def aligned_correctness(table_a, table_b, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(correct_a, correct_b, labels) over the same samples, matched by sample_id; refuses samples that differ."""
-    ids_a, ids_b = table_a.column("sample_id").to_pylist(), table_b.column("sample_id").to_pylist()
+def declared_table(analysis: str, metric: str) -> tuple[SampleTable | None, str]:
+    """The first per-sample table `analysis` declares for `metric`, or (None, why there is none)."""
+    entry = ANALYSES.get(analysis)
+    for declared in entry.tables if entry else ():
+        if any(fnmatchcase(metric, pattern) for pattern in declared.metrics):
+            return declared, ""
+    return None, f"{analysis} declares no per-sample table for {metric!r}"
+
+
+def _keys(table, declared: SampleTable) -> list:
+    columns = [table.column(k).to_pylist() for k in declared.key]
+    return columns[0] if len(columns) == 1 else list(zip(*columns))
+
+
+def _correct(table, declared: SampleTable) -> np.ndarray:
+    if declared.correct:
+        return table.column(declared.correct).to_numpy(zero_copy_only=False).astype(bool)
+    return table.column(declared.predicted).to_numpy() == table.column(declared.label).to_numpy()
+
+
+def aligned_correctness(table_a, table_b, declared: SampleTable, where: str) -> tuple[np.ndarray, np.ndarray, Any]:
+    """(correct_a, correct_b, labels or None) over the same units, matched by the declared key; refuses tables whose
+    units or labels differ (another split or dataset version), naming the table."""
+    ids_a, ids_b = _keys(table_a, declared), _keys(table_b, declared)
     if len(set(ids_a)) != len(ids_a) or len(set(ids_b)) != len(ids_b) or set(ids_a) != set(ids_b):
-        only = sorted(set(ids_a) ^ set(ids_b))[:3]
-        raise CompareError(f"{where}: the two revisions scored different samples ({len(ids_a)} against {len(ids_b)}, "
-                           f"e.g. {only}); a paired test needs the same test set")
+        only = sorted(map(str, set(ids_a) ^ set(ids_b)))[:3]
+        raise CompareError(f"{where} scored different {declared.unit}s ({'/'.join(declared.key)} differ: "
+                           f"{len(ids_a)} against {len(ids_b)}, e.g. {only}); a paired test needs the same test set")
     position = {sid: i for i, sid in enumerate(ids_b)}
     order_b = np.array([position[sid] for sid in ids_a], dtype=np.int64)
-    label_a = table_a.column("label").to_numpy()
-    label_b = table_b.column("label").to_numpy()[order_b]
-    if not np.array_equal(label_a, label_b):
-        raise CompareError(f"{where}: the two revisions label the same samples differently (another dataset version)")
-    correct_a = table_a.column("predicted").to_numpy() == label_a
-    correct_b = table_b.column("predicted").to_numpy()[order_b] == label_b
-    return correct_a, correct_b, label_a
+    table_b = table_b.take(order_b)
+    labels = None
+    if declared.label:
+        labels = table_a.column(declared.label).to_numpy()
+        if not np.array_equal(labels, table_b.column(declared.label).to_numpy()):
+            raise CompareError(f"{where} label the same {declared.unit}s differently (another dataset version)")
+    return _correct(table_a, declared), _correct(table_b, declared), labels
+
+
+def paired_units(a: Experiment, b: Experiment, analysis: str, dataset: str, metric: str):
+    """(declared table, correct_a, correct_b, labels, the stats metric) for a paired test of `metric`, or the reason
+    it is not paired as a string."""
+    declared, reason = declared_table(analysis, metric)
+    if declared is None:
+        return reason
+    if declared.statistic is None:
+        return f"{analysis}'s {declared.name} table (unit: {declared.unit}): {declared.unpaired}"
+    (table_a, why_a), (table_b, why_b) = (e.table(analysis, dataset, declared) for e in (a, b))
+    if table_a is None or table_b is None:
+        return why_a or why_b
+    where = f"{REPORTS}/{analysis}/{dataset}.{declared.name}.parquet"
+    correct_a, correct_b, labels = aligned_correctness(table_a, table_b, declared, f"{where}: {a.name} and {b.name}")
+    if declared.group:  # the metric is the accuracy of one group of rows
+        rows = np.asarray(table_a.column(declared.group).to_pylist(), dtype=object) == metric
+        if not rows.any():
+            return f"{where} has no rows whose {declared.group} is {metric!r}: not the accuracy of one group"
+        return (declared, correct_a[rows], correct_b[rows], None if labels is None else labels[rows], "accuracy")
+    if metric not in stats.SAMPLE_METRICS:
+        return f"{metric!r} is not computed from per-{declared.unit} correctness"
+    return declared, correct_a, correct_b, labels, metric
 
 
 def _number(x: float | None) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
 
-def difference(a: Experiment, b: Experiment, analysis: str, dataset: str, metric: str,
-               samples: Mapping[str, Any]) -> dict[str, Any]:
-    """One entry of a row's `differences`: b - a, paired where both kept per-sample results for the metric."""
+def difference(a: Experiment, b: Experiment, analysis: str, dataset: str, metric: str) -> dict[str, Any]:
+    """One entry of a row's `differences`: b - a, paired over the unit the analysis declares for the metric, else
+    from the two intervals with the reason in `unpaired_reason`."""
     doc_a, doc_b = a.results[(analysis, dataset)], b.results[(analysis, dataset)]
-    where = f"{analysis}/{dataset}"
-    if metric in stats.SAMPLE_METRICS and samples.get(a.name) is not None and samples.get(b.name) is not None:
-        correct_a, correct_b, labels = aligned_correctness(samples[a.name], samples[b.name], where)
-        d = stats.paired_difference(metric, correct_a, correct_b, labels)
-    else:
+    paired = paired_units(a, b, analysis, dataset, metric)
+    unit = reason = None
+    if isinstance(paired, str):
+        reason = paired
         d = stats.unpaired_difference(doc_a["metrics"][metric], doc_a.get("intervals", {}).get(metric),
                                       doc_b["metrics"][metric], doc_b.get("intervals", {}).get(metric))
+    else:
+        declared, correct_a, correct_b, labels, stat = paired
+        unit = declared.unit
+        d = stats.paired_difference(stat, correct_a, correct_b, labels)
     return {"a": a.name, "b": b.name, "delta": float(d.delta), "low": _number(d.low), "high": _number(d.high),
-            "p_bootstrap": _number(d.p_bootstrap), "p_mcnemar": _number(d.p_mcnemar), "n": d.n, "paired": d.paired}
+            "p_bootstrap": _number(d.p_bootstrap), "p_mcnemar": _number(d.p_mcnemar), "n": d.n, "paired": d.paired,
+            "unit": unit, "unpaired_reason": reason}
 
 
 def winner(names: Sequence[str], differences: Sequence[Mapping[str, Any]]) -> str | None:
@@ -139,7 +215,6 @@ def compare(experiments: Sequence[Experiment]) -> dict[str, Any]:
     rows = []
     for analysis, dataset in keys:
         present = [e for e in experiments if (analysis, dataset) in e.results]
-        samples = {e.name: e.samples(analysis, dataset) for e in present}
         metrics = sorted({m for e in present for m, v in e.results[(analysis, dataset)]["metrics"].items()
                           if not isinstance(v, str)})
         for metric in metrics:
@@ -150,7 +225,7 @@ def compare(experiments: Sequence[Experiment]) -> dict[str, Any]:
                 interval = doc.get("intervals", {}).get(metric) or {}
                 values[e.name] = {"value": float(doc["metrics"][metric]), "low": interval.get("low"),
                                   "high": interval.get("high")}
-            diffs = [difference(a, b, analysis, dataset, metric, samples)
+            diffs = [difference(a, b, analysis, dataset, metric)
                      for i, a in enumerate(have) for b in have[i + 1:]]
             rows.append({"analysis": analysis, "dataset": dataset, "metric": metric, "values": values,
                          "differences": diffs, "winner": winner([e.name for e in have], diffs)})

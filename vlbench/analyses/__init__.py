@@ -16,12 +16,46 @@ from vlbench.errors import VlbenchError
 
 
 @dataclass(frozen=True)
+class SampleTable:
+    """A table an analysis keeps beside its JSON, reports/<analysis>/<dataset>.<name>.parquet, and how `vlbench
+    compare` pairs two runs on it. `unit`: what one row (or one `key`) is, the unit that pairs two runs (image, query,
+    trial, episode, seed, class); `key`: the columns naming a unit, equal in both runs or the runs are refused.
+    `statistic`: "correct" (the paired bootstrap of the metric over units, and McNemar's exact test for accuracy, on
+    per-unit correctness: the boolean column `correct`, or `predicted` == `label`) or None where no paired test exists
+    yet (`unpaired` says why; the difference then comes from the two intervals). `metrics`: the metric keys it pairs
+    (fnmatch patterns); with `group`, a metric is the accuracy over the rows whose `group` column equals its name."""
+
+    name: str
+    unit: str
+    metrics: tuple[str, ...] = ()
+    key: tuple[str, ...] = ("sample_id",)
+    statistic: str | None = "correct"
+    label: str | None = "label"
+    predicted: str | None = "predicted"
+    correct: str | None = None
+    group: str | None = None
+    unpaired: str = ""
+
+    def columns(self) -> list[str]:
+        """The columns compare reads (nothing else, so a table may carry more)."""
+        names = [*self.key, self.label, self.group, *((self.correct,) if self.correct else (self.predicted,))]
+        return list(dict.fromkeys(n for n in names if n))
+
+
+def _unpaired(name: str, unit: str, key: tuple[str, ...], reason: str,
+              metrics: tuple[str, ...] = ("*",)) -> SampleTable:
+    return SampleTable(name, unit, metrics, key, statistic=None, label=None, predicted=None, unpaired=reason)
+
+
+@dataclass(frozen=True)
 class Analysis:
     """`charts`: "module:function" names, each `f(analysis, results, metrics, out_dir) -> list[Path]` (results:
     {dataset: result JSON}; metrics: all of reports/metrics.json) writing SVGs under reports/plots; `summary`: an
     optional "module:function" `f(metrics, results) -> metrics` adding cross-dataset numbers (adapt's means);
     `headline`: fnmatch patterns of the metric keys the report's headline table shows; `explain`: what the
-    numbers mean, for the page (reports/index.html)."""
+    numbers mean, for the page (reports/index.html); `tables`: the per-sample tables it writes (`SampleTable`: the unit
+    that pairs two runs and the statistic), which `vlbench compare` reads as declared, in this order (the first whose
+    `metrics` match a metric pairs it)."""
 
     name: str
     module: str
@@ -30,9 +64,14 @@ class Analysis:
     headline: tuple[str, ...] = ("*",)
     explain: str = ""
     summary: str | None = None
+    tables: tuple[SampleTable, ...] = ()
 
 
 _DATASET_METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc")
+# single-label predictions: accuracy and mean-per-class pair per image; the dataset's other metrics (mAP, ROC-AUC;
+# multi-label data, whose table has `labels`) are not paired yet and come from the intervals
+_PREDICTIONS = SampleTable("predictions", "image", ("accuracy", "mean_per_class"))
+_NOT_YET = "no paired test for this statistic yet (issue 33); compared from the two intervals"
 
 ANALYSES = {a.name: a for a in (
     Analysis("zeroshot", "vlbench.analyses.zeroshot", "Zero-shot classification (CLIP prompt ensembles)",
@@ -41,16 +80,20 @@ ANALYSES = {a.name: a for a in (
              explain="Each test image is classified by the class whose prompt ensemble (the mean of its normalised "
                      "template embeddings) is most similar; the number is the dataset's own metric on the test split. "
                      "knowledge_best_* is the best knowledge-augmented prompt variant (WordNet, Wiktionary, LLM "
-                     "descriptions, retrieval) on the same split."),
+                     "descriptions, retrieval) on the same split.",
+             tables=(_PREDICTIONS,)),
     Analysis("linear_probe", "vlbench.analyses.linear_probe", "Linear probe (CLIP-paper logistic regression)",
              headline=_DATASET_METRICS,
              explain="A logistic regression on frozen image features, its L2 strength chosen on a validation split "
-                     "as in the CLIP paper, then refit on train + validation; the dataset's metric on the test split."),
+                     "as in the CLIP paper, then refit on train + validation; the dataset's metric on the test split.",
+             tables=(_PREDICTIONS,)),
     Analysis("specificity", "vlbench.analyses.specificity", "Specificity (true vs subtly wrong texts: mAP per cell)",
              charts=("vlbench.report.plots:bars", "vlbench.report.plots:specificity_heatmap"),
              explain="For each kind of true text (captions, single labels, multi labels) against each kind of wrong "
                      "text (random, relevant, altered), the mAP with which an image's true texts rank above the wrong "
-                     "ones; 1 is perfect, the heat map gives each cell's chance level."),
+                     "ones; 1 is perfect, the heat map gives each cell's chance level.",
+             tables=(_unpaired("ap", "image", ("sample_id", "positive", "negative"),
+                               f"mAP per cell over images: {_NOT_YET}"),)),
     Analysis("compositionality", "vlbench.analyses.compositionality",
              "Compositionality (SugarCrepe, Winoground, ARO: the right text among compositional distractors)",
              headline=("mean", "group", "text", "image", "macro_accuracy", "precision_at_1"),
@@ -61,34 +104,51 @@ ANALYSES = {a.name: a for a in (
                      "group score (both), chance 25%, 25%, 16.7%; ARO: macro accuracy over VG relations or attribute "
                      "pairs (chance 50%) and precision@1 of the true caption among its four word-order shuffles "
                      "(COCO-/Flickr-Order, chance 20%). The demo swaps or replaces the colours and shapes of "
-                     "two-object scenes."),
+                     "two-object scenes.",
+             tables=(SampleTable("trials", "trial", ("*",), ("item", "sample_id"), label=None, predicted=None,
+                                 correct="correct", group="category"),)),
     Analysis("retrieval", "vlbench.analyses.retrieval", "Zero-shot image-text retrieval (Recall@1/5/10, CLIP Table 13)",
              headline=("i2t_r*", "t2i_r*"),
              explain="Image-to-text (i2t): each test image ranks every caption of the test set by cosine similarity; "
                      "R@K is the fraction of images with one of their own captions among the K best. Text-to-image "
                      "(t2i): each caption ranks every image; R@K is the fraction of captions whose image is among the "
                      "K best. A negative that ties with a positive ranks above it; intervals resample test images "
-                     "with their captions."),
+                     "with their captions.",
+             tables=(_unpaired("i2t_ranks", "query", ("sample_id",), f"recall@k over image queries: {_NOT_YET}",
+                               ("i2t_*",)),
+                     _unpaired("t2i_ranks", "query", ("caption_row",),
+                               f"recall@k over caption queries clustered by image: {_NOT_YET}", ("t2i_*",)))),
     Analysis("granularity", "vlbench.analyses.granularity", "Granularity (WordNet levels: direct vs propagated mAP)",
              charts=("vlbench.report.plots:bars", "vlbench.report.plots:granularity_levels"),
              headline=("leaf_map", "coarse_map_*", "twolevel_*"),
              explain="mAP of the leaf classes and of the coarse WordNet classes above them, scored directly by their "
                      "own prompts or propagated from their children or leaves; a model consistent across levels "
-                     "scores coarse classes directly about as well as by propagation."),
+                     "scores coarse classes directly about as well as by propagation.",
+             tables=(_unpaired("classes", "class", ("wnid",), f"AP per class: {_NOT_YET}"),)),
     Analysis("adapt", "vlbench.analyses.adapt", "Adaptation (ELEVATER linear probing, VTAB-1k, FewTrans episodes)",
              charts=("vlbench.report.plots:bars", "vlbench.report.adapt:shots_chart"),
              headline=("elevater/*/full/*", "elevater/*/5/*", "vtab/*", "fewtrans/*"),
              summary="vlbench.report.adapt:summary",
              explain="Heads trained on few labelled images per class: ELEVATER's linear probes at 5, 20, 50 shots and "
                      "the full training set (the mean over seeds of the test metric), the VTAB-1k median, and "
-                     "FewTrans's mean accuracy over episodes; `mean` is the mean over datasets (the ELEVATER score)."),
+                     "FewTrans's mean accuracy over episodes; `mean` is the mean over datasets (the ELEVATER score).",
+             tables=(_unpaired("elevater_predictions", "seed", ("head", "shots", "seed", "sample_id"),
+                               f"a mean over seeds of test accuracies: {_NOT_YET}", ("elevater/*",)),
+                     _unpaired("vtab_predictions", "seed", ("run", "sample_id"),
+                               f"the median over runs of test accuracies: {_NOT_YET}", ("vtab/*",)),
+                     _unpaired("episodes", "episode", ("split", "episode"), f"a mean over episodes: {_NOT_YET}",
+                               ("fewtrans/*",)),
+                     _unpaired("elevater_search", "search candidate", ("head", "shots", "seed", "lr", "wd_index"),
+                               "the search's candidates on validation data, not test samples", ()))),
     Analysis("extensibility", "vlbench.analyses.extensibility",
              "Extensibility and stability under vocabulary expansion (Acc-C / Acc-E / Acc-S)",
              charts=("vlbench.report.plots:bars", "vlbench.report.extensibility:charts"),
              headline=("acc_c_*", "acc_e_*", "acc_s_*", "adversarial_*"),
              explain="Acc-C: each group of classes alone; Acc-E: accuracy as groups join the vocabulary with their "
                      "images; Acc-S: a group's images as other groups join as distractors. Per prompt variant; a drop "
-                     "from Acc-C to Acc-E or Acc-S measures how much a larger vocabulary hurts."),
+                     "from Acc-C to Acc-E or Acc-S measures how much a larger vocabulary hurts.",
+             tables=(_unpaired("vocabulary", "word", ("word",), "the adversarial words and the images each harms, not test "
+                               "samples of a metric"),)),
     Analysis("robustness", "vlbench.analyses.robustness",
              "Robustness to natural distribution shifts (effective robustness)",
              charts=("vlbench.report.robustness:charts",),
@@ -99,7 +159,8 @@ ANALYSES = {a.name: a for a in (
                      "the prediction mapped back). effective_robustness is the shift accuracy minus what the reference "
                      "line predicts from the in-distribution zero-shot accuracy (logit-linear fit, Taori et al. 2020); "
                      "the lines are fit on open_clip's published results, so 0 means as robust as a typical CLIP model, "
-                     "and the demo's line is y = x (no reference population)."),
+                     "and the demo's line is y = x (no reference population).",
+             tables=(SampleTable("predictions", "image", ("accuracy",), predicted=None, correct="correct"),)),
 )}
 
 

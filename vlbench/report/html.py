@@ -216,9 +216,11 @@ def _difference_text(d: Mapping[str, Any]) -> str:
     if d.get("paired"):
         p = [f"p<sub>bootstrap</sub> = {number(d.get('p_bootstrap'))}"]
         p += [f"p<sub>McNemar</sub> = {number(d.get('p_mcnemar'))}"] if d.get("p_mcnemar") is not None else []
-        p += [f"n = {_e(d['n'])}, paired"] if d.get("n") is not None else ["paired"]
+        unit = f" {_e(d['unit'])}s" if d.get("unit") else ""
+        p += [f"n = {_e(d['n'])}{unit}, paired"] if d.get("n") is not None else ["paired"]
     else:
         p = [f"p = {number(d.get('p_bootstrap'))}, unpaired (from the two intervals)"]
+        p += [f'<span class="muted">{_e(d["unpaired_reason"])}</span>'] if d.get("unpaired_reason") else []
     return (f"{_e(d['b'])} &minus; {_e(d['a'])}: {number(d.get('delta'))} "
             f"<span class=\"interval\">[{number(d.get('low'))}, {number(d.get('high'))}]</span>, " + ", ".join(p))
 
@@ -244,7 +246,8 @@ def render_comparison(data: Mapping[str, Any]) -> str:
     """The comparison page: one row per analysis x dataset x metric, a column per experiment (value and interval),
     each difference with its p-values, the winner highlighted. `data`: {"experiments": [{"name", "rev"}], "rows":
     [{"analysis", "dataset", "metric", "values": {name: {"value", "low", "high"}}, "differences": [{"a", "b",
-    "delta", "low", "high", "p_bootstrap", "p_mcnemar", "n", "paired"}], "winner": name | None}]}."""
+    "delta", "low", "high", "p_bootstrap", "p_mcnemar", "n", "paired", "unit", "unpaired_reason"}], "winner": name |
+    None}]}."""
     experiments = data.get("experiments") or []
     listing = "".join(f"<li><strong>{_e(x['name'])}</strong>: <code>{_e(x.get('rev', ''))}</code></li>"
                       for x in experiments)

@@ -1,0 +1,306 @@
+"""The README's flows, run as a user runs them, on the demo pipeline's own outputs (issue 30, "The rule this issue
+adds"; DESIGN.md, "Every README flow runs on the demo's own outputs in a test").
+
+One module-scoped fixture copies this repository (tests/pipeline_repo.py), gives it a miniature demo suite whose
+analyses write every kind of per-sample file the demo writes (zero-shot on a single- and a multi-label dataset,
+linear probe, robustness, retrieval, compositionality, adapt's ELEVATER and FewTrans tables) with a few-step toy
+model, runs `dvc repro` once and commits (HEAD~1), then runs the README's experiment `dvc exp run -n a -S
+zeroshot.scoring=elevater` and commits it (HEAD): two commits and an experiment of real results, shared by every
+flow below, each run with the README's command. A flow tested only on constructed files is not tested: add the test
+of a new README command here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.pipeline_repo import SMOKE_SUITE, make_repo, read_suite, run, synthetic_entry, write_suite
+from tests.test_byo_pipeline import PETS, SUITE, XRAY, own_data
+
+ROOT = Path(__file__).resolve().parent.parent
+DVC = (sys.executable, "-m", "dvc")
+VLBENCH = (sys.executable, "-m", "vlbench.cli")
+
+# The demo suite's analyses at miniature sizes (the demo: conf/suite/demo.yaml)
+FLOWS_SUITE = {
+    "slug": "flows",
+    "datasets": {**SMOKE_SUITE["datasets"],
+                 "shapes_outline": synthetic_entry("shapes_outline", {"test": 24}, ["a {c}."])},
+    "embed": ["shapes", "hierarchy", "captions", "compositional"],
+    "embed_images": ["shapes", "hierarchy", "captions", "compositional", "shapes_outline"],  # outline: images only
+    "zeroshot": ["shapes", "hierarchy"],  # hierarchy: multi-label (its predictions table has `labels`)
+    "linear_probe": ["shapes"],
+    "robustness": ["shapes_outline"],  # its predictions table: predicted_reference_class, correct
+    "retrieval": ["captions"],
+    "compositionality": ["compositional"],
+    "adapt": ["shapes"],
+}
+# conf/config.yaml lines -> miniature settings (each line must be found once: a renamed setting fails here first)
+MINIATURE = {
+    "  protocols: [elevater, vtab, fewtrans]": "  protocols: [elevater, fewtrans]",
+    "    shots: [5, 20, 50, full]": "    shots: [2]",
+    "    seeds: [0, 1, 2]": "    seeds: [0]",
+    "    heads: [random_2p, language_2p, language_1p]": "    heads: [random_2p]",
+    "    search_epochs: 10": "    search_epochs: 1",
+    "    final_epochs: 50": "    final_epochs: 2",
+    "    lr_grid: {log_lower: -6, log_upper: -1, num: 6}": "    lr_grid: {log_lower: -2, log_upper: -1, num: 2}",
+    "    knowledge: [wiktionary, gpt3, wiktionary_gpt3]": "    knowledge: []",
+    "    episodes: 600": "    episodes: 2",
+    "      epochs: 80 ": "      epochs: 2 ",
+    "      lr_factors: [0.04, 0.2, 1.0, 5.0, 25.0]": "      lr_factors: [1.0]",
+    "suite: smoke\n": "suite: flows\n",
+}
+
+
+def dataset_entry(name: str, **prepare) -> dict:
+    """conf/dataset/<name>.yaml of this repository with `prepare` settings replaced (smaller splits)."""
+    import yaml
+
+    entry = yaml.safe_load((ROOT / "conf/dataset" / f"{name}.yaml").read_text())
+    entry["prepare"].update(prepare)
+    return entry
+
+
+def vlbench(repo: Path, *args: str, check: bool = True):
+    return run(repo, *VLBENCH, *args, check=check)
+
+
+def restore(repo: Path) -> None:
+    """Back to HEAD's files and outputs after a flow that ran `dvc exp run` in the workspace."""
+    run(repo, "git", "checkout", "-q", "--", ".")
+    run(repo, "git", "clean", "-qfd", "--", "conf", "reports")
+    run(repo, *DVC, "checkout", "-q", "--force")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    """A copy of the repository with the miniature demo suite: `dvc repro`, committed (HEAD~1); then the README's
+    `dvc exp run -n a -S zeroshot.scoring=elevater`, applied and committed with the same setting in conf/ (HEAD)."""
+    repo = make_repo(tmp_path_factory.mktemp("flows") / "repo")
+    suite = {**FLOWS_SUITE, "datasets": {**FLOWS_SUITE["datasets"],
+                                         "captions": dataset_entry("captions", splits={"test": 24}),
+                                         "compositional": dataset_entry("compositional", size=12)}}
+    write_suite(repo, suite)
+    config = (repo / "conf/config.yaml").read_text()
+    for line, miniature in MINIATURE.items():
+        assert config.count(line) == 1, f"conf/config.yaml: {line!r} not found once"
+        config = config.replace(line, miniature)
+    (repo / "conf/config.yaml").write_text(config)
+    vlbench(repo, "compose")
+    run(repo, *DVC, "repro")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "demo results")
+    run(repo, *DVC, "exp", "run", "-n", "a", "-S", "zeroshot.scoring=elevater")
+    run(repo, *DVC, "exp", "apply", "a")
+    (repo / "conf/config.yaml").write_text(config.replace("  scoring: logits\n", "  scoring: elevater\n"))
+    vlbench(repo, "compose")
+    assert json.loads(run(repo, *DVC, "status", "--json").stdout) == {}
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "zeroshot.scoring: elevater")
+    return repo
+
+
+def rows(data: dict) -> dict[tuple[str, str, str], dict]:
+    return {(r["analysis"], r["dataset"], r["metric"]): r for r in data["rows"]}
+
+
+# ------------------------------------------------------------------------------------------ vlbench compare
+
+
+def test_every_per_sample_file_the_demo_writes_is_declared(demo):
+    """Each reports/<analysis>/<dataset>.<table>.parquet the pipeline wrote is a table its ANALYSES row declares,
+    with the columns that name its units (so compare never meets a file it does not know); a paired table has every
+    declared column but on multi-label data (zero-shot's `labels`), where compare says why it does not pair."""
+    import pyarrow.parquet as pq
+
+    from vlbench.analyses import ANALYSES
+
+    written = sorted((demo / "reports").glob("*/*.parquet"))
+    assert {p.parent.name for p in written} >= {"zeroshot", "linear_probe", "robustness", "retrieval",
+                                                 "compositionality", "adapt"}
+    for path in written:
+        declared = {t.name: t for t in ANALYSES[path.parent.name].tables}
+        table = path.name.split(".")[1]
+        assert table in declared, f"{path.relative_to(demo)}: not declared in ANALYSES[{path.parent.name!r}].tables"
+        names = pq.read_schema(path).names
+        if names[0].endswith("_not_run"):  # a protocol that did not run (adapt's vtab here)
+            continue
+        assert set(declared[table].key) <= set(names), path
+        if declared[table].statistic and "labels" not in names:
+            assert set(declared[table].columns()) <= set(names), path
+
+
+def test_compare_two_commits_pairs_every_declared_metric_on_the_demo_outputs(demo):
+    """README: `vlbench compare HEAD~1 HEAD` (issue 30, defect 1: it ended in ArrowInvalid on these files)."""
+    proc = vlbench(demo, "compare", "HEAD~1", "HEAD", "--json")
+    data = json.loads(proc.stdout)
+    heads = [run(demo, "git", "rev-parse", r).stdout.strip() for r in ("HEAD~1", "HEAD")]
+    assert [e["rev"] for e in data["experiments"]] == heads
+    found = rows(data)
+    paired = {("zeroshot", "shapes", "accuracy"): ("image", 36), ("linear_probe", "shapes", "accuracy"): ("image", 36),
+              ("robustness", "shapes_outline", "accuracy"): ("image", 24),
+              ("compositionality", "compositional", "swap_att"): ("trial", 12)}
+    for key, (unit, n) in paired.items():
+        d = found[key]["differences"][0]
+        assert (d["paired"], d["unit"], d["n"], d["unpaired_reason"]) == (True, unit, n, None), key
+        values = found[key]["values"]
+        assert d["delta"] == pytest.approx(values["HEAD"]["value"] - values["HEAD~1"]["value"])
+        assert 0 <= d["p_bootstrap"] <= 1 and d["low"] <= d["delta"] <= d["high"]
+    assert found[("zeroshot", "shapes", "accuracy")]["differences"][0]["p_mcnemar"] == 1.0  # same predictions
+    unpaired = {("zeroshot", "hierarchy", "map_11point"): "zeroshot declares no per-sample table for 'map_11point'",
+                ("compositionality", "compositional", "mean"): "no rows whose category is 'mean'",
+                ("retrieval", "captions", "i2t_r1"): "retrieval's i2t_ranks table (unit: query): recall@k",
+                ("adapt", "shapes", "elevater/random_2p/2/last"): "adapt's elevater_predictions table (unit: seed)",
+                ("robustness", "shapes_outline", "effective_robustness"): "robustness declares no per-sample table"}
+    for key, reason in unpaired.items():
+        d = found[key]["differences"][0]
+        assert d["paired"] is False and reason in d["unpaired_reason"], (key, d)
+
+
+def test_compare_prints_a_table_and_writes_its_page_outside_git(demo):
+    proc = vlbench(demo, "compare", "HEAD~1", "HEAD")
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("zeroshot/shapes/accuracy "))
+    assert "HEAD-HEAD~1 +0.0000" in line and "(unpaired)" not in line
+    assert "(unpaired)" in next(x for x in proc.stdout.splitlines() if x.startswith("zeroshot/hierarchy/map_11point"))
+    page = (demo / "reports/compare/index.html").read_text()  # the page: the unit paired, or why not
+    assert "n = 36 images, paired" in page and "declares no per-sample table for" in page
+    assert run(demo, "git", "status", "--porcelain").stdout == ""  # reports/compare/ is git-ignored
+
+
+def test_compare_refuses_bad_revisions_and_outputs_in_one_line(demo):
+    for args, message in ((("HEAD^{tree}", "HEAD"), "Error: revision 'HEAD^{tree}' is a tree ("),
+                          (("HEAD:README.md", "HEAD"), "Error: revision 'HEAD:README.md' is a blob ("),
+                          (("HEAD~1", "HEAD", "--out", "README.md"),
+                           "Invalid value for --out: README.md is a file; --out names the folder")):
+        proc = vlbench(demo, "compare", *args, check=False)
+        assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_compare_two_experiments_by_name(demo):
+    """README: `dvc exp run -n a -S zeroshot.scoring=elevater` (the fixture ran it), then `vlbench compare HEAD a`
+    and `--json`."""
+    text = vlbench(demo, "compare", "HEAD", "a").stdout
+    assert text.splitlines()[0].split()[:3] == ["analysis/dataset/metric", "HEAD", "a"]
+    data = json.loads(vlbench(demo, "compare", "HEAD~1", "a", "--json").stdout)
+    assert [e["name"] for e in data["experiments"]] == ["HEAD~1", "a"]
+    heads = [run(demo, "git", "rev-parse", r).stdout.strip() for r in ("HEAD~1", "HEAD")]
+    assert data["experiments"][0]["rev"] == heads[0] and len(data["experiments"][1]["rev"]) == 40
+    assert data["experiments"][1]["rev"] not in heads  # the experiment's own commit
+    found = rows(data)
+    same = found[("zeroshot", "shapes", "accuracy")]["differences"][0]
+    assert (same["paired"], same["delta"], same["p_mcnemar"], same["n"]) == (True, 0.0, 1.0, 36)  # softmax: same argmax
+    robust = found[("robustness", "shapes_outline", "accuracy")]["differences"][0]
+    assert robust["paired"] and robust["unit"] == "image" and robust["n"] == 24
+
+
+def test_compare_refuses_runs_on_different_samples_by_name(demo):
+    """An experiment that scored another test set (here fewer outline images) is refused, naming the table."""
+    entry = demo / "conf/dataset/shapes_outline.yaml"
+    try:
+        entry.write_text(entry.read_text().replace("test: 24", "test: 20"))
+        run(demo, *DVC, "exp", "run", "-n", "fewer")
+        proc = vlbench(demo, "compare", "HEAD", "fewer", check=False)
+    finally:
+        restore(demo)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
+    assert ("Error: reports/robustness/shapes_outline.predictions.parquet: HEAD and fewer scored different images "
+            "(sample_id differ: 24 against 20, e.g. [") in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------- plan and reference
+
+
+def test_plan_on_the_reproduced_demo_lists_what_an_override_reruns(demo):
+    """README: `vlbench plan -S ...` runs nothing and lists the stages `dvc exp run -S ...` would run."""
+    plan = json.loads(vlbench(demo, "plan", "--json", "--no-warmup").stdout)
+    assert (plan["model"], plan["suite"]) == ("toy-smoke", "flows")
+    assert {r["status"] for r in plan["stages"]} == {"up to date"}
+    plan = json.loads(vlbench(demo, "plan", "-S", "zeroshot.scoring=logits", "--json", "--no-warmup").stdout)
+    stale = {r["name"] for r in plan["stages"] if r["status"] != "up to date"}
+    assert {"zeroshot@shapes", "zeroshot@hierarchy"} <= stale and not any(s.startswith("embed") for s in stale)
+    assert run(demo, "git", "status", "--porcelain").stdout == ""  # params.yaml untouched
+
+
+def test_reference_lists_the_tables_and_the_demo_says_none_applies(demo):
+    """README: `vlbench reference [--paper P] [--json]`; after `report`, reports/reference.json."""
+    tables = json.loads(vlbench(demo, "reference", "--json").stdout)["tables"]
+    assert {"elevater", "open_clip"} <= {t["paper"] for t in tables} and all(t["rows"] for t in tables)
+    assert "ELEVATER" in vlbench(demo, "reference", "--paper", "elevater").stdout.upper()
+    verdicts = json.loads((demo / "reports/reference.json").read_text())
+    assert verdicts["applies"] is False and "toy-smoke" in verdicts["reason"]
+
+
+# -------------------------------------------------------------------------------------------- your own data
+
+
+def test_your_own_data_runs_as_an_experiment_and_compares(demo, tmp_path):
+    """README "Your own data": `vlbench data-root`, entries pets and xray and a suite (those of
+    tests/test_byo_pipeline.py, which tests the data's edge cases), `dvc exp run -S suite=<it>`, then `vlbench
+    compare` against the demo run."""
+    own_data(tmp_path / "data")
+    try:
+        vlbench(demo, "data-root", str(tmp_path / "data"))
+        (demo / "conf/dataset/pets.yaml").write_text(PETS)
+        (demo / "conf/dataset/xray.yaml").write_text(XRAY)
+        (demo / "conf/suite/byo.yaml").write_text(SUITE)  # the README's conf/suite/mydata.yaml, smaller
+        run(demo, *DVC, "exp", "run", "-n", "mine", "-S", "suite=byo")
+        data = json.loads(vlbench(demo, "compare", "HEAD", "mine", "--json").stdout)
+    finally:
+        restore(demo)
+        (demo / "data/own").unlink(missing_ok=True)
+    found = rows(data)
+    pets = found[("zeroshot", "pets", "accuracy")]
+    assert list(pets["values"]) == ["mine"] and pets["differences"] == [] and pets["winner"] is None
+    both = found[("zeroshot", "shapes", "accuracy")]  # the demo's file, left in the workspace (README)
+    assert set(both["values"]) == {"HEAD", "mine"}
+
+
+# ---------------------------------------------------------------------------------------------- fine-tuning
+# The README's fine-tuning flow (section "Fine-tuning (opt-in)", issue 30 defects 2 and 5) on a miniature copy of the
+# pipeline of its own (tests/pipeline_repo.py: the smoke suite, a 3-step toy): `dvc exp run` there changes the
+# workspace, which the `demo` fixture's other flows read. First the fine-tuned model's entry before its weights exist,
+# then the fine-tuning command itself, with a search grid in which some candidates diverge, as the demo's does.
+MODEL_NEEDS = "dvc exp run -S model=toy -S 'suite.finetune=[shapes]' -S finetune.method=elevater_full"
+# The README's command with a miniature search: one learning rate (0.01) over ELEVATER's weight-decay grid, whose
+# candidates at weight decay 1e4 and 1e6 multiply the weights by -100 and more per step and so diverge within their
+# 2 epochs; the final run (on the 1e-6 .. 1e2 side the search prefers) completes.
+MINIATURE = ["-S", "finetune.elevater_full.shots=[4]", "-S", "finetune.elevater_full.seeds=[0]",
+             "-S", "adapt.elevater.lr_grid.log_lower=-2", "-S", "adapt.elevater.lr_grid.log_upper=-2",
+             "-S", "adapt.elevater.lr_grid.num=1", "-S", "adapt.elevater.search_epochs=2",
+             "-S", "adapt.elevater.final_epochs=1", "-S", "adapt.elevater.batch_size=4"]
+
+
+def test_readme_finetune_flow_on_the_pipeline(tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    # `vlbench models` says what a fine-tuned entry needs; selecting it before that run is one line naming both
+    listed = {line.split()[0]: line for line in run(repo, *VLBENCH, "models").stdout.splitlines()}
+    assert f"needs `{MODEL_NEEDS}` (not made yet)" in listed["toy-elevater-shapes"]
+    failed = run(repo, *DVC, "exp", "run", "-S", "model=toy-elevater-shapes", check=False)
+    assert failed.returncode != 0 and "Running stage" not in failed.stdout  # refused at composition, nothing ran
+    error = [line for line in (failed.stdout + failed.stderr).splitlines() if "ERROR" in line]
+    assert len(error) == 1 and "No such file or directory" not in error[0], failed.stderr
+    assert ("model 'toy-elevater-shapes' needs data/finetuned/shapes/elevater_full/checkpoint.pt, which is not there: "
+            f"it is made by fine-tuning 'toy' on 'shapes' with elevater_full: `{MODEL_NEEDS}`") in error[0]
+
+    # the README's fine-tuning command: some search candidates diverge, the stage completes
+    done = run(repo, *DVC, "exp", "run", "-S", "suite.finetune=[shapes]", "-S", "finetune.method=elevater_full",
+               *MINIATURE)
+    assert "Running stage 'finetune@shapes'" in done.stdout and "a failed search run (score 0)" in done.stdout
+    out = repo / "data/finetuned/shapes/elevater_full"
+    fingerprint = json.loads((out / "fingerprint.json").read_text())
+    assert (out / "checkpoint.pt").is_file() and fingerprint["weights_sha256"]
+    assert fingerprint["base"]["model"] == "toy-smoke" and fingerprint["method"] == "elevater_full"
+    result = json.loads((repo / "reports/finetune/shapes.json").read_text())
+    assert result["fingerprint"]["finetuned"]["id"] == fingerprint["id"]
+    assert 0 <= result["metrics"]["elevater_full/language_2p/4/last"] <= 1
+    search = pq.read_table(repo / "reports/finetune/shapes.search.parquet").to_pylist()
+    failed_runs = [r for r in search if r["status"] == "diverged"]
+    assert failed_runs and {r["wd"] for r in failed_runs} >= {1e6} and all(r["val_score"] == 0 for r in failed_runs)
+    assert result["details"]["runs"][0]["search_diverged"] == len(failed_runs)
+    chosen = result["details"]["runs"][0]["chosen"]
+    assert next(r for r in search if r["wd"] == chosen["wd"])["status"] == "ok" and chosen["val_score"] > 0
