@@ -7,7 +7,7 @@ class count, `main_metric`, default `acc1`) and where each task's shards are.
 Shards: DataComp's download_evalsets.py takes every task but the retrieval and misc ones from the Hugging Face
 dataset repository djghosh/wds_<task with '/' as '-', 'fairness/' dropped>_test. Flickr and MSCOCO DataComp reads
 as Hugging Face datasets (nlphuji/flickr30k, nlphuji/mscoco_2014_5k_test_image_text_retrieval; eval_utils/
-retr_eval.py); their webdataset copies are CLIP_benchmark's clip-benchmark/wds_flickr30k and wds_mscoco_captions
+retr_eval.py; tasklist.yml as of commit 4afedc4: Flickr is Karpathy's 1k test); their webdataset copies are CLIP_benchmark's clip-benchmark/wds_flickr30k and wds_mscoco_captions
 (see `NOTES`). WinoGAViL has no shards (nlphuji/winogavil through HF datasets, eval_utils/wino_eval.py), and
 FairFace / UTKFace have multi-objective targets the source does not read: their entries say so (`UNSUPPORTED`) and
 their prepare stops with that message.
@@ -65,7 +65,7 @@ TABLE = [
     ("stl10", "STL-10", 8000, 10, "acc1"),
     ("sun397", "SUN397", 108754, 397, "acc1"),
     ("vtab/svhn", "SVHN", 26032, 10, "acc1"),
-    ("retrieval/flickr30k", "Flickr", 31014, None, "mean_recall@1"),
+    ("retrieval/flickr_1k_test_image_text_retrieval", "Flickr", 1000, None, "mean_recall@1"),
     ("retrieval/mscoco_2014_5k_test_image_text_retrieval", "MSCOCO", 5000, None, "mean_recall@1"),
     ("misc/winogavil", "WinoGAViL", 3563, None, "jaccard_score_10-12"),
     ("wilds/iwildcam", "iWildCam", 42791, 182, "F1-macro_all"),
@@ -79,15 +79,16 @@ FAIRNESS = [("fairness/fairface", "FairFace", 10954), ("fairness/utkface", "UTKF
 GROUPS = {"wilds/fmow": {"field": "region", "index": 0},  # FMoWEvaluator: [region, year, y]
           "fairness/dollar_street": {"field": "income_ds", "index": 0},  # [income_ds, income_meta, region]
           "fairness/geode": {"field": "region", "index": 0}}  # [region, country]
-RETRIEVAL_REPOS = {"retrieval/flickr30k": "clip-benchmark/wds_flickr30k",
+RETRIEVAL_REPOS = {"retrieval/flickr_1k_test_image_text_retrieval": "clip-benchmark/wds_flickr30k",
                    "retrieval/mscoco_2014_5k_test_image_text_retrieval": "clip-benchmark/wds_mscoco_captions"}
 NOTES = {
-    "retrieval/flickr30k": "DataComp evaluates Flickr on the Hugging Face dataset nlphuji/flickr30k, all 31,014 images "
-    "(tasklist size); CLIP_benchmark's shards hold Karpathy's test split: this copy is not the table's data, so "
-    "its cell is not expected to reproduce the published number",
+    "retrieval/flickr_1k_test_image_text_retrieval": "DataComp evaluates Flickr on the Hugging Face dataset "
+    "nlphuji/flickr_1k_test_image_text_retrieval (Karpathy's 1k test; an earlier tasklist.yml, commit 2d7bde7, named "
+    "nlphuji/flickr30k, all 31,014 images); these are CLIP_benchmark's shards of Karpathy's test split, whose "
+    "images and captions were not compared with it; the shards' size is checked by no entry key",
     "retrieval/mscoco_2014_5k_test_image_text_retrieval": "DataComp evaluates MSCOCO on the Hugging Face dataset "
     "nlphuji/mscoco_2014_5k_test_image_text_retrieval (Karpathy's 5k test); these are CLIP_benchmark's shards of "
-    "the same split, whose captions were not compared with it",
+    "the same split, whose captions were not compared with it; the shards' size is checked by no entry key",
 }
 UNSUPPORTED = {"misc/winogavil": "WinoGAViL is not published as webdataset shards: DataComp reads the Hugging Face "
                "dataset nlphuji/winogavil (eval_utils/wino_eval.py) and vlbench has no converter for it yet; its "
@@ -102,7 +103,8 @@ SHA256 = {}  # task key -> {"test/<i>.tar": sha256} (unknown offline: unverified
 
 
 def slug(key: str) -> str:
-    short = {"retrieval/flickr30k": "flickr30k", "retrieval/mscoco_2014_5k_test_image_text_retrieval": "mscoco",
+    short = {"retrieval/flickr_1k_test_image_text_retrieval": "flickr30k",
+             "retrieval/mscoco_2014_5k_test_image_text_retrieval": "mscoco",
              "misc/winogavil": "winogavil"}
     return "wds-" + short.get(key, key.removeprefix("fairness/").replace("/", "-"))
 
