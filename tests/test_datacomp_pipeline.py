@@ -104,6 +104,9 @@ def test_every_zeroshot_metric_against_an_independent_computation(repo):
         if groups:  # the per-sample file keeps the group, as the shards' .npy have it
             assert predictions.column("group").to_pylist() == groups
     assert len(set(expected.values())) > 1  # not one constant
+    headline = json.loads((repo / "reports/metrics.json").read_text())["zeroshot"]  # the cells are headline numbers
+    assert headline["wds-wilds-iwildcam"]["f1_macro"] == pytest.approx(expected["wds-wilds-iwildcam"], abs=6e-4)
+    assert headline["wds-dollar_street"]["worst_group_top5"] == pytest.approx(expected["wds-dollar_street"], abs=6e-4)
 
 
 def test_retrieval_mean_recall_at_1_against_an_independent_computation(repo):

@@ -6,9 +6,9 @@ class count, `main_metric`, default `acc1`) and where each task's shards are.
 
 Shards: DataComp's download_evalsets.py takes every task but the retrieval and misc ones from the Hugging Face
 dataset repository djghosh/wds_<task with '/' as '-', 'fairness/' dropped>_test. Flickr and MSCOCO DataComp reads
-as Hugging Face datasets (nlphuji/flickr30k, nlphuji/mscoco_2014_5k_test_image_text_retrieval; eval_utils/
-retr_eval.py; tasklist.yml as of commit 4afedc4: Flickr is Karpathy's 1k test); their webdataset copies are CLIP_benchmark's clip-benchmark/wds_flickr30k and wds_mscoco_captions
-(see `NOTES`). WinoGAViL has no shards (nlphuji/winogavil through HF datasets, eval_utils/wino_eval.py), and
+as Hugging Face datasets (nlphuji/flickr_1k_test_image_text_retrieval, nlphuji/mscoco_2014_5k_test_image_text_retrieval,
+Karpathy's 1k and 5k test splits; eval_utils/retr_eval.py, tasklist.yml as of commit 4afedc4); their webdataset
+copies are CLIP_benchmark's clip-benchmark/wds_flickr30k and wds_mscoco_captions (see `NOTES`). WinoGAViL has no shards (nlphuji/winogavil through HF datasets, eval_utils/wino_eval.py), and
 FairFace / UTKFace have multi-objective targets the source does not read: their entries say so (`UNSUPPORTED`) and
 their prepare stops with that message.
 

@@ -501,7 +501,8 @@ def compute(metric_name: str, scores, labels, convention: str = "default", group
 
     ``accuracy`` (top-1) and ``mean_per_class`` take integer labels, ``map_11point`` takes (n, C) 0/1 targets,
     ``roc_auc`` takes (n, 2) scores and 0/1 labels; ``f1_macro`` integer labels; the `GROUP_METRICS` integer labels
-    and `groups`, one group per sample (the dataset's `group` column). An unknown name raises ``ValueError`` listing the names.
+    and `groups`, one group per sample (the dataset's `group` column). An unknown name raises ``ValueError``
+    listing the names.
     ``convention`` (one of ``CONVENTIONS``) reaches the ranking metrics; the others do not depend on it.
     """
     try:

@@ -247,7 +247,8 @@ def _roc_auc_replicates(scores, labels, weights, convention):
     return _weighted_roc_auc(_binary_decision(scores, convention), labels, weights)
 
 
-WHOLE_SET_METRICS = {"map_11point": _weighted_map_11point, "roc_auc": _roc_auc_replicates, "f1_macro": _weighted_f1_macro}
+WHOLE_SET_METRICS = {"map_11point": _weighted_map_11point, "roc_auc": _roc_auc_replicates,
+                     "f1_macro": _weighted_f1_macro}
 GROUP_TOPK = {"worst_group_accuracy": 1, "worst_group_top5": 5}  # metric: k of its top-k correctness
 
 

@@ -241,8 +241,8 @@ def variant_weights(inputs) -> list[tuple[str, np.ndarray, dict]]:
     return found
 
 
-def score_variants(image_emb: np.ndarray, labels: np.ndarray, meta, scoring: str, baseline: dict,
-                   variants: list, groups: np.ndarray | None = None) -> tuple[dict[str, dict], dict[str, float | str]]:
+def score_variants(image_emb: np.ndarray, labels: np.ndarray, meta, scoring: str, baseline: dict, variants: list,
+                   groups: np.ndarray | None = None) -> tuple[dict[str, dict], dict[str, float | str]]:
     """({variant: report entry with its metrics}, the headline additions: the best non-template variant on the
     dataset's metric, `knowledge_best_<metric>`, and its name, `knowledge_best_variant`; ties go to the first)."""
     report = {TEMPLATES_VARIANT: {"source": "templates", "text_set": "prompts", "metrics": baseline}}

@@ -49,8 +49,8 @@ from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 from vlbench.metrics import mean_recall_at_1
 
-SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "base_url", "split", "kind", "metric", "group", "size", "classes",
-             "sha256", "unsupported", "skip_corrupt")
+SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "base_url", "split", "kind", "metric", "group", "size",
+             "classes", "sha256", "unsupported", "skip_corrupt")
 KINDS = ("classification", "retrieval")
 IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")  # CLIP_benchmark's order
 BASE_URL = "https://huggingface.co/datasets"
@@ -145,9 +145,9 @@ def datacomp_cell(name: str, spec: Mapping, result_metrics: Mapping[str, float])
             return task, mean_recall_at_1(result_metrics["i2t_r1"], result_metrics["t2i_r1"])
         return task, float(result_metrics[cfg.metric])
     except KeyError as err:
-        raise DatasetError(f"dataset {name!r}: its result has no {err.args[0]!r} (metrics: "
-                           f"{sorted(result_metrics)}); is it the {'retrieval' if cfg.kind == 'retrieval' else 'zeroshot'}"
-                           f" result of this entry?") from None
+        analysis = "retrieval" if cfg.kind == "retrieval" else "zeroshot"
+        raise DatasetError(f"dataset {name!r}: its result has no {err.args[0]!r} (metrics: {sorted(result_metrics)}); "
+                           f"is it the {analysis} result of this entry?") from None
 
 
 def parse_spec(name: str, spec: Mapping) -> WdsSpec:
