@@ -135,3 +135,12 @@ def test_a_result_gives_its_datacomp_cell():
     assert datacomp_cell("wds-mscoco", coco, {"i2t_r1": 0.5, "t2i_r1": 0.3, "i2t_r5": 0.9}) == ("MSCOCO", 0.4)
     with pytest.raises(DatasetError, match="no 't2i_r1'"):
         datacomp_cell("wds-mscoco", coco, {"i2t_r1": 0.5})
+
+
+def test_prepared_templates_before_prepare_is_a_one_line_error(tmp_path, monkeypatch):
+    from vlbench.texts import entry_templates
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatasetError, match=r"'wds-cars': texts.templates is 'prepared' but .*classes.json records no "
+                                           r"templates"):
+        entry_templates("wds-cars", {"templates": "prepared"})
