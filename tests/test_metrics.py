@@ -194,7 +194,8 @@ def test_compute_dispatches_and_rejects_unknown_names():
     assert M.compute("mean_per_class", scores, labels) == pytest.approx((1 + 0.5) / 2)
     with pytest.raises(ValueError, match="accuracy, mean_per_class, map_11point, roc_auc"):
         M.compute("top5", scores, labels)
-    assert set(M.METRIC_NAMES) == {"accuracy", "mean_per_class", "map_11point", "roc_auc"}
+    assert set(M.METRIC_NAMES) == {"accuracy", "mean_per_class", "map_11point", "roc_auc", "f1_macro",
+                                   "worst_group_accuracy", "worst_group_top5"}
 
 
 def test_metric_names_match_dataset_contract():

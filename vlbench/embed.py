@@ -35,7 +35,7 @@ from torchvision.transforms import (
 from tqdm import tqdm
 
 from vlbench import decoding, features
-from vlbench.datasets.canonical import DatasetMeta, load_meta, split_path
+from vlbench.datasets.canonical import GROUP_COLUMN, DatasetMeta, load_meta, split_path
 from vlbench.errors import VlbenchError
 from vlbench.datasets.images import ImageDecodeError
 from vlbench.decoding import DEFAULT_DECODE
@@ -464,7 +464,7 @@ def embed_image_splits(
             emb, kept = embed_split(loaded, path, meta.name, split, batch_size=batch_size, num_workers=num_workers,
                                     skip_corrupt=skip_corrupt, progress=progress, encode=encoder, decode=decode)
             seconds = time.perf_counter() - start
-            ids_labels = pq.read_table(path, columns=["sample_id", meta.label_column])
+            ids_labels = pq.read_table(path, columns=feature_columns(path, meta))
             skipped = ids_labels.column("sample_id").to_numpy(zero_copy_only=False)[
                 np.setdiff1d(np.arange(ids_labels.num_rows), kept)].tolist()
             rows = ids_labels.take(pa.array(kept))
@@ -476,6 +476,13 @@ def embed_image_splits(
         if encoder is not None:
             summary["pre_projection"] = _write_projection(tmp, encoder.projection, fingerprint)
     return summary
+
+
+def feature_columns(path: Path, meta: DatasetMeta) -> list[str]:
+    """The prepared columns image features carry: sample_id, the label column and, where the data has one, the
+    per-sample `group` that group metrics are computed over (vlbench.metrics.GROUP_METRICS)."""
+    names = pq.ParquetFile(path).schema_arrow.names
+    return ["sample_id", meta.label_column] + [c for c in (GROUP_COLUMN,) if c in names]
 
 
 def _write_image_features(path: Path, rows: pa.Table, emb: np.ndarray, fingerprint: dict[str, Any],

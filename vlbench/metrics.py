@@ -40,12 +40,18 @@ __all__ = [
     "ap_11point_per_class",
     "average_precision_per_class",
     "compute",
+    "datacomp_average",
+    "f1_macro",
     "map_11point",
     "mean_average_precision",
     "mean_confidence_interval",
     "mean_per_class_accuracy",
+    "mean_recall_at_1",
     "multilabel_indicator",
     "roc_auc",
+    "winogavil_jaccard",
+    "worst_group_accuracy",
+    "worst_group_top5",
 ]
 
 
@@ -150,10 +156,16 @@ def accuracy(scores, labels, k: int = 1) -> float:
     _check_nonempty(n, "accuracy")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise MetricError(f"k must be a positive integer, got {k!r}")
-    true_score = s[np.arange(n), y][:, None]
-    higher = (s > true_score).sum(axis=1)
-    tied_before = ((s == true_score) & (np.arange(c)[None, :] < y[:, None])).sum(axis=1)
-    return float(np.mean(higher + tied_before < k))
+    return float(np.mean(topk_correct(s, y, k)))
+
+
+def topk_correct(scores: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
+    """(n,) bool: whether each sample's true class is among its k highest scores (ties as in :func:`accuracy`)."""
+    c = scores.shape[1]
+    true_score = scores[np.arange(scores.shape[0]), labels][:, None]
+    higher = (scores > true_score).sum(axis=1)
+    tied_before = ((scores == true_score) & (np.arange(c)[None, :] < labels[:, None])).sum(axis=1)
+    return higher + tied_before < k
 
 
 def mean_per_class_accuracy(scores, labels) -> float:
@@ -340,6 +352,131 @@ def roc_auc(scores, labels, convention: str = "default") -> float:
 
 
 # --------------------------------------------------------------------------------------------------
+# DataComp's main metrics (mlfoundations/datacomp: tasklist.yml `main_metric`, eval_utils/*.py; docs/protocols.md
+# "DataComp's 38 tasks")
+
+
+def f1_macro(scores, labels) -> float:
+    """iWildCam's `F1-macro_all` (WILDS' `F1(average="macro")`): the unweighted mean over the classes that occur in
+    `labels` of each class's F1 of the argmax prediction (ties to the lower index), as
+    ``sklearn.metrics.f1_score(labels, pred, average="macro", labels=np.unique(labels))``. A class never predicted
+    has precision 0/0, counted 0 (scikit-learn's default), so its F1 is 0; predictions of classes absent from the
+    labels count against the present classes' precision only through their own false positives, which they are not."""
+    s = _as_scores(scores)
+    n, c = s.shape
+    y = _as_int_labels(labels, n, c)
+    _check_nonempty(n, "macro F1")
+    pred = s.argmax(axis=1)
+    return float(np.mean(_f1_per_class(y, pred, c)[np.bincount(y, minlength=c) > 0]))
+
+
+def _f1_per_class(y: np.ndarray, pred: np.ndarray, c: int, weights: np.ndarray | None = None) -> np.ndarray:
+    """(C,) F1 of each class (0 where it has no true positive), from (weighted) labels and predictions."""
+    tp = np.bincount(y[pred == y], weights=None if weights is None else weights[pred == y], minlength=c)
+    support = np.bincount(y, weights=weights, minlength=c)
+    predicted = np.bincount(pred, weights=weights, minlength=c)
+    denominator = support + predicted
+    return np.divide(2.0 * tp, denominator, out=np.zeros(c), where=denominator > 0)
+
+
+def _as_groups(groups, n: int) -> np.ndarray:
+    g = np.asarray(groups)
+    if g.shape != (n,):
+        raise MetricError(f"groups must be a 1-D array of one group per sample ({n}), got shape {g.shape}"
+                          + (" (a group metric needs the dataset's `group` column)" if groups is None else ""))
+    return g
+
+
+def group_values(values, groups) -> dict:
+    """{group: mean of `values` over its samples}, for every group that has a sample (sorted by group)."""
+    v = np.asarray(values, dtype=np.float64)
+    g = _as_groups(groups, v.shape[0])
+    return {key: float(v[g == key].mean()) for key in np.unique(g).tolist()}
+
+
+def worst_group_accuracy(scores, labels, groups, k: int = 1) -> float:
+    """The lowest top-k accuracy over the groups that have a test sample: FMoW's `acc_worst_region` and GeoDE's
+    `acc_wg` (k=1, groups = region), Dollar Street's `acc_top5_wg` (k=5, groups = income bucket). WILDS' groupers
+    count every group value, and its worst-group metric takes the minimum over the groups with a sample."""
+    s = _as_scores(scores)
+    n, c = s.shape
+    y = _as_int_labels(labels, n, c)
+    _check_nonempty(n, "worst-group accuracy")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise MetricError(f"k must be a positive integer, got {k!r}")
+    return min(group_values(topk_correct(s, y, k), groups).values())
+
+
+def worst_group_top5(scores, labels, groups) -> float:
+    """Dollar Street's main metric: :func:`worst_group_accuracy` with k=5."""
+    return worst_group_accuracy(scores, labels, groups, k=5)
+
+
+def winogavil_jaccard(cases, min_candidates: int = 10) -> float:
+    """WinoGAViL's `jaccard_score_10-12` (DataComp eval_utils/wino_eval.py): for each case, a (candidates,) array of
+    the cue's scores against its candidate images and a (candidates,) 0/1 array marking the true associations; the
+    model picks the m highest-scored candidates, m the number of true associations (a stable sort: of tied scores the
+    later candidate is picked, as `np.argsort(...)[-m:]` does on distinct values), and the case scores the Jaccard
+    index |picked & true| / |picked | true|. The mean over the cases with at least `min_candidates` candidates (the
+    10- and 12-candidate cases)."""
+    scores = []
+    for i, (case_scores, truth) in enumerate(cases):
+        sc, t = np.asarray(case_scores, dtype=np.float64), np.asarray(truth).astype(bool)
+        if sc.ndim != 1 or sc.shape != t.shape or not t.any():
+            raise MetricError(f"WinoGAViL case {i}: need 1-D scores and 0/1 associations of one length with at least "
+                              f"one association, got shapes {sc.shape} and {t.shape}")
+        if sc.size < min_candidates:
+            continue
+        picked = np.zeros(sc.size, bool)
+        picked[np.argsort(sc, kind="stable")[-int(t.sum()):]] = True
+        scores.append((picked & t).sum() / (picked | t).sum())
+    if not scores:
+        raise MetricError(f"WinoGAViL: no case with at least {min_candidates} candidates")
+    return float(np.mean(scores))
+
+
+def mean_recall_at_1(i2t_r1: float, t2i_r1: float) -> float:
+    """Flickr's and MSCOCO's `mean_recall@1` (DataComp eval_utils/retr_eval.py): the mean of text retrieval
+    Recall@1 (image to text) and image retrieval Recall@1 (text to image)."""
+    return 0.5 * (float(i2t_r1) + float(t2i_r1))
+
+
+# DataComp's aggregate_scores.py: its task groups by the display names of tasklist.yml
+DATACOMP_GROUPS = {
+    "ImageNet dist. shifts": ("ImageNet Sketch", "ImageNet v2", "ImageNet-A", "ImageNet-O", "ImageNet-R", "ObjectNet"),
+    "VTAB": ("Caltech-101", "CIFAR-100", "CLEVR Counts", "CLEVR Distance", "Describable Textures", "EuroSAT",
+             "KITTI Vehicle Distance", "Oxford Flowers-102", "Oxford-IIIT Pet", "PatchCamelyon", "RESISC45", "SVHN",
+             "SUN397"),
+    "Retrieval": ("Flickr", "MSCOCO", "WinoGAViL"),
+}
+# the 38 tasks of DataComp's tasklist.yml with a main metric, by its display names (FairFace, UTKFace have none)
+DATACOMP_TASKS = (
+    "Caltech-101", "CIFAR-10", "CIFAR-100", "CLEVR Counts", "CLEVR Distance", "Country211", "Describable Textures",
+    "EuroSAT", "FGVC Aircraft", "Food-101", "GTSRB", "ImageNet 1k", "ImageNet Sketch", "ImageNet v2", "ImageNet-A",
+    "ImageNet-O", "ImageNet-R", "KITTI Vehicle Distance", "MNIST", "ObjectNet", "Oxford Flowers-102",
+    "Oxford-IIIT Pet", "Pascal VOC 2007", "PatchCamelyon", "Rendered SST2", "RESISC45", "Stanford Cars", "STL-10",
+    "SUN397", "SVHN", "Flickr", "MSCOCO", "WinoGAViL", "iWildCam", "Camelyon17", "FMoW", "Dollar Street", "GeoDE")
+
+
+def datacomp_average(main_metrics) -> dict[str, float]:
+    """DataComp's aggregate (aggregate_scores.py) of {task display name: main metric} over exactly its 38 tasks:
+    `ImageNet` (ImageNet 1k), the unweighted mean of each of `DATACOMP_GROUPS`, and `Average`, the unweighted mean of
+    all 38 main metrics (FairFace and UTKFace have none and are not among them)."""
+    results = {str(k): float(v) for k, v in dict(main_metrics).items()}
+    missing, extra = sorted(set(DATACOMP_TASKS) - set(results)), sorted(set(results) - set(DATACOMP_TASKS))
+    if missing or extra:
+        raise MetricError(f"the DataComp average needs exactly its {len(DATACOMP_TASKS)} tasks (names as in DataComp's "
+                          f"tasklist.yml); missing {missing}, not among them {extra}")
+    bad = sorted(k for k, v in results.items() if not np.isfinite(v))
+    if bad:
+        raise MetricError(f"the DataComp average: task(s) {bad} have no finite main metric")
+    out = {"ImageNet": results["ImageNet 1k"]}
+    out.update({group: float(np.mean([results[t] for t in tasks])) for group, tasks in DATACOMP_GROUPS.items()})
+    out["Average"] = float(np.mean(list(results.values())))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
 # dispatcher
 
 
@@ -348,18 +485,24 @@ _METRICS: dict[str, Callable[..., float]] = {
     "mean_per_class": mean_per_class_accuracy,
     "map_11point": map_11point,
     "roc_auc": roc_auc,
+    "f1_macro": f1_macro,
+    "worst_group_accuracy": worst_group_accuracy,
+    "worst_group_top5": worst_group_top5,
 }
+GROUP_METRICS = ("worst_group_accuracy", "worst_group_top5")  # computed over the dataset's per-sample `group`
 METRIC_NAMES: tuple[str, ...] = tuple(_METRICS)
 
 
 _CONVENTION_DEPENDENT = ("map_11point", "roc_auc")
 
 
-def compute(metric_name: str, scores, labels, convention: str = "default") -> float:
+def compute(metric_name: str, scores, labels, convention: str = "default", groups=None) -> float:
     """Compute the named dataset metric (the ``metric`` field of a prepared dataset's classes.json).
 
     ``accuracy`` (top-1) and ``mean_per_class`` take integer labels, ``map_11point`` takes (n, C) 0/1 targets,
-    ``roc_auc`` takes (n, 2) scores and 0/1 labels. An unknown name raises ``ValueError`` listing the names.
+    ``roc_auc`` takes (n, 2) scores and 0/1 labels; ``f1_macro`` integer labels; the `GROUP_METRICS` integer labels
+    and `groups`, one group per sample (the dataset's `group` column). An unknown name raises ``ValueError``
+    listing the names.
     ``convention`` (one of ``CONVENTIONS``) reaches the ranking metrics; the others do not depend on it.
     """
     try:
@@ -369,6 +512,8 @@ def compute(metric_name: str, scores, labels, convention: str = "default") -> fl
     _check_convention(convention)
     if metric_name in _CONVENTION_DEPENDENT:
         return fn(scores, labels, convention)
+    if metric_name in GROUP_METRICS:
+        return fn(scores, labels, groups)
     return fn(scores, labels)
 
 

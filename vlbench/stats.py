@@ -182,22 +182,54 @@ def _weighted_roc_auc(decision: np.ndarray, labels: np.ndarray, weights: np.ndar
         return (pos * (below + 0.5 * neg)).sum(axis=1) / (pos.sum(axis=1) * neg.sum(axis=1))
 
 
+def group_replicates(correct, groups, resamples: int = RESAMPLES, rng: np.random.Generator | None = None) -> np.ndarray:
+    """(resamples,) bootstrap replicates of the worst group's accuracy from per-sample correctness and groups: the
+    (group x correct) cells drawn as `_class_cells` draws them, the minimum over the groups a resample drew."""
+    c = _correct(correct)
+    _check_resamples(resamples)
+    _, codes = np.unique(np.asarray(groups), return_inverse=True)
+    if codes.shape != c.shape:
+        raise StatsError(f"groups must give one group per sample ({c.size}), got {codes.size}")
+    counts = _class_cells(codes.astype(np.int64), c.astype(np.int64), 2, resamples, rng or np.random.default_rng(0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.nanmin(np.where(counts.sum(axis=2) > 0, counts[:, :, 1] / counts.sum(axis=2), np.nan), axis=1)
+
+
+def _weighted_f1_macro(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray, convention: str) -> np.ndarray:
+    """(R,) `vlbench.metrics.f1_macro` of each resample given as sample multiplicities `weights` (R, n)."""
+    from vlbench.metrics import _f1_per_class
+
+    y, pred, c = labels.astype(np.int64), scores.argmax(axis=1), scores.shape[1]
+    out = np.empty(weights.shape[0])
+    for r, w in enumerate(weights.astype(np.float64)):
+        present = np.bincount(y, weights=w, minlength=c) > 0
+        out[r] = _f1_per_class(y, pred, c, w)[present].mean()
+    return out
+
+
 def metric_interval(metric: str, scores, labels, convention: str = "default", *, resamples: int = RESAMPLES,
-                    seed: int = 0, level: float = LEVEL, chunk: int = 100) -> Interval:
+                    seed: int = 0, level: float = LEVEL, chunk: int = 100, groups=None) -> Interval:
     """The bootstrap interval of a dataset metric (`vlbench.metrics.compute`'s names) on (n, C) scores.
 
     accuracy / mean_per_class: from the argmax's correctness (`sample_metric_replicates`); map_11point / roc_auc:
     indices resampled, `chunk` resamples at a time as multiplicities, and the metric recomputed on each; a resample
-    that leaves the metric undefined (ROC-AUC with one class drawn) is dropped."""
+    that leaves the metric undefined (ROC-AUC with one class drawn) is dropped. Group metrics (worst-group top-k
+    accuracy) need `groups`, one per sample, and resample the (group x correct) cells (`group_replicates`)."""
     from vlbench import metrics
 
     scores = np.asarray(scores)
+    if metric in GROUP_TOPK:
+        metrics.compute(metric, scores, labels, convention, groups)  # the metric's own checks
+        y = np.asarray(labels)
+        correct = metrics.topk_correct(scores.astype(np.float64), y, GROUP_TOPK[metric])
+        reps = group_replicates(correct, groups, resamples, np.random.default_rng(seed))
+        return Interval(*_quantiles(reps, level), level, "bootstrap", int(resamples), int(seed))
     if metric in SAMPLE_METRICS:
         y = np.asarray(labels)
         return bootstrap_sample_metric(metric, scores.argmax(axis=1) == y, y, resamples=resamples, seed=seed,
                                        level=level)
     if metric not in WHOLE_SET_METRICS:
-        known = ", ".join(SAMPLE_METRICS + tuple(WHOLE_SET_METRICS))
+        known = ", ".join(SAMPLE_METRICS + tuple(WHOLE_SET_METRICS) + tuple(GROUP_TOPK))
         raise StatsError(f"no bootstrap for metric {metric!r}; known: {known}")
     _check_resamples(resamples)
     metrics.compute(metric, scores, labels, convention)  # the metric's own checks of shapes and values
@@ -215,7 +247,9 @@ def _roc_auc_replicates(scores, labels, weights, convention):
     return _weighted_roc_auc(_binary_decision(scores, convention), labels, weights)
 
 
-WHOLE_SET_METRICS = {"map_11point": _weighted_map_11point, "roc_auc": _roc_auc_replicates}
+WHOLE_SET_METRICS = {"map_11point": _weighted_map_11point, "roc_auc": _roc_auc_replicates,
+                     "f1_macro": _weighted_f1_macro}
+GROUP_TOPK = {"worst_group_accuracy": 1, "worst_group_top5": 5}  # metric: k of its top-k correctness
 
 
 # --------------------------------------------------------------------------------------------------------- paired

@@ -19,13 +19,14 @@ from typing import Any, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlbench.config import check_name
+from vlbench.config import check_name, prepared_dir
 from vlbench.datasets.canonical import DatasetError, DatasetMeta, iter_batches, split_path
 from vlbench.io import atomic_dir
 
 OWNERS = ("class_index", "sample_id", "key")
 META_KEY = b"vlbench.text_set"
 DEFAULT_TEMPLATES = ["a photo of a {c}."]
+PREPARED_TEMPLATES = "prepared"  # texts.templates: the templates the prepared data recorded (webdataset shards)
 ELEVATER_DATA = Path(__file__).resolve().parent / "datasets" / "data" / "elevater.json"
 OPENCLIP_TEMPLATES = {"simple_imagenet": "SIMPLE_IMAGENET_TEMPLATES", "openai_imagenet": "OPENAI_IMAGENET_TEMPLATES"}
 TEXTS_KEYS = ("templates", "hierarchy", "groups", "specificity", "knowledge", "vocabulary", "prompt_sets",
@@ -75,9 +76,22 @@ def entry_templates(dataset: str, cfg: Mapping[str, Any]) -> list[str]:
     (`openclip:openai_imagenet`, CLIP's 80 ImageNet templates; `openclip:simple_imagenet`; `elevater:<dataset>`:
     `resolve_templates`)."""
     value = cfg.get("templates", DEFAULT_TEMPLATES)
+    if value == PREPARED_TEMPLATES:
+        return prepared_templates(dataset)
     if isinstance(value, str) and ":" in value:
         return resolve_templates(dataset, "texts.templates", value, [])
     return check_templates(dataset, value)
+
+
+def prepared_templates(dataset: str) -> list[str]:
+    """`texts.templates: prepared`: the templates the source recorded in the prepared classes.json
+    (`provenance.templates`; webdataset shards' zeroshot_classification_templates.txt, vlbench/datasets/wds.py)."""
+    path = prepared_dir(dataset) / "classes.json"
+    found = json.loads(path.read_text()).get("provenance", {}).get("templates") if path.is_file() else None
+    if not found:
+        raise DatasetError(f"dataset {dataset!r}: texts.templates is 'prepared' but {path} records no templates "
+                           f"(provenance.templates); prepare the dataset first, or give a list of templates")
+    return check_templates(dataset, list(found))
 
 
 def resolve_templates(dataset: str, key: str, source: Any, own: Sequence[str]) -> list[str]:

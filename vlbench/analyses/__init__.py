@@ -67,7 +67,10 @@ class Analysis:
     tables: tuple[SampleTable, ...] = ()
 
 
-_DATASET_METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc")
+# every metric a prepared dataset may name (vlbench.datasets.canonical.METRICS): DataComp's macro F1 and worst-group
+# accuracies included, so that a datacomp run's cells are headline numbers
+_DATASET_METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc", "f1_macro", "worst_group_accuracy",
+                    "worst_group_top5")
 # single-label predictions: accuracy and mean-per-class pair per image; the dataset's other metrics (mAP, ROC-AUC;
 # multi-label data, whose table has `labels`) are not paired yet and come from the intervals
 _PREDICTIONS = SampleTable("predictions", "image", ("accuracy", "mean_per_class"))

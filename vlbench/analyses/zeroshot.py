@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from vlbench.config import ParamsError
+from vlbench.datasets.canonical import GROUP_COLUMN
 from vlbench.errors import VlbenchError
 
 LOGIT_SCALE = 100.0
@@ -122,14 +123,15 @@ def label_matrix(table, meta) -> np.ndarray:
 
 
 def weights_metrics(image_emb: np.ndarray, weights: np.ndarray, labels: np.ndarray, meta,
-                    scoring: str = "logits") -> tuple[dict[str, float], np.ndarray]:
-    """(metrics, logits) of one set of class weights: the dataset's metric on the scores `scoring` names, plus top-1
-    accuracy for a single-label dataset whose metric is another."""
+                    scoring: str = "logits", groups: np.ndarray | None = None) -> tuple[dict[str, float], np.ndarray]:
+    """(metrics, logits) of one set of class weights: the dataset's metric on the scores `scoring` names (a group
+    metric over `groups`, the features' `group` column), plus top-1 accuracy for a single-label dataset whose metric
+    is another."""
     from vlbench import metrics
 
     scores, convention = metric_scores(image_emb, weights, scoring)
     logits = scores if scoring == "logits" else zeroshot_logits(image_emb, weights)
-    results = {meta.metric: metrics.compute(meta.metric, scores, labels, convention)}
+    results = {meta.metric: metrics.compute(meta.metric, scores, labels, convention, groups)}
     if not meta.multi_label and meta.metric != "accuracy":
         results["accuracy"] = metrics.compute("accuracy", scores, labels, convention)
     return {k: float(v) for k, v in results.items()}, logits
@@ -142,13 +144,14 @@ def template_weights(text_table, text_emb: np.ndarray, num_classes: int) -> np.n
 
 
 def score_intervals(image_emb: np.ndarray, weights: np.ndarray, labels: np.ndarray, keys: dict[str, str],
-                    scoring: str, seed: int) -> dict[str, dict]:
+                    scoring: str, seed: int, groups: np.ndarray | None = None) -> dict[str, dict]:
     """{metric key: bootstrap interval over the test samples} of one set of class weights, for each key of `keys`
     ({key: the `vlbench.metrics` name it is}), on the scores `scoring` names (vlbench.stats.metric_interval)."""
     from vlbench.stats import metric_interval
 
     scores, convention = metric_scores(image_emb, weights, scoring)
-    return {key: metric_interval(name, scores, labels, convention, seed=seed).to_json() for key, name in keys.items()}
+    return {key: metric_interval(name, scores, labels, convention, seed=seed, groups=groups).to_json()
+            for key, name in keys.items()}
 
 
 def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: np.ndarray, meta,
@@ -161,7 +164,8 @@ def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: 
     from vlbench.features import embedding_array
 
     weights = template_weights(text_table, text_emb, len(meta.classes))
-    results, logits = weights_metrics(image_emb, weights, label_matrix(image_table, meta), meta, scoring)
+    results, logits = weights_metrics(image_emb, weights, label_matrix(image_table, meta), meta, scoring,
+                                      sample_groups(image_table))
     predicted = logits.argmax(axis=1)
     names = np.array(meta.class_names)
     predictions = pa.table({
@@ -172,7 +176,16 @@ def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: 
         "predicted_logit": pa.array(logits[np.arange(len(logits)), predicted], pa.float32()),
         "logits": embedding_array(logits),
     })
+    if GROUP_COLUMN in image_table.column_names:  # the per-sample file keeps what a group metric's interval needs
+        predictions = predictions.append_column(GROUP_COLUMN, image_table.column(GROUP_COLUMN))
     return results, predictions
+
+
+def sample_groups(image_table) -> np.ndarray | None:
+    """The features' per-sample `group` (region, income bucket), where the prepared data has one."""
+    if GROUP_COLUMN not in image_table.column_names:
+        return None
+    return np.asarray(image_table.column(GROUP_COLUMN).to_pylist(), dtype=object)
 
 
 # ---------------------------------------------------------------------------------------------------- variants
@@ -228,13 +241,13 @@ def variant_weights(inputs) -> list[tuple[str, np.ndarray, dict]]:
     return found
 
 
-def score_variants(image_emb: np.ndarray, labels: np.ndarray, meta, scoring: str, baseline: dict,
-                   variants: list) -> tuple[dict[str, dict], dict[str, float | str]]:
+def score_variants(image_emb: np.ndarray, labels: np.ndarray, meta, scoring: str, baseline: dict, variants: list,
+                   groups: np.ndarray | None = None) -> tuple[dict[str, dict], dict[str, float | str]]:
     """({variant: report entry with its metrics}, the headline additions: the best non-template variant on the
     dataset's metric, `knowledge_best_<metric>`, and its name, `knowledge_best_variant`; ties go to the first)."""
     report = {TEMPLATES_VARIANT: {"source": "templates", "text_set": "prompts", "metrics": baseline}}
     for name, weights, entry in variants:
-        report[name] = {**entry, "metrics": weights_metrics(image_emb, weights, labels, meta, scoring)[0]}
+        report[name] = {**entry, "metrics": weights_metrics(image_emb, weights, labels, meta, scoring, groups)[0]}
     scored = [name for name in report if name != TEMPLATES_VARIANT]
     if not scored:
         return report, {}
@@ -251,15 +264,16 @@ def run(inputs, cfg, seed: int):
     images, texts = inputs.images(cfg["split"]), inputs.texts("prompts")
     metrics, predictions = evaluate_zeroshot(images.table, images.embeddings, texts.table, texts.embeddings,
                                              inputs.meta, scoring)
-    labels = label_matrix(images.table, inputs.meta)
+    labels, groups = label_matrix(images.table, inputs.meta), sample_groups(images.table)
     found = variant_weights(inputs)
-    variants, best = score_variants(images.embeddings, labels, inputs.meta, scoring, dict(metrics), found)
+    variants, best = score_variants(images.embeddings, labels, inputs.meta, scoring, dict(metrics), found, groups)
     intervals = score_intervals(images.embeddings, template_weights(texts.table, texts.embeddings, len(inputs.meta.classes)),
-                                labels, {k: k for k in metrics}, scoring, seed)
+                                labels, {k: k for k in metrics}, scoring, seed, groups)
     if best:  # the best variant's headline number, on its own class weights
         weights = next(w for name, w, _ in found if name == best["knowledge_best_variant"])
         intervals.update(score_intervals(images.embeddings, weights, labels,
-                                         {f"knowledge_best_{inputs.meta.metric}": inputs.meta.metric}, scoring, seed))
+                                         {f"knowledge_best_{inputs.meta.metric}": inputs.meta.metric}, scoring, seed,
+                                         groups))
     prompts_per_class = texts.table.num_rows / max(len(inputs.meta.classes), 1)
     return Result({**metrics, **best}, counts={"samples": images.table.num_rows, "classes": len(inputs.meta.classes),
                                                "prompts": texts.table.num_rows},

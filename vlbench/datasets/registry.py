@@ -36,6 +36,7 @@ SOURCES = {
     "fewtrans": "vlbench.datasets.fewtrans:build",
     "shift": "vlbench.datasets.shifts:build",  # ImageNetV2, ImageNet-R/A, ObjectNet (robustness suite)
     "compositional": "vlbench.datasets.compositional:build",  # SugarCrepe, Winoground, ARO, the demo's swaps
+    "wds": "vlbench.datasets.wds:build",  # DataComp / CLIP_benchmark webdataset shards (suite datacomp)
 }
 # FewTrans' base/novel class counts: the adapt analysis's table, read as data (importing the analysis would make
 # every prepare@ stage depend on it)

@@ -1,0 +1,149 @@
+"""The `datacomp` suite's pipeline on miniature shards in DataComp's exact layout (tests/wds_shards.py), served from
+127.0.0.1 and run through real DVC with the few-step toy model (tests/pipeline_repo.py): a classification task
+scored by macro F1 (iWildCam), a grouped task (Dollar Street's worst income group top-5 accuracy) and a retrieval
+task (MSCOCO, mean of image and text Recall@1); three tasks keep it within its time budget (the other metrics,
+mean per-class recall and worst-region accuracy, go through the same code path and have unit tests:
+tests/test_datacomp_metrics.py). Every number is checked against a computation written here from the features: logits
+by hand, metrics with scikit-learn or loops, groups decoded from the shards' own .npy members."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from sklearn.metrics import balanced_accuracy_score, f1_score
+
+from tests.http_server import serve
+from tests.wds_shards import caption_samples, classification_samples, entry, write_repo
+from vlbench import metrics
+
+DVC = (sys.executable, "-m", "dvc")
+MODEL = "toy-smoke"
+RNG = np.random.default_rng(31)
+TASKS = {  # entry: (repo, labels, classes, .npy metadata or None)
+    "wds-wilds-iwildcam": ("djghosh/wds_wilds-iwildcam_test", RNG.integers(0, 4, 14),
+                           ["deer", "fox", "boar", "empty"], None),
+    "wds-dollar_street": ("djghosh/wds_dollar_street_test", RNG.integers(0, 6, 14),
+                          ["bed", "stove", "toilet", "sofa", "tv", "cup"], [[g, 7, 2] for g in RNG.integers(0, 3, 14)]),
+}
+CAPTIONS = [[f"a picture number {i}.", f"image {i} with {j} things."] for i, j in enumerate(range(6))]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    from tests.pipeline_repo import make_repo, read_suite, run, write_suite
+
+    base = tmp_path_factory.mktemp("datacomp")
+    www = base / "www"
+    for i, (name, (repo_name, labels, classes, meta)) in enumerate(TASKS.items()):
+        samples = classification_samples(labels, seed=i, groups=meta)
+        write_repo(www, repo_name, [samples[:8], samples[8:]], classes, ["a photo of a {c}.", "a {c}."])
+    write_repo(www, "clip-benchmark/wds_mscoco_captions", [caption_samples(CAPTIONS, seed=9)])
+    repo = make_repo(base / "repo")
+    with serve(www) as base_url:
+        suite = read_suite(repo, "smoke")
+        suite["datasets"] = {name: entry(name, base_url, size=14, classes=len(spec[2])) for name, spec in TASKS.items()}
+        suite["datasets"]["wds-mscoco"] = entry("wds-mscoco", base_url)
+        suite.update(embed=[*TASKS, "wds-mscoco"], zeroshot=list(TASKS), linear_probe=[], retrieval=["wds-mscoco"])
+        write_suite(repo, suite)
+        run(repo, sys.executable, "-m", "vlbench.cli", "compose")
+        run(repo, "git", "add", "-A")
+        run(repo, "git", "commit", "-qm", "datacomp miniature")
+        run(repo, *DVC, "repro", "report", env={"VLBENCH_DOWNLOADS": str(base / "cache")})
+    return repo
+
+
+def _normed(x):
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _logits(repo, name):
+    """100 x cosine of each image to each class's renormalised mean prompt embedding, from the features files."""
+    images = pq.read_table(repo / f"features/{MODEL}/{name}/images/test.parquet").to_pydict()
+    texts = pq.read_table(repo / f"features/{MODEL}/{name}/text/prompts.parquet").to_pydict()
+    emb, owner = _normed(texts["embedding"]), np.array(texts["class_index"])
+    weights = _normed(np.stack([emb[owner == c].mean(axis=0) for c in range(owner.max() + 1)]))
+    return images, 100 * _normed(images["embedding"]) @ weights.T
+
+
+def _worst_group_topk(logits, labels, groups, k):
+    worst = 1.0
+    for g in set(groups):
+        hits = [labels[i] in sorted(range(logits.shape[1]), key=lambda j: (-logits[i, j], j))[:k]
+                for i in range(len(labels)) if groups[i] == g]
+        worst = min(worst, sum(hits) / len(hits))
+    return worst
+
+
+def test_every_zeroshot_metric_against_an_independent_computation(repo):
+    expected = {}
+    for name, (_, labels, _, meta) in TASKS.items():
+        images, logits = _logits(repo, name)
+        assert images["label"] == labels.tolist() and len(images["sample_id"]) == 14
+        pred = logits.argmax(axis=1)
+        groups = [f"{'region' if name == 'wds-geode' else 'income_ds'}:{m[0]}" for m in meta] if meta else None
+        expected[name] = {
+            "wds-vtab-pets": lambda: balanced_accuracy_score(labels, pred),
+            "wds-wilds-iwildcam": lambda: f1_score(labels, pred, average="macro", labels=np.unique(labels)),
+            "wds-geode": lambda: _worst_group_topk(logits, labels, groups, 1),
+            "wds-dollar_street": lambda: _worst_group_topk(logits, labels, groups, 5),
+        }[name]()
+        result = json.loads((repo / f"reports/zeroshot/{name}.json").read_text())
+        metric = {"wds-vtab-pets": "mean_per_class", "wds-wilds-iwildcam": "f1_macro",
+                  "wds-geode": "worst_group_accuracy", "wds-dollar_street": "worst_group_top5"}[name]
+        assert result["metrics"][metric] == pytest.approx(expected[name], abs=6e-4), name
+        assert result["metrics"]["accuracy"] == pytest.approx(np.mean(pred == labels), abs=6e-4)
+        interval = result["intervals"][metric]
+        assert interval["method"] == "bootstrap" and interval["low"] <= result["metrics"][metric] <= interval["high"]
+        predictions = pq.read_table(next((repo / "reports/zeroshot").glob(f"{name}.predictions.parquet")))
+        assert np.allclose(np.array(predictions.column("logits").to_pylist()), logits, atol=1e-3)
+        if groups:  # the per-sample file keeps the group, as the shards' .npy have it
+            assert predictions.column("group").to_pylist() == groups
+    assert len(set(expected.values())) > 1  # not one constant
+    headline = json.loads((repo / "reports/metrics.json").read_text())["zeroshot"]  # the cells are headline numbers
+    assert headline["wds-wilds-iwildcam"]["f1_macro"] == pytest.approx(expected["wds-wilds-iwildcam"], abs=6e-4)
+    assert headline["wds-dollar_street"]["worst_group_top5"] == pytest.approx(expected["wds-dollar_street"], abs=6e-4)
+
+
+def test_retrieval_mean_recall_at_1_against_an_independent_computation(repo):
+    images = pq.read_table(repo / f"features/{MODEL}/wds-mscoco/images/test.parquet").to_pydict()
+    texts = pq.read_table(repo / f"features/{MODEL}/wds-mscoco/text/captions_prompted.parquet").to_pydict()
+    assert texts["text"] == [c for caps in CAPTIONS for c in caps]  # the shards' captions, no prompt added
+    sims = _normed(images["embedding"]) @ _normed(texts["embedding"]).T
+    owner = np.array([images["sample_id"].index(s) for s in texts["sample_id"]])
+    i2t = np.mean([owner[np.argmax(sims[i])] == i and (sims[i] == sims[i].max()).sum() == 1 for i in range(6)])
+    t2i = np.mean([np.argmax(sims[:, t]) == owner[t] and (sims[:, t] == sims[:, t].max()).sum() == 1
+                   for t in range(12)])
+    result = json.loads((repo / "reports/retrieval/wds-mscoco.json").read_text())["metrics"]
+    assert (result["i2t_r1"], result["t2i_r1"]) == (pytest.approx(i2t, abs=6e-4), pytest.approx(t2i, abs=6e-4))
+    assert metrics.mean_recall_at_1(result["i2t_r1"], result["t2i_r1"]) == pytest.approx((i2t + t2i) / 2, abs=6e-4)
+
+
+def test_the_results_give_their_cells_of_the_datacomp_average(repo):
+    """The three results' DataComp cells (`wds.datacomp_cell`) in a row whose other 35 cells are written here: the
+    average is the plain mean of the 38 (DataComp's aggregate_scores.py)."""
+    import yaml
+
+    from vlbench.datasets.wds import datacomp_cell
+
+    cells = {}
+    for name, analysis in (("wds-wilds-iwildcam", "zeroshot"), ("wds-dollar_street", "zeroshot"),
+                           ("wds-mscoco", "retrieval")):
+        spec = yaml.safe_load((repo / f"conf/dataset/{name}.yaml").read_text())["prepare"]
+        result = json.loads((repo / f"reports/{analysis}/{name}.json").read_text())["metrics"]
+        task, value = datacomp_cell(name, spec, result)
+        cells[task] = value
+    assert cells["MSCOCO"] == pytest.approx(metrics.mean_recall_at_1(*[json.loads(
+        (repo / "reports/retrieval/wds-mscoco.json").read_text())["metrics"][k] for k in ("i2t_r1", "t2i_r1")]))
+    row = {task: 0.5 for task in metrics.DATACOMP_TASKS if task not in cells} | cells
+    assert metrics.datacomp_average(row)["Average"] == pytest.approx((35 * 0.5 + sum(cells.values())) / 38)
+
+
+def test_nothing_is_stale_after_the_run(repo):
+    from tests.pipeline_repo import run
+
+    assert json.loads(run(repo, *DVC, "status", "--json", "report").stdout) == {}

@@ -1,0 +1,80 @@
+"""Miniature webdataset task repositories in DataComp's / CLIP_benchmark's exact layout, for tests:
+
+    <www>/<repo>/resolve/<revision>/classnames.txt, zeroshot_classification_templates.txt,
+                                    test/nshards.txt, test/<i>.tar
+
+each tar of `<key>.<ext>` members, one sample's members consecutive (`.png` image, `.cls` or `.txt`, `.npy`)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import yaml
+from PIL import Image
+
+from tests.archives import CONF
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def png(seed: int, size: int = 24) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def npy(values) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(values, dtype=np.int64))
+    return buf.getvalue()
+
+
+def write_tar(path: Path, samples: list[dict]) -> None:
+    """`samples`: {"__key__": key, ext: bytes, ...}, written member by member in order."""
+    with tarfile.open(path, "w") as tar:
+        for sample in samples:
+            for ext, data in sample.items():
+                if ext == "__key__":
+                    continue
+                info = tarfile.TarInfo(f"{sample['__key__']}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def write_repo(www: Path, repo: str, shards: list[list[dict]], classnames: list[str] | None = None,
+               templates: list[str] | None = None, revision: str = REVISION) -> Path:
+    root = www / repo / "resolve" / revision
+    (root / "test").mkdir(parents=True, exist_ok=True)
+    if classnames is not None:
+        (root / "classnames.txt").write_text("\n".join(classnames) + "\n")
+        (root / "zeroshot_classification_templates.txt").write_text("\n".join(templates) + "\n")
+    (root / "test/nshards.txt").write_text(f"{len(shards)}\n")
+    for i, samples in enumerate(shards):
+        write_tar(root / "test" / f"{i}.tar", samples)
+    return root
+
+
+def classification_samples(labels, seed: int = 0, groups=None, prefix: str = "s") -> list[dict]:
+    out = []
+    for i, label in enumerate(labels):
+        sample = {"__key__": f"{prefix}{i:05d}", "png": png(seed * 1000 + i), "cls": f"{int(label)}".encode()}
+        if groups is not None:
+            sample["npy"] = npy(groups[i])
+        out.append(sample)
+    return out
+
+
+def caption_samples(captions: list[list[str]], seed: int = 0) -> list[dict]:
+    return [{"__key__": f"im{i:05d}", "jpg": png(seed * 1000 + i), "txt": "\n".join(c).encode()}
+            for i, c in enumerate(captions)]
+
+
+def entry(name: str, base_url: str, **prepare) -> dict:
+    """The real conf/dataset/<name>.yaml entry, pointed at the local server and pinned at `REVISION`."""
+    found = yaml.safe_load((CONF / f"{name}.yaml").read_text())
+    found["prepare"].update(base_url=str(base_url), revision=REVISION, **prepare)
+    return found

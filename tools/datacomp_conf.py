@@ -1,0 +1,178 @@
+"""Write the `wds-<task>` entries (conf/dataset/wds-*.yaml) and the suites `datacomp` and `datacomp-fairness`
+(conf/suite/) from one table: DataComp's tasklist.yml (mlfoundations/datacomp; task key, display name, test size,
+class count, `main_metric`, default `acc1`) and where each task's shards are.
+
+    python tools/datacomp_conf.py          # rewrites the files; commit them
+
+Shards: DataComp's download_evalsets.py takes every task but the retrieval and misc ones from the Hugging Face
+dataset repository djghosh/wds_<task with '/' as '-', 'fairness/' dropped>_test. Flickr and MSCOCO DataComp reads
+as Hugging Face datasets (nlphuji/flickr_1k_test_image_text_retrieval, nlphuji/mscoco_2014_5k_test_image_text_retrieval,
+Karpathy's 1k and 5k test splits; eval_utils/retr_eval.py, tasklist.yml as of commit 4afedc4); their webdataset
+copies are CLIP_benchmark's clip-benchmark/wds_flickr30k and wds_mscoco_captions (see `NOTES`). WinoGAViL has no shards (nlphuji/winogavil through HF datasets, eval_utils/wino_eval.py), and
+FairFace / UTKFace have multi-objective targets the source does not read: their entries say so (`UNSUPPORTED`) and
+their prepare stops with that message.
+
+`REVISION` and `SHA256`: the hub's commit of each repository and the sha256 of each shard (the LFS oid the hub
+publishes). None were known when this table was written (no network): every repository is read at `main` and every
+file is recorded as unverified with a warning and its computed sha256 (docs/datasets.md says how to pin them).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vlbench.metrics import DATACOMP_TASKS  # noqa: E402
+
+# DataComp's main_metric -> the vlbench metric name (classes.json `metric`; retrieval: the retrieval analysis)
+METRICS = {"acc1": "accuracy", "mean_per_class_recall": "mean_per_class", "F1-macro_all": "f1_macro",
+           "acc_worst_region": "worst_group_accuracy", "acc_wg": "worst_group_accuracy",
+           "acc_top5_wg": "worst_group_top5", "mean_recall@1": "accuracy", "jaccard_score_10-12": "winogavil_jaccard"}
+# key, display name, test size, classes, main metric (tasklist.yml order)
+TABLE = [
+    ("vtab/caltech101", "Caltech-101", 6085, 102, "mean_per_class_recall"),
+    ("cifar10", "CIFAR-10", 10000, 10, "acc1"),
+    ("vtab/cifar100", "CIFAR-100", 10000, 100, "acc1"),
+    ("vtab/clevr_count_all", "CLEVR Counts", 15000, 8, "acc1"),
+    ("vtab/clevr_closest_object_distance", "CLEVR Distance", 15000, 6, "acc1"),
+    ("country211", "Country211", 21100, 211, "acc1"),
+    ("vtab/dtd", "Describable Textures", 1880, 47, "acc1"),
+    ("vtab/eurosat", "EuroSAT", 5400, 10, "acc1"),
+    ("fgvc_aircraft", "FGVC Aircraft", 3333, 100, "mean_per_class_recall"),
+    ("food101", "Food-101", 25250, 101, "acc1"),
+    ("gtsrb", "GTSRB", 12630, 43, "acc1"),
+    ("imagenet1k", "ImageNet 1k", 50000, 1000, "acc1"),
+    ("imagenet_sketch", "ImageNet Sketch", 50889, 1000, "acc1"),
+    ("imagenetv2", "ImageNet v2", 10000, 1000, "acc1"),
+    ("imagenet-a", "ImageNet-A", 7500, 200, "acc1"),
+    ("imagenet-o", "ImageNet-O", 2000, 200, "acc1"),
+    ("imagenet-r", "ImageNet-R", 30000, 200, "acc1"),
+    ("vtab/kitti_closest_vehicle_distance", "KITTI Vehicle Distance", 711, 4, "acc1"),
+    ("mnist", "MNIST", 10000, 10, "acc1"),
+    ("objectnet", "ObjectNet", 18574, 113, "acc1"),
+    ("vtab/flowers", "Oxford Flowers-102", 6149, 102, "mean_per_class_recall"),
+    ("vtab/pets", "Oxford-IIIT Pet", 3669, 37, "mean_per_class_recall"),
+    ("voc2007", "Pascal VOC 2007", 14976, 20, "acc1"),
+    ("vtab/pcam", "PatchCamelyon", 32768, 2, "acc1"),
+    ("renderedsst2", "Rendered SST2", 1821, 2, "acc1"),
+    ("vtab/resisc45", "RESISC45", 6300, 45, "acc1"),
+    ("cars", "Stanford Cars", 8041, 196, "acc1"),
+    ("stl10", "STL-10", 8000, 10, "acc1"),
+    ("sun397", "SUN397", 108754, 397, "acc1"),
+    ("vtab/svhn", "SVHN", 26032, 10, "acc1"),
+    ("retrieval/flickr_1k_test_image_text_retrieval", "Flickr", 1000, None, "mean_recall@1"),
+    ("retrieval/mscoco_2014_5k_test_image_text_retrieval", "MSCOCO", 5000, None, "mean_recall@1"),
+    ("misc/winogavil", "WinoGAViL", 3563, None, "jaccard_score_10-12"),
+    ("wilds/iwildcam", "iWildCam", 42791, 182, "F1-macro_all"),
+    ("wilds/camelyon17", "Camelyon17", 85054, 2, "acc1"),
+    ("wilds/fmow", "FMoW", 22108, 62, "acc_worst_region"),
+    ("fairness/dollar_street", "Dollar Street", 3503, 58, "acc_top5_wg"),
+    ("fairness/geode", "GeoDE", 12488, 40, "acc_wg"),
+]
+FAIRNESS = [("fairness/fairface", "FairFace", 10954), ("fairness/utkface", "UTKFace", 23703)]
+# the group of a grouped task: the element of each sample's .npy metadata (DataComp's evaluators' metadata fields)
+GROUPS = {"wilds/fmow": {"field": "region", "index": 0},  # FMoWEvaluator: [region, year, y]
+          "fairness/dollar_street": {"field": "income_ds", "index": 0},  # [income_ds, income_meta, region]
+          "fairness/geode": {"field": "region", "index": 0}}  # [region, country]
+RETRIEVAL_REPOS = {"retrieval/flickr_1k_test_image_text_retrieval": "clip-benchmark/wds_flickr30k",
+                   "retrieval/mscoco_2014_5k_test_image_text_retrieval": "clip-benchmark/wds_mscoco_captions"}
+NOTES = {
+    "retrieval/flickr_1k_test_image_text_retrieval": "DataComp evaluates Flickr on the Hugging Face dataset "
+    "nlphuji/flickr_1k_test_image_text_retrieval (Karpathy's 1k test; an earlier tasklist.yml, commit 2d7bde7, named "
+    "nlphuji/flickr30k, all 31,014 images); these are CLIP_benchmark's shards of Karpathy's test split, whose "
+    "images and captions were not compared with it; the shards' size is checked by no entry key",
+    "retrieval/mscoco_2014_5k_test_image_text_retrieval": "DataComp evaluates MSCOCO on the Hugging Face dataset "
+    "nlphuji/mscoco_2014_5k_test_image_text_retrieval (Karpathy's 5k test); these are CLIP_benchmark's shards of "
+    "the same split, whose captions were not compared with it; the shards' size is checked by no entry key",
+}
+UNSUPPORTED = {"misc/winogavil": "WinoGAViL is not published as webdataset shards: DataComp reads the Hugging Face "
+               "dataset nlphuji/winogavil (eval_utils/wino_eval.py) and vlbench has no converter for it yet; its "
+               "cell (jaccard_score_10-12, vlbench.metrics.winogavil_jaccard) and so the DataComp average cannot be "
+               "computed by the pipeline",
+               **{key: f"{name}'s shards label each face with several objectives (race, gender, age) in .npy and "
+                  f"name classes '<objective>:<class>' (DataComp eval_utils/fairness_eval.py); the wds source reads "
+                  f"single-label .cls samples and does not convert these yet" for key, name in
+                  (("fairness/fairface", "FairFace"), ("fairness/utkface", "UTKFace"))}}
+REVISION = {}  # task key -> the repository's commit (unknown offline: `main`)
+SHA256 = {}  # task key -> {"test/<i>.tar": sha256} (unknown offline: unverified)
+
+
+def slug(key: str) -> str:
+    short = {"retrieval/flickr_1k_test_image_text_retrieval": "flickr30k",
+             "retrieval/mscoco_2014_5k_test_image_text_retrieval": "mscoco",
+             "misc/winogavil": "winogavil"}
+    return "wds-" + short.get(key, key.removeprefix("fairness/").replace("/", "-"))
+
+
+def repo(key: str) -> str:
+    if key in RETRIEVAL_REPOS:
+        return RETRIEVAL_REPOS[key]
+    if key in UNSUPPORTED:
+        return "nlphuji/" + key.split("/", 1)[1]
+    return f"djghosh/wds_{key.removeprefix('fairness/').replace('/', '-')}_test"
+
+
+def entry(key: str, name: str, size: int, classes: int | None, main_metric: str | None) -> dict:
+    retrieval = key in RETRIEVAL_REPOS
+    prepare = {"source": "wds", "task": key, "datacomp": {"name": name, "main_metric": main_metric},
+               "repo": repo(key), "revision": REVISION.get(key, "main"), "split": "test",
+               "kind": "retrieval" if retrieval else "classification",
+               "metric": METRICS[main_metric] if main_metric else "accuracy",
+               "size": None if retrieval else size, "classes": classes, "sha256": SHA256.get(key, {})}
+    if key in GROUPS:
+        prepare["group"] = GROUPS[key]
+    if key in UNSUPPORTED:
+        prepare["unsupported"] = UNSUPPORTED[key]
+    texts = {"templates": ["{c}"], "caption_prompt": "{c}"} if retrieval else {"templates": "prepared"}
+    return {"prepare": prepare, "input": "vlbench/datasets/wds.py", "texts": texts}
+
+
+def header(key: str, name: str, size: int, main_metric: str | None) -> str:
+    lines = [f"DataComp task {key} ({name}): tasklist.yml test size {size:,}, main metric "
+             f"{main_metric or 'none (not in the average)'}.", f"Shards: huggingface.co/datasets/{repo(key)}."]
+    lines += [NOTES[key]] if key in NOTES else []
+    lines += [UNSUPPORTED[key]] if key in UNSUPPORTED else []
+    lines.append("generated by tools/datacomp_conf.py; do not edit by hand.")
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def suite(slug_: str, keys: list[str], comment: str, analyses: dict[str, list[str]]) -> str:
+    body = {"datasets": {slug(k): "vlbench/datasets/wds.py" for k in keys}, "slug": slug_, **analyses}
+    return comment + yaml.safe_dump(body, sort_keys=False, width=120)
+
+
+def main() -> None:
+    assert [row[1] for row in TABLE] == list(DATACOMP_TASKS), "the table's tasks are DataComp's 38"
+    for key, name, size, classes, metric in TABLE:
+        (ROOT / "conf/dataset" / f"{slug(key)}.yaml").write_text(
+            header(key, name, size, metric) + yaml.safe_dump(entry(key, name, size, classes, metric), sort_keys=False,
+                                                             width=120))
+    for key, name, size in FAIRNESS:
+        (ROOT / "conf/dataset" / f"{slug(key)}.yaml").write_text(
+            header(key, name, size, None) + yaml.safe_dump(entry(key, name, size, None, None), sort_keys=False,
+                                                           width=120))
+    runnable = [k for k, *_ in TABLE if k not in UNSUPPORTED]
+    classify = [slug(k) for k in runnable if k not in RETRIEVAL_REPOS]
+    (ROOT / "conf/suite/datacomp.yaml").write_text(suite("datacomp", [k for k, *_ in TABLE], (
+        "# DataComp's 38 zero-shot tasks (Gadre et al. 2023; mlfoundations/datacomp tasklist.yml) on the webdataset\n"
+        "# shards its evaluation reads (source wds, docs/datasets.md \"DataComp's 38 tasks\"), each scored by its main\n"
+        "# metric (the entry's `metric`; Flickr and MSCOCO by the retrieval analysis, mean of i2t and t2i Recall@1).\n"
+        "# wds-winogavil is listed but cannot be prepared (no shards; see its entry).\n"
+        "# dvc exp run -S suite=datacomp -S model=vitb32\n"
+        "# generated by tools/datacomp_conf.py; do not edit by hand.\n"),
+        {"embed": classify + [slug(k) for k in RETRIEVAL_REPOS], "zeroshot": classify,
+         "retrieval": [slug(k) for k in RETRIEVAL_REPOS]}))
+    fair = [k for k, *_ in FAIRNESS]
+    (ROOT / "conf/suite/datacomp-fairness.yaml").write_text(suite("datacomp-fairness", fair, (
+        "# DataComp's fairness extras FairFace and UTKFace (not part of the DataComp average), listed with their shards;\n"
+        "# neither can be prepared yet (multi-objective .npy targets; see their entries), so no analysis runs on them.\n"
+        "# generated by tools/datacomp_conf.py; do not edit by hand.\n"), {}))
+
+
+if __name__ == "__main__":
+    main()

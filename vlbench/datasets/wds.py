@@ -1,0 +1,300 @@
+"""Webdataset shards as DataComp and CLIP_benchmark evaluate on them (`source: wds`).
+
+The layout (CLIP_benchmark's `build_wds_dataset`, read by DataComp's eval_utils/wds_eval.py and
+download_evalsets.py), one dataset repository per task, e.g. huggingface.co/datasets/djghosh/wds_cars_test:
+
+    classnames.txt                           one class name per line (classification)
+    zeroshot_classification_templates.txt    one template with `{c}` per line (classification)
+    <split>/nshards.txt                      the number of shards n
+    <split>/0.tar ... <split>/<n-1>.tar      the samples
+
+A shard is a tar of members `<key>.<ext>`; consecutive members with the same key are one sample (webdataset's
+grouping: the key is the member path up to the first dot of its base name, the extension the rest, lower-cased; a
+key that changes, or an extension seen twice, starts the next sample). A sample has one image member (`webp`, `png`,
+`jpg` or `jpeg`, taken in that order, as CLIP_benchmark's `to_tuple` does) and, for classification, `cls` (the class
+index as text) or, for retrieval, `txt` (one caption per line) or `json` (a list of captions, or an object with
+`captions`). Grouped tasks carry `npy`, a numpy array of integer metadata (DataComp's WILDS and fairness evaluators
+read it: FMoW `[region, year, y]`, Dollar Street `[income_ds, income_meta, region]`, GeoDE `[region, country]`); the
+spec's `group: {field, index}` names the element that is the sample's group, stored as the column `group`
+(`<field>:<value>`), which group metrics (vlbench.metrics.GROUP_METRICS) are computed over.
+
+Files come through the download layer (vlbench/datasets/download.py): from `<base_url>/<repo>/resolve/<revision>/
+<path>`, the repository pinned by `revision`, each shard verified by the sha256 the hub publishes for it (the
+spec's `sha256: {<split>/<i>.tar: hex}`); a file with no known checksum is recorded as unverified with a warning,
+its sha256 kept in provenance. Cache names carry the repository and revision, so two revisions never share a file.
+
+Prepared dataset: one split (the spec's `split`, `test`), its samples in shard order then tar order, each read from
+the tar as a stream (`tarfile` mode "r|") and written row group by row group, never a split in memory; `sample_id`
+is the sample's key; images as stored. Classes: classnames.txt in order (their names exactly as the shards have
+them); the templates of zeroshot_classification_templates.txt are kept in provenance (`templates`), and an entry
+whose `texts.templates` is `prepared` uses them (vlbench/texts.py), so the prompts are the ones the table used.
+Retrieval sets are task `captions` with a placeholder class, like Karpathy's splits.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import pyarrow as pa
+
+from vlbench.datasets.canonical import GROUP_COLUMN, ClassInfo, DatasetError, DatasetMeta, write_dataset
+from vlbench.datasets.download import Resource, fetch
+from vlbench.datasets.images import checked_rows
+from vlbench.datasets.spec import check_flag, check_keys
+from vlbench.metrics import mean_recall_at_1
+
+SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "base_url", "split", "kind", "metric", "group", "size",
+             "classes", "sha256", "unsupported", "skip_corrupt")
+KINDS = ("classification", "retrieval")
+IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")  # CLIP_benchmark's order
+BASE_URL = "https://huggingface.co/datasets"
+CLASSES_FILE = "classnames.txt"
+TEMPLATES_FILE = "zeroshot_classification_templates.txt"
+RETRIEVAL_METRIC = "mean_recall_at_1"  # the retrieval analysis' i2t_r1 and t2i_r1, averaged (metrics.mean_recall_at_1)
+CAPTION_CLASSES = [ClassInfo(index=0, name="image")]  # a placeholder: captioned images have no classes
+
+
+@dataclass(frozen=True)
+class WdsSpec:
+    repo: str
+    revision: str
+    base_url: str
+    split: str
+    kind: str
+    metric: str
+    group: tuple[str, int] | None  # (field name, index into the sample's npy)
+    size: int | None
+    classes: int | None
+    sha256: dict[str, str]
+    skip_corrupt: bool
+
+    def resource(self, path: str) -> Resource:
+        """The repository file `path` (e.g. 'test/0.tar') pinned at the revision, with its published sha256 if any."""
+        cache_name = f"{self.repo.replace('/', '__')}@{self.revision}__{path.replace('/', '__')}"
+        url = f"{self.base_url.rstrip('/')}/{self.repo}/resolve/{self.revision}/{path}"
+        return Resource(cache_name, (url,), sha256=self.sha256.get(path))
+
+
+# ------------------------------------------------------------------------------------------------ public
+
+
+def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
+    cfg = parse_spec(name, spec)
+    files: list[dict] = []
+
+    def get(path: str) -> Path:
+        res = cfg.resource(path)
+        found = fetch(res, name)
+        files.append({"path": path, **res.provenance(found)})
+        return found
+
+    nshards = read_nshards(name, get(f"{cfg.split}/nshards.txt"))
+    classes, templates = CAPTION_CLASSES, []
+    if cfg.kind == "classification":
+        classes = [ClassInfo(index=i, name=c) for i, c in enumerate(read_lines(name, get(CLASSES_FILE)))]
+        templates = read_lines(name, get(TEMPLATES_FILE))
+        if cfg.classes is not None and len(classes) != cfg.classes:
+            raise DatasetError(f"dataset {name!r}: {CLASSES_FILE} of {cfg.repo}@{cfg.revision} has {len(classes)} "
+                               f"classes, the entry expects {cfg.classes} (spec 'classes')")
+    shards = [get(f"{cfg.split}/{i}.tar") for i in range(nshards)]
+    provenance = {
+        "source": "wds", "repo": cfg.repo, "revision": cfg.revision, "split": cfg.split, "nshards": nshards,
+        "files": files, "templates": templates, "group": {"field": cfg.group[0], "index": cfg.group[1]} if cfg.group
+        else None, "counts": {}, "skipped_corrupt": [],
+    }
+    meta = DatasetMeta(name=name, task="captions" if cfg.kind == "retrieval" else "single-label", metric=cfg.metric,
+                       classes=list(classes), provenance=provenance)
+    rows = checked_rows(name, cfg.split, sized(name, cfg, samples(name, cfg, shards, len(classes))),
+                        cfg.skip_corrupt, provenance, f"re-download the shards of {cfg.repo}")
+    return write_dataset(out_dir, meta, {cfg.split: rows}, extra_columns=extra_columns(cfg))
+
+
+def catalogue_row(name: str, spec: dict) -> dict:
+    """Classes, test size and metric as the entry records them (DataComp's tasklist.yml); None where not known
+    offline, with `note` saying so."""
+    cfg = parse_spec(name, {k: v for k, v in spec.items() if k != "unsupported"})
+    datacomp = spec.get("datacomp") or {}
+    row = {"classes": cfg.classes if cfg.kind == "classification" else None,
+           "splits": {cfg.split: cfg.size} if cfg.size is not None else {},
+           "metric": RETRIEVAL_METRIC if cfg.kind == "retrieval" else cfg.metric,
+           "main_metric": datacomp.get("main_metric"), "task": datacomp.get("name", spec.get("task")),
+           "manual_download": False, "repo": f"{cfg.repo}@{cfg.revision}", "shards_verified": bool(cfg.sha256)}
+    unknown = [what for what, value in (("classes", row["classes"] if cfg.kind == "classification" else 0),
+                                        ("test size", cfg.size)) if value is None]
+    if unknown:
+        row["note"] = f"{' and '.join(unknown)} not known before prepare (DataComp's tasklist.yml gives none)"
+    if spec.get("unsupported"):
+        row["unsupported"] = spec["unsupported"]
+    return row
+
+
+def datacomp_cell(name: str, spec: Mapping, result_metrics: Mapping[str, float]) -> tuple[str, float]:
+    """(DataComp's display name of the task, its main metric) from the `metrics` of the entry's result file: the
+    zero-shot result's `metric` for a classification task, `metrics.mean_recall_at_1` of the retrieval result's
+    `i2t_r1` and `t2i_r1` for a retrieval task. The 38 cells are what `metrics.datacomp_average` takes."""
+    cfg = parse_spec(name, spec)
+    task = (spec.get("datacomp") or {}).get("name", spec.get("task"))
+    try:
+        if cfg.kind == "retrieval":
+            return task, mean_recall_at_1(result_metrics["i2t_r1"], result_metrics["t2i_r1"])
+        return task, float(result_metrics[cfg.metric])
+    except KeyError as err:
+        analysis = "retrieval" if cfg.kind == "retrieval" else "zeroshot"
+        raise DatasetError(f"dataset {name!r}: its result has no {err.args[0]!r} (metrics: {sorted(result_metrics)}); "
+                           f"is it the {analysis} result of this entry?") from None
+
+
+def parse_spec(name: str, spec: Mapping) -> WdsSpec:
+    check_keys(name, spec, SPEC_KEYS, "wds")
+    if spec.get("unsupported"):
+        raise DatasetError(f"dataset {name!r}: {spec['unsupported']}")
+    for key in ("repo", "revision"):
+        if not isinstance(spec.get(key), str) or not spec[key].strip() or spec[key].startswith("/"):
+            raise DatasetError(f"dataset {name!r}: {key!r} must name the dataset repository's "
+                               f"{'owner/name' if key == 'repo' else 'commit or tag'}, got {spec.get(key)!r}")
+    kind = spec.get("kind", "classification")
+    if kind not in KINDS:
+        raise DatasetError(f"dataset {name!r}: 'kind' must be one of {list(KINDS)}, got {kind!r}")
+    sha = spec.get("sha256") or {}
+    if not isinstance(sha, Mapping) or not all(isinstance(v, str) for v in sha.values()):
+        raise DatasetError(f"dataset {name!r}: 'sha256' must map a repository path (test/0.tar) to its sha256, "
+                           f"got {sha!r}")
+    group = spec.get("group")
+    if group is not None and (not isinstance(group, Mapping) or not isinstance(group.get("field"), str)
+                              or not isinstance(group.get("index"), int)):
+        raise DatasetError(f"dataset {name!r}: 'group' must be {{field: <name>, index: <int>}} (the element of each "
+                           f"sample's .npy metadata that is its group), got {group!r}")
+    return WdsSpec(
+        repo=spec["repo"], revision=spec["revision"], base_url=str(spec.get("base_url", BASE_URL)),
+        split=str(spec.get("split", "test")), kind=kind,
+        metric=spec.get("metric", "accuracy"), group=(group["field"], group["index"]) if group else None,
+        size=_optional_int(name, spec, "size"), classes=_optional_int(name, spec, "classes"),
+        sha256=dict(sha), skip_corrupt=check_flag(name, spec, "skip_corrupt"))
+
+
+def extra_columns(cfg: WdsSpec) -> dict[str, pa.DataType]:
+    out = {"captions": pa.list_(pa.string())} if cfg.kind == "retrieval" else {}
+    if cfg.group:
+        out[GROUP_COLUMN] = pa.string()
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+def read_nshards(name: str, path: Path) -> int:
+    text = path.read_text().strip()
+    if not text.isdigit() or int(text) < 1:
+        raise DatasetError(f"dataset {name!r}: {path.name} must hold the number of shards, got {text[:40]!r}")
+    return int(text)
+
+
+def read_lines(name: str, path: Path) -> list[str]:
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    if not lines or not all(lines):
+        raise DatasetError(f"dataset {name!r}: {path.name} must have one non-empty entry per line")
+    return lines
+
+
+def members(shard: Path) -> Iterator[tuple[str, str, bytes]]:
+    """(key, extension, bytes) of each file of a tar, streamed in file order."""
+    with tarfile.open(shard, mode="r|*") as tar:
+        for info in tar:
+            if not info.isfile():
+                continue
+            path = PurePosixPath(info.name)
+            if "." not in path.name:
+                continue
+            stem, ext = path.name.split(".", 1)
+            key = str(path.parent / stem) if str(path.parent) != "." else stem
+            yield key, ext.lower(), tar.extractfile(info).read()
+
+
+def grouped(shard: Path) -> Iterator[dict]:
+    """Webdataset's samples of one shard: {"__key__", ext: bytes, ...}."""
+    current: dict | None = None
+    for key, ext, data in members(shard):
+        if current is None or key != current["__key__"] or ext in current:
+            if current is not None:
+                yield current
+            current = {"__key__": key}
+        current[ext] = data
+    if current is not None:
+        yield current
+
+
+def samples(name: str, cfg: WdsSpec, shards: list[Path], num_classes: int) -> Iterator[dict]:
+    for index, shard in enumerate(shards):
+        for sample in grouped(shard):
+            yield row(name, cfg, f"{cfg.split}/{index}.tar", sample, num_classes)
+
+
+def row(name: str, cfg: WdsSpec, shard: str, sample: dict, num_classes: int) -> dict:
+    where = f"dataset {name!r}: {shard} sample {sample['__key__']!r}"
+    image = next((sample[ext] for ext in IMAGE_EXTENSIONS if ext in sample), None)
+    if image is None:
+        raise DatasetError(f"{where} has no image member ({', '.join(IMAGE_EXTENSIONS)}); members: "
+                           f"{sorted(k for k in sample if k != '__key__')}")
+    out = {"sample_id": sample["__key__"], "image": image}
+    if cfg.kind == "retrieval":
+        out.update(label=0, captions=captions(where, sample))
+    else:
+        out["label"] = label(where, sample, num_classes)
+    if cfg.group:
+        out[GROUP_COLUMN] = group(where, sample, cfg.group)
+    return out
+
+
+def label(where: str, sample: dict, num_classes: int) -> int:
+    text = sample.get("cls", b"").decode("utf-8", "replace").strip()
+    if not text.lstrip("-").isdigit() or not 0 <= int(text) < num_classes:
+        raise DatasetError(f"{where}: .cls must be a class index in [0, {num_classes}), got {text[:40]!r}")
+    return int(text)
+
+
+def captions(where: str, sample: dict) -> list[str]:
+    if "txt" in sample:
+        found = sample["txt"].decode("utf-8").splitlines()
+    elif "json" in sample:
+        obj = json.loads(sample["json"])
+        found = obj.get("captions") if isinstance(obj, dict) else obj
+    else:
+        raise DatasetError(f"{where} has no captions (.txt or .json)")
+    found = [c.strip() for c in found or [] if isinstance(c, str) and c.strip()]
+    if not found:
+        raise DatasetError(f"{where}: no non-empty caption")
+    return found
+
+
+def group(where: str, sample: dict, spec: tuple[str, int]) -> str:
+    field, index = spec
+    if "npy" not in sample:
+        raise DatasetError(f"{where} has no .npy metadata, which holds its {field}")
+    values = np.load(io.BytesIO(sample["npy"]), allow_pickle=False).reshape(-1)
+    if index >= values.size:
+        raise DatasetError(f"{where}: .npy metadata has {values.size} values, the {field} is element {index}")
+    return f"{field}:{int(values[index])}"
+
+
+def sized(name: str, cfg: WdsSpec, rows: Iterator[dict]) -> Iterator[dict]:
+    """The rows, checked at the end against the entry's test size (DataComp's tasklist.yml `size`)."""
+    count = 0
+    for r in rows:
+        count += 1
+        yield r
+    if cfg.size is not None and count != cfg.size:
+        raise DatasetError(f"dataset {name!r}: the shards of {cfg.repo}@{cfg.revision} hold {count} samples in "
+                           f"{cfg.split!r}, the entry expects {cfg.size} (spec 'size')")
+
+
+def _optional_int(name: str, spec: Mapping, key: str) -> int | None:
+    value = spec.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise DatasetError(f"dataset {name!r}: {key!r} must be a positive integer or null, got {value!r}")
+    return value
