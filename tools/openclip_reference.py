@@ -216,7 +216,7 @@ def build_datacomp(csv_path: Path, conf: Path) -> dict:
         "notes": ["Every column of the CSV: the 38 tasks (dataset = the `datacomp` suite's entry wds-<DataComp task "
                   "key, '/' as '-'>, metric = DataComp's main metric as vlbench names it) and the average "
                   "(dataset 'average', the mean of the 38 cells in settings.cells).",
-                  *NO_ROW.values(), *NEW_FAMILIES.values(),
+                  *NO_ROW.values(), *(f"{slug}: {text}" for slug, text in NEW_FAMILIES.items()),
                   "Values are printed to four decimals as fractions: the tolerance includes half of that last digit."],
     }
 
