@@ -77,7 +77,9 @@ def test_models_without_a_row_are_named_in_the_notes():
                  "pe-core-vitl14", "mobileclip2-s0", "mobileclip2-b", "mobileclip2-l14"):
         assert f"{slug}: " in notes or f"for {slug}" in notes, slug
     text = CliRunner().invoke(main, ["reference", "--paper", "open_clip"]).output
-    assert "note: metaclip2-vith14: MetaCLIP 2 worldwide H/14" in text and "no published number is compared" in text
+    assert "note: metaclip2-vith14: MetaCLIP 2 worldwide H/14" in text
+    assert "prints only CVQA-LOCAL zero-shot accuracy for it, a task vlbench does not run: no published number is " \
+        "compared" in text
 
 
 @pytest.mark.skipif(not CSV.is_file() or not MOBILECLIP2.is_dir(), reason="the published files are not beside the checkout")
@@ -87,6 +89,7 @@ def test_the_tool_writes_the_committed_files(tmp_path):
                     "--out", str(tmp_path / "data" / "open_clip_results.json"), "--out-dir", str(tmp_path)],
                    cwd=ROOT, check=True, capture_output=True)
     for name in ("data/open_clip_results.json", "data/open_clip_datacomp.json", "data/pe_core.json",
+                 "data/siglip2_readme.json",
                  "data/mobileclip2_results.json", "openclip_population.json"):
         assert (tmp_path / name).read_text() == (ROOT / "vlbench/reference" / name).read_text(), name
 
@@ -112,6 +115,12 @@ def test_mobileclip2_and_pe_rows_name_the_datacomp_entries():
     pe_by = {(r.model, r.column): r for r in pe.rows}
     assert pe_by[("pe-core-vitl14", "IN-1k")].value == pytest.approx(0.835)
     assert pe_by[("pe-core-vitb16", "COCO-T2I")].metric == "t2i_r1"
+    (sig,) = load_tables("siglip2")
+    sig_by = {(r.model, r.column): r for r in sig.rows}
+    assert {r.model for r in sig.rows} == {"siglip2-vitb16", "siglip2-vitl16", "siglip2-so400m"}
+    assert (sig_by[("siglip2-vitl16", "INet 0-shot")].value, sig_by[("siglip2-vitl16", "INet 0-shot")].dataset) == \
+        (pytest.approx(0.825), "wds-imagenet1k")
+    assert sig_by[("siglip2-so400m", "COCO I→T")].metric == "i2t_r1"
     if MOBILECLIP2.is_dir():
         line = next(json.loads(x) for x in (MOBILECLIP2 / "mobileclip2_b.jsonl").read_text().splitlines()
                     if json.loads(x)["dataset"] == "GeoDE")

@@ -7,7 +7,8 @@ vlbench/reference/data/open_clip_datacomp.json (all 38 columns and the average, 
 and DataComp's main metrics: vlbench.reference.datacomp.TASKS) and vlbench/reference/openclip_population.json (every
 row's 39 numbers, the population `vlbench.reference.datacomp.place` ranks a run in); from MobileCLIP2's result files
 (`--mobileclip2`, apple/ml-mobileclip's results/*.jsonl): vlbench/reference/data/mobileclip2_results.json; and
-vlbench/reference/data/pe_core.json from the cells of Perception Encoder's README transcribed in PE_README below.
+vlbench/reference/data/pe_core.json and siglip2_readme.json from the cells of Perception Encoder's and SigLIP 2's
+READMEs transcribed in README_CELLS below.
 
 CSV is open_clip's `docs/openclip_results.csv` (the zero-shot results of every pretrained model, made with
 LAION's CLIP_benchmark). Only the rows of vlbench's registered real models (conf/model/*.yaml: arch and pretrained
@@ -32,15 +33,17 @@ MODELS = ("vitb32", "vitb16", "vitl14", "rn50", "vitb32-laion400m", "vitb32-laio
           "siglip-vitb16", "datacomp-vitb16", "dfn-vitb16", "dfn-vitl14", "metaclip-vitb16")
 # registered models the CSV has no row for (listed in the file's notes, so that their absence is said, not silent)
 NO_ROW = {"siglip2-vitb16": "open_clip's results table has no SigLIP 2 rows (the CSV read for this file lists SigLIP "
-                            "1 and nllb-clip SigLIP models only): no published number is compared for siglip2-vitb16"}
+                            "1 and nllb-clip SigLIP models only): this table compares no number for siglip2-vitb16 (its "
+                            "authors' README numbers: siglip2_readme.json)"}
 # the 2025 families (registered; none has a row in the CSV): where their authors' own numbers are, or that there are none
 NEW_FAMILIES = {
-    "siglip2-vitl16": "SigLIP 2 (Tschannen et al. 2025): no row in open_clip's table; the paper's zero-shot table "
-                      "(ImageNet, ObjectNet, COCO/Flickr retrieval per size and resolution) could not be read for this "
-                      "file: no per-dataset number is compared",
-    "siglip2-so400m": "SigLIP 2 So400m/14: as siglip2-vitl16, no published per-dataset number is compared",
-    "metaclip2-vith14": "MetaCLIP 2 worldwide H/14 (Chuang et al. 2025): no row in open_clip's table and no "
-                        "per-dataset result file from its authors was found: no published number is compared",
+    "siglip2-vitl16": "SigLIP 2 L/16 (256 px, Tschannen et al. 2025): no row in open_clip's table; its README's "
+                      "ImageNet and COCO numbers are siglip2_readme.json",
+    "siglip2-so400m": "SigLIP 2 So400m/14 (224 px): no row in open_clip's table; its README's ImageNet and COCO "
+                      "numbers are siglip2_readme.json",
+    "metaclip2-vith14": "MetaCLIP 2 worldwide H/14 (Chuang et al. 2025): no row in open_clip's table; its authors' "
+                        "README prints only CVQA-LOCAL zero-shot accuracy for it, a task vlbench does not run: no "
+                        "published number is compared",
     "pe-core-vitb16": "PE-Core B/16: no row in open_clip's table; its README's five zero-shot numbers are "
                       "pe_core.json",
     "pe-core-vitl14": "PE-Core L/14 (336 px): no row in open_clip's table; its README's five zero-shot numbers are "
@@ -53,14 +56,51 @@ NEW_FAMILIES = {
 MOBILECLIP2 = {"mobileclip2-s0": "mobileclip2_s0.jsonl", "mobileclip2-b": "mobileclip2_b.jsonl",
                "mobileclip2-l14": "mobileclip2_l14.jsonl"}
 MOBILECLIP2_REV = "apple/ml-mobileclip@4144bb1f081a6bcb9bc9e6552dee3b29a9ef9855"
-# facebookresearch/perception_models apps/pe/README.md, "Model Performance" (PE core), as printed (percent)
-PE_README = {"pe-core-vitb16": ("B/16 224px", {"IN-1k": "78.4", "IN-v2": "71.7", "IN-A": "62.4", "ObjectNet": "71.9",
-                                               "COCO-T2I": "50.9"}),
-             "pe-core-vitl14": ("L/14 336px", {"IN-1k": "83.5", "IN-v2": "77.9", "IN-A": "89.0", "ObjectNet": "84.7",
-                                               "COCO-T2I": "57.1"})}
-PE_COLUMNS = {"IN-1k": ("ImageNet 1k", "accuracy"), "IN-v2": ("ImageNet v2", "accuracy"),
-              "IN-A": ("ImageNet-A", "accuracy"), "ObjectNet": ("ObjectNet", "accuracy"),
-              "COCO-T2I": ("MSCOCO", "t2i_r1")}
+# the authors' README tables, as printed (percent): {paper: {slug: (row label, {column: printed})}} and each column's
+# (open_clip column, vlbench metric)
+README_CELLS = {
+    # facebookresearch/perception_models apps/pe/README.md, "Model Performance" (PE core)
+    "pe": {"pe-core-vitb16": ("B/16 224px", {"IN-1k": "78.4", "IN-v2": "71.7", "IN-A": "62.4", "ObjectNet": "71.9",
+                                             "COCO-T2I": "50.9"}),
+           "pe-core-vitl14": ("L/14 336px", {"IN-1k": "83.5", "IN-v2": "77.9", "IN-A": "89.0", "ObjectNet": "84.7",
+                                             "COCO-T2I": "57.1"})},
+    # google-research/big_vision big_vision/configs/proj/image_text/README_siglip2.md, "Checkpoints"
+    "siglip2": {"siglip2-vitb16": ("SigLIP 2 B/16 224", {"INet 0-shot": "78.2", "COCO T→I": "52.1",
+                                                         "COCO I→T": "68.9"}),
+                "siglip2-vitl16": ("SigLIP 2 L/16 256", {"INet 0-shot": "82.5", "COCO T→I": "54.7",
+                                                         "COCO I→T": "71.5"}),
+                "siglip2-so400m": ("SigLIP 2 So400m/14 224", {"INet 0-shot": "83.2", "COCO T→I": "55.1",
+                                                              "COCO I→T": "71.5"})},
+}
+README_COLUMNS = {"IN-1k": ("ImageNet 1k", "accuracy"), "IN-v2": ("ImageNet v2", "accuracy"),
+                  "IN-A": ("ImageNet-A", "accuracy"), "ObjectNet": ("ObjectNet", "accuracy"),
+                  "COCO-T2I": ("MSCOCO", "t2i_r1"), "INet 0-shot": ("ImageNet 1k", "accuracy"),
+                  "COCO T→I": ("MSCOCO", "t2i_r1"), "COCO I→T": ("MSCOCO", "i2t_r1")}
+README_TABLES = {
+    "pe": {"file": "pe_core.json", "table": "apps/pe/README.md, PE core 'Model Performance'",
+           "title": "Perception Encoder core: its authors' zero-shot numbers (README)",
+           "source": ("Bolya et al., Perception Encoder: The best visual embeddings are not at the output of the "
+                      "network, arXiv:2504.13181 (2025); facebookresearch/perception_models apps/pe/README.md"),
+           "settings": {"tool": "PE's CLIP_benchmark evaluation (apps/pe/docs/evaluation.md)", "params.split": "test",
+                        "value": "top-1 accuracy; COCO-T2I: text-to-image Recall@1 on COCO's 5k test images"},
+           "slugs": "pe-core-vitb16, pe-core-vitl14",
+           "notes": ["The README prints five zero-shot image numbers per checkpoint (percent, one decimal); the "
+                     "paper's larger tables are not transcribed here. Kinetics-400 and VTT-T2I are video tasks "
+                     "vlbench does not run. The PE evaluation's class names and templates may differ from the "
+                     "shards'."]},
+    "siglip2": {"file": "siglip2_readme.json", "table": "big_vision README_siglip2.md, 'Checkpoints'",
+                "title": "SigLIP 2: its authors' ImageNet zero-shot and COCO retrieval numbers (README)",
+                "source": ("Tschannen et al., SigLIP 2: Multilingual Vision-Language Encoders with Improved Semantic "
+                           "Understanding, Localization, and Dense Features, arXiv:2502.14786 (2025); "
+                           "google-research/big_vision big_vision/configs/proj/image_text/README_siglip2.md"),
+                "settings": {"tool": "big_vision's evaluators", "params.split": "test",
+                             "value": "ImageNet top-1 accuracy; COCO Recall@1 (T→I: t2i, I→T: i2t) on COCO's 5k "
+                                      "test images"},
+                "slugs": "siglip2-vitb16, siglip2-vitl16, siglip2-so400m",
+                "notes": ["The README prints three numbers per checkpoint (percent, one decimal); the rows are the "
+                          "registered sizes and resolutions (B/16 224, L/16 256, So400m/14 224). big_vision's "
+                          "prompts and class names are its own, not the shards'."]},
+}
 # CSV column -> (vlbench dataset, metric, prompts per class in CLIP_benchmark's run: CLIP's template sets, analysis)
 COLUMNS = {
     "Average perf. on 38 datasets": ("average", "dataset_metric", None, "zeroshot"),
@@ -257,29 +297,22 @@ def build_mobileclip2(folder: Path, conf: Path) -> dict:
     }
 
 
-def build_pe(conf: Path) -> dict:
+def build_readme(paper: str, conf: Path) -> dict:
+    """One of README_TABLES: the authors' printed cells as rows naming the `datacomp` suite's entries."""
+    spec = README_TABLES[paper]
     rows = []
-    for slug, (row, cells) in PE_README.items():
+    for slug, (row, cells) in README_CELLS[paper].items():
         for column, printed in cells.items():
-            name, metric = PE_COLUMNS[column]
+            name, metric = README_COLUMNS[column]
             t = TASKS[name]
-            rows.append({"model": slug, "model_name": f"PE-Core {row}", "analysis": t["analysis"],
-                         "dataset": t["entry"], "metric": metric, "value": float(printed) / 100, "published": printed,
-                         "spread": None, "settings": entry_settings(conf, slug), "row": row, "column": column})
-    return {
-        "paper": "pe", "table": "apps/pe/README.md, PE core 'Model Performance'",
-        "title": "Perception Encoder core: its authors' zero-shot numbers (README)",
-        "source": ("Bolya et al., Perception Encoder: The best visual embeddings are not at the output of the "
-                   "network, arXiv:2504.13181 (2025); facebookresearch/perception_models apps/pe/README.md"),
-        "settings": {"tool": "PE's CLIP_benchmark evaluation (apps/pe/docs/evaluation.md)", "params.split": "test",
-                     "value": "top-1 accuracy; COCO-T2I: text-to-image Recall@1 on COCO's 5k test images"},
-        "how_to_run": "dvc exp run -S suite=datacomp -S model=<slug> (slug: pe-core-vitb16, pe-core-vitl14); the "
-                      "rows name the wds- entries of ImageNet 1k, v2, -A, ObjectNet and MSCOCO",
-        "rows": rows,
-        "notes": ["The README prints five zero-shot image numbers per checkpoint (percent, one decimal); the "
-                  "paper's larger tables are not transcribed here. Kinetics-400 and VTT-T2I are video tasks vlbench "
-                  "does not run. The PE evaluation's class names and templates may differ from the shards'."],
-    }
+            rows.append({"model": slug, "model_name": row, "analysis": t["analysis"], "dataset": t["entry"],
+                         "metric": metric, "value": float(printed) / 100, "published": printed, "spread": None,
+                         "settings": entry_settings(conf, slug), "row": row, "column": column})
+    return {"paper": paper, "table": spec["table"], "title": spec["title"], "source": spec["source"],
+            "settings": spec["settings"],
+            "how_to_run": f"dvc exp run -S suite=datacomp -S model=<slug> (slug: {spec['slugs']}); the rows name the "
+                          "wds- entries of the tasks (ImageNet 1k, v2, -A, ObjectNet, MSCOCO)",
+            "rows": rows, "notes": spec["notes"]}
 
 
 def write(path: Path, obj: dict) -> None:
@@ -297,12 +330,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("vlbench/reference/data/open_clip_results.json"))
     ap.add_argument("--out-dir", type=Path, default=Path("vlbench/reference"),
                     help="where the other files go (data/open_clip_datacomp.json, data/pe_core.json, "
+                         "data/siglip2_readme.json, "
                          "data/mobileclip2_results.json, openclip_population.json)")
     args = ap.parse_args()
     write(args.out, build(args.csv, args.conf))
     write(args.out_dir / "data" / "open_clip_datacomp.json", build_datacomp(args.csv, args.conf))
     write(args.out_dir / "openclip_population.json", build_population(args.csv))
-    write(args.out_dir / "data" / "pe_core.json", build_pe(args.conf))
+    for paper, spec in README_TABLES.items():
+        write(args.out_dir / "data" / spec["file"], build_readme(paper, args.conf))
     if args.mobileclip2 is not None:
         write(args.out_dir / "data" / "mobileclip2_results.json", build_mobileclip2(args.mobileclip2, args.conf))
 

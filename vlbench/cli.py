@@ -265,7 +265,7 @@ def knowledge_coverage(ctx: click.Context, suite: str | None, as_json: bool) -> 
 @main.command()
 @click.option("--paper", default=None, metavar="P",
               help="only this paper's tables (elevater, vtab, openness, granularity, fewtrans, open_clip, "
-                   "mobileclip2, pe)")
+                   "mobileclip2, pe, siglip2)")
 @click.option("--json", "as_json", is_flag=True,
               help='machine-readable: {"tables": [{"file", "paper", "table", "title", "source", "settings", '
                    '"how_to_run", "notes", "models", "rows": [...]}]}')

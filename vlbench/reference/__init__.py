@@ -27,7 +27,7 @@ from vlbench.analyses import ANALYSES
 from vlbench.errors import VlbenchError
 
 DATA_DIR = Path(__file__).parent / "data"
-PAPERS = ("elevater", "vtab", "openness", "granularity", "fewtrans", "open_clip", "mobileclip2", "pe")
+PAPERS = ("elevater", "vtab", "openness", "granularity", "fewtrans", "open_clip", "mobileclip2", "pe", "siglip2")
 SPREAD_KINDS = ("std", "ci95", "sem")
 # metrics that are fractions in vlbench (a published percentage is divided by 100)
 FRACTION_METRICS = re.compile(r"^(accuracy|mean_per_class|map_11point|roc_auc|map|dataset_metric|acc_[ces](_[a-z0-9]+)?"
