@@ -11,9 +11,9 @@ vlbench/reference/data/pe_core.json and siglip2_readme.json from the cells of Pe
 READMEs transcribed in README_CELLS below.
 
 CSV is open_clip's `docs/openclip_results.csv` (the zero-shot results of every pretrained model, made with
-LAION's CLIP_benchmark). Only the rows of vlbench's registered real models (conf/model/*.yaml: arch and pretrained
-tag, matched exactly) and only the columns below are written, in vlbench's reference schema; nothing else of the
-CSV enters the project, and the project never downloads it. Deterministic: running it twice gives the same file.
+LAION's CLIP_benchmark; MIT). The reference rows are those of vlbench's registered real models (conf/model/*.yaml:
+arch and pretrained tag, matched exactly) in vlbench's reference schema; the placement population keeps every row's
+name, tag and 39 numbers (not its params or FLOPs); the project never downloads the CSV. Deterministic: running it twice gives the same file.
 """
 
 from __future__ import annotations
