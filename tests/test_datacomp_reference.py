@@ -102,6 +102,8 @@ def test_the_population_is_every_row_of_the_csv():
     for m, r in zip(population["models"], records):
         assert (m["name"], m["pretrained"]) == (r["name"], r["pretrained"])
         assert m["values"] == {c: float(r[c]) for c in population["columns"]}
+        # the average is DataComp's: the plain mean of the 38 (within the printed fourth decimals' rounding)
+        assert abs(sum(m["values"][c] for c in TASKS) / 38 - m["values"][AVERAGE]) <= 0.0001
 
 
 def test_mobileclip2_and_pe_rows_name_the_datacomp_entries():
@@ -221,3 +223,25 @@ def test_without_datacomp_tasks_the_page_has_no_placement_and_bad_input_is_named
         place({"MNIST": {"value": float("nan")}})
     assert average_interval({c: {"value": 0.5, "low": None, "high": None} for c in TASKS}) == \
         {"value": 0.5, "low": None, "high": None}
+
+
+def test_the_report_stage_gives_39_verdicts_from_datacomp_result_files(tmp_path, monkeypatch):
+    """Result files written as the analyses write them (vlbench.results), read back by the report stage's own
+    functions: reports/reference.json's content has a verdict for every cell of the model's row."""
+    from vlbench.report.aggregate import headline, read_results, reference
+    from vlbench.results import Result, write_result
+
+    monkeypatch.chdir(tmp_path)
+    published = {r.column: r for r in datacomp_table().rows if r.model == "dfn-vitl14"}
+    datasets: dict[str, list[str]] = {}
+    for column, t in TASKS.items():
+        write_result(t["analysis"], t["entry"], Result({t["metric"]: published[column].value}, {"samples": 10},
+                                                       {"split": "test"}), {"model": "dfn-vitl14"})
+        datasets.setdefault(t["analysis"], []).append(t["entry"])
+    results = read_results(datasets)
+    metrics, model = headline(results)
+    out = reference(results, metrics, {**model, "model": "dfn-vitl14"})
+    mine = [c for c in out["comparisons"] if c["source"]["file"] == "open_clip_datacomp.json"]
+    assert len(mine) == 39 and all(c["verdict"] == "reproduced" for c in mine)
+    assert {c["source"]["column"] for c in mine} == {AVERAGE, *TASKS}
+    assert all("params.split" in c["settings_checked"] for c in mine)
