@@ -277,7 +277,7 @@ def build_mobileclip2(folder: Path, conf: Path) -> dict:
                  if line.strip()}
         for column, task in TASKS.items():
             cell = cells[column]
-            if cell["key"] != task["task"] and column != "Flickr":
+            if cell["key"] != task["task"]:
                 raise SystemExit(f"{folder / name}: {column!r} has key {cell['key']!r}, not {task['task']!r}")
             rows.append(task_row(slug, f"MobileCLIP2 {name}", f"results/{name}", column,
                                  repr(float(cell["metrics"]["main_metric"])), entry_settings(conf, slug)))
@@ -291,9 +291,7 @@ def build_mobileclip2(folder: Path, conf: Path) -> dict:
         "how_to_run": "dvc exp run -S suite=datacomp -S model=<slug> (slug: mobileclip2-s0, mobileclip2-b, "
                       "mobileclip2-l14)",
         "rows": rows,
-        "notes": ["The files print no average: none is compared. Flickr's key there is "
-                  "retrieval/flickr_1k_test_image_text_retrieval (DataComp's retrieval/flickr30k: the 1k test "
-                  "split). Values are the files' full-precision floats."],
+        "notes": ["The files print no average: none is compared. Values are the files' full-precision floats."],
     }
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from vlbench.reference import FRACTION_METRICS, Row, Table, published_number, published_scale
+from vlbench.reference.datacomp import cell_value
 
 # used when the row has no published spread: the run is deterministic given features (zero-shot), or trained
 DEFAULT_TOLERANCE = {"zeroshot": 0.005, "linear_probe": 0.01, "adapt": 0.01, "extensibility": 0.01,
@@ -29,8 +30,8 @@ EPS = 1e-12  # a difference equal to the tolerance (in floating point) is within
 
 
 def _number(metrics: Mapping[str, Any], key: str) -> float | None:
-    value = metrics.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """The number under `key`, or a derived one (DataComp's mean_recall_at_1: the mean of i2t_r1 and t2i_r1)."""
+    return cell_value(metrics, key)
 
 
 def _adapt_key(row: Row, metrics: Mapping[str, Any]) -> tuple[str | None, str]:

@@ -25,11 +25,18 @@ AVERAGE = "Average perf. on 38 datasets"
 SUITE = "datacomp"
 POPULATION_FILE = Path(__file__).with_name("openclip_population.json")
 
-# DataComp's main_metric (tasklist.yml; acc1 where it names none) -> vlbench's metric key in a datacomp run
-MAIN_METRICS = {"acc1": "accuracy", "mean_per_class_recall": "mean_per_class", "mean_recall@1": "mean_r1",
-                "jaccard_score_10-12": "jaccard_10_12", "F1-macro_all": "macro_f1",
-                "acc_worst_region": "worst_region_accuracy", "acc_top5_wg": "worst_income_top5_accuracy",
-                "acc_wg": "worst_region_accuracy"}
+# DataComp's main_metric (tasklist.yml; acc1 where it names none) -> vlbench's metric key in a datacomp run (the
+# names of the wds branch's vlbench.metrics and tools/datacomp_conf.py)
+MAIN_METRICS = {"acc1": "accuracy", "mean_per_class_recall": "mean_per_class", "mean_recall@1": "mean_recall_at_1",
+                "jaccard_score_10-12": "winogavil_jaccard", "F1-macro_all": "f1_macro",
+                "acc_worst_region": "worst_group_accuracy", "acc_top5_wg": "worst_group_top5",
+                "acc_wg": "worst_group_accuracy"}
+# metrics a result does not hold as such but as the mean of two of its numbers (the retrieval analysis reports
+# i2t_r1 and t2i_r1; DataComp's mean_recall@1 is their mean, eval_utils/retr_eval.py)
+DERIVED = {"mean_recall_at_1": ("i2t_r1", "t2i_r1")}
+# entries the wds source names short (tools/datacomp_conf.py `slug`)
+SHORT = {"retrieval/flickr_1k_test_image_text_retrieval": "flickr30k",
+         "retrieval/mscoco_2014_5k_test_image_text_retrieval": "mscoco", "misc/winogavil": "winogavil"}
 
 # (open_clip column, DataComp task key, DataComp main_metric, vlbench analysis), in the CSV's column order
 _TASKS = (
@@ -63,7 +70,7 @@ _TASKS = (
     ("STL-10", "stl10", "acc1", "zeroshot"),
     ("SUN397", "sun397", "acc1", "zeroshot"),
     ("SVHN", "vtab/svhn", "acc1", "zeroshot"),
-    ("Flickr", "retrieval/flickr30k", "mean_recall@1", "retrieval"),
+    ("Flickr", "retrieval/flickr_1k_test_image_text_retrieval", "mean_recall@1", "retrieval"),
     ("MSCOCO", "retrieval/mscoco_2014_5k_test_image_text_retrieval", "mean_recall@1", "retrieval"),
     ("WinoGAViL", "misc/winogavil", "jaccard_score_10-12", "zeroshot"),
     ("iWildCam", "wilds/iwildcam", "F1-macro_all", "zeroshot"),
@@ -75,8 +82,18 @@ _TASKS = (
 
 
 def entry_name(task_key: str) -> str:
-    """vlbench's entry for a DataComp task key: `wds-` and the key with '/' as '-' (vtab/cifar10 -> wds-vtab-cifar10)."""
-    return "wds-" + task_key.replace("/", "-")
+    """vlbench's entry for a DataComp task key: `wds-` and the key with '/' as '-' and 'fairness/' dropped
+    (vtab/cifar100 -> wds-vtab-cifar100, fairness/geode -> wds-geode), the retrieval and misc tasks short (`SHORT`)."""
+    return "wds-" + SHORT.get(task_key, task_key.removeprefix("fairness/").replace("/", "-"))
+
+
+def cell_value(values: Mapping[str, Any], metric: str) -> float | None:
+    """The metric's number in one result's metrics (a `DERIVED` one: the mean of its parts), or None."""
+    parts = DERIVED.get(metric, (metric,)) if metric not in values else (metric,)
+    found = [values.get(p) for p in parts]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in found):
+        return None
+    return float(sum(found)) / len(found)
 
 
 # column -> {"task", "entry", "analysis", "metric", "main_metric"}
@@ -99,14 +116,23 @@ def run_numbers(metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, A
     results = results or {}
     out: dict[str, dict[str, float | None]] = {}
     for column, t in TASKS.items():
-        value = ((metrics.get(t["analysis"]) or {}).get(t["entry"]) or {}).get(t["metric"])
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            interval = (((results.get(t["analysis"]) or {}).get(t["entry"]) or {}).get("intervals") or {}).get(
-                t["metric"]) or {}
-            out[column] = {"value": float(value), "low": interval.get("low"), "high": interval.get("high")}
+        value = cell_value((metrics.get(t["analysis"]) or {}).get(t["entry"]) or {}, t["metric"])
+        if value is not None:
+            intervals = ((results.get(t["analysis"]) or {}).get(t["entry"]) or {}).get("intervals") or {}
+            out[column] = {"value": value, **cell_interval(intervals, t["metric"])}
     if len(out) == len(TASKS):
         out[AVERAGE] = average_interval(out)
     return out
+
+
+def cell_interval(intervals: Mapping[str, Any], metric: str) -> dict[str, float | None]:
+    """{"low", "high"} of a cell from its result's `intervals`; a `DERIVED` metric without its own: the mean of its
+    parts' ends (the widest the mean's interval can be, reached when the parts move together); None without one."""
+    parts = (metric,) if metric in intervals else DERIVED.get(metric, (metric,))
+    found = [intervals.get(p) or {} for p in parts]
+    if any(f.get("low") is None or f.get("high") is None for f in found):
+        return {"low": None, "high": None}
+    return {"low": sum(f["low"] for f in found) / len(found), "high": sum(f["high"] for f in found) / len(found)}
 
 
 def average_interval(cells: Mapping[str, Mapping[str, float | None]]) -> dict[str, float | None]:
