@@ -82,12 +82,43 @@ def test_new_entries_have_published_imagenet_numbers_or_say_why_not():
                     reason="open_clip's results CSV is not beside the checkout")
 def test_reference_file_is_what_the_tool_makes_from_the_csv(tmp_path):
     out = tmp_path / "open_clip_results.json"
+    (tmp_path / "data").mkdir()
     subprocess.run([sys.executable, "tools/openclip_reference.py", "/work/shared/reference/open_clip/openclip_results.csv",
-                    "--out", str(out)], cwd=ROOT, check=True, capture_output=True)
+                    "--out", str(out), "--out-dir", str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
     assert out.read_text() == (ROOT / "vlbench/reference/data/open_clip_results.json").read_text()
 
 
 # ------------------------------------------------------------------------------------------ hf-hub and SigLIP
+
+
+FAMILIES_2025 = {"pe-core-vitb16": ("PE-Core-B-16", "meta"), "pe-core-vitl14": ("PE-Core-L-14-336", "meta"),
+                 "metaclip2-vith14": ("ViT-H-14-worldwide-quickgelu", "metaclip2_worldwide"),
+                 "mobileclip2-s0": ("MobileCLIP2-S0", "dfndr2b"), "mobileclip2-b": ("MobileCLIP2-B", "dfndr2b"),
+                 "mobileclip2-l14": ("MobileCLIP2-L-14", "dfndr2b"),
+                 "siglip2-vitl16": ("ViT-L-16-SigLIP2-256", "webli"), "siglip2-so400m": ("ViT-SO400M-14-SigLIP2", "webli")}
+
+
+def test_the_2025_families_are_registered_under_open_clips_names():
+    """PE-Core B/16 and L/14, MetaCLIP 2 worldwide, MobileCLIP2, SigLIP 2 at three sizes (open_clip >= 3.3's tags);
+    each declares what its tag builds (test above): SigLIP 2 sigmoid, the others softmax; PE's 32 text tokens."""
+    for slug, (arch, tag) in FAMILIES_2025.items():
+        assert (ENTRIES[slug]["arch"], ENTRIES[slug]["pretrained"]) == (arch, tag)
+    assert {s for s in FAMILIES_2025 if ENTRIES[s]["logits"] == "sigmoid"} == {"siglip2-vitl16", "siglip2-so400m"}
+    assert ENTRIES["pe-core-vitb16"]["text"] == {"context_length": 32, "clean": "lower"}
+    assert ENTRIES["pe-core-vitl14"]["preprocess"]["size"] == 336
+    assert ENTRIES["metaclip2-vith14"]["text"]["clean"] == "whitespace"  # XLM-V's tokenizer keeps case
+    assert ENTRIES["mobileclip2-s0"]["preprocess"]["mean"] == [0.0, 0.0, 0.0]
+    sizes = {ENTRIES[s]["arch"] for s in ENTRIES if "SigLIP2" in ENTRIES[s]["arch"]}
+    assert len(sizes) >= 3
+
+
+@pytest.mark.parametrize("slug", sorted(FAMILIES_2025))
+def test_a_2025_family_entry_without_its_weights_fails_fast_offline(slug, tmp_path, offline):
+    start = time.monotonic()
+    with pytest.raises(ModelError) as err:
+        load_model(ENTRIES[slug], device="cpu", cache_dir=str(tmp_path))
+    assert time.monotonic() - start < 10
+    assert f"model {slug!r}" in str(err.value) and str(tmp_path) in str(err.value) and "no network" in str(err.value)
 
 
 def test_hf_hub_model_loads_offline_from_the_cache_with_its_bias_scale_and_text_handling(hub, offline):

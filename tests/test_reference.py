@@ -251,8 +251,9 @@ def test_cli_json_shape_and_paper_filter():
                 "row", "column"}
     assert all(set(r) == row_keys for t in tables for r in t["rows"])
     only = json.loads(CliRunner().invoke(main, ["reference", "--paper", "open_clip", "--json"]).output)["tables"]
-    assert [t["file"] for t in only] == ["open_clip_results.json", "open_clip_retrieval.json"]
-    assert only[0]["models"] == sorted(["vitb32", "vitb16", "vitl14", "rn50", "vitb32-laion400m", "vitb32-laion2b",
+    assert [t["file"] for t in only] == ["open_clip_datacomp.json", "open_clip_results.json",
+                                         "open_clip_retrieval.json"]
+    assert only[1]["models"] == only[0]["models"] == sorted(["vitb32", "vitb16", "vitl14", "rn50", "vitb32-laion400m", "vitb32-laion2b",
                                         "vitl14-laion2b", "siglip-vitb16", "datacomp-vitb16", "dfn-vitb16",
                                         "dfn-vitl14", "metaclip-vitb16"])
     text = CliRunner().invoke(main, ["reference", "--paper", "elevater"]).output

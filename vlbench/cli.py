@@ -264,7 +264,8 @@ def knowledge_coverage(ctx: click.Context, suite: str | None, as_json: bool) -> 
 
 @main.command()
 @click.option("--paper", default=None, metavar="P",
-              help="only this paper's tables (elevater, vtab, openness, granularity, fewtrans, open_clip)")
+              help="only this paper's tables (elevater, vtab, openness, granularity, fewtrans, open_clip, "
+                   "mobileclip2, pe, siglip2)")
 @click.option("--json", "as_json", is_flag=True,
               help='machine-readable: {"tables": [{"file", "paper", "table", "title", "source", "settings", '
                    '"how_to_run", "notes", "models", "rows": [...]}]}')
@@ -287,8 +288,11 @@ def reference(paper: str | None, as_json: bool) -> None:
         click.echo(f"  {len(t.rows)} numbers; models: {', '.join(models)}")
         for key, value in t.settings.items():
             shown = ", ".join(map(str, value)) if isinstance(value, list) else value
+            shown = f"{len(value)} entries (see --json)" if isinstance(value, list) and len(value) > 8 else shown
             click.echo(f"  setting {key}: {shown}")
         click.echo(f"  run: {t.how_to_run}")
+        for note in [t.notes] if isinstance(t.notes, str) else t.notes or []:
+            click.echo(f"  note: {note}")
 
 
 @main.command("compare")

@@ -27,11 +27,12 @@ from vlbench.analyses import ANALYSES
 from vlbench.errors import VlbenchError
 
 DATA_DIR = Path(__file__).parent / "data"
-PAPERS = ("elevater", "vtab", "openness", "granularity", "fewtrans", "open_clip")
+PAPERS = ("elevater", "vtab", "openness", "granularity", "fewtrans", "open_clip", "mobileclip2", "pe", "siglip2")
 SPREAD_KINDS = ("std", "ci95", "sem")
 # metrics that are fractions in vlbench (a published percentage is divided by 100)
 FRACTION_METRICS = re.compile(r"^(accuracy|mean_per_class|map_11point|roc_auc|map|dataset_metric|acc_[ces](_[a-z0-9]+)?"
-                              r"|leaf_map|coarse_map(_[a-z]+)?|(i2t|t2i)_r\d+)$")
+                              r"|leaf_map|coarse_map(_[a-z]+)?|(i2t|t2i)_r\d+|mean_recall_at_1|winogavil_jaccard|f1_macro"
+                              r"|worst_group_accuracy|worst_group_top5)$")
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 _TABLE_KEYS = {"paper": str, "table": str, "title": str, "source": str, "settings": dict, "how_to_run": str,
                "rows": list}

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from vlbench.reference import FRACTION_METRICS, Row, Table, published_number, published_scale
+from vlbench.reference.datacomp import cell_value
 
 # used when the row has no published spread: the run is deterministic given features (zero-shot), or trained
 DEFAULT_TOLERANCE = {"zeroshot": 0.005, "linear_probe": 0.01, "adapt": 0.01, "extensibility": 0.01,
@@ -29,8 +30,8 @@ EPS = 1e-12  # a difference equal to the tolerance (in floating point) is within
 
 
 def _number(metrics: Mapping[str, Any], key: str) -> float | None:
-    value = metrics.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """The number under `key`, or a derived one (DataComp's mean_recall_at_1: the mean of i2t_r1 and t2i_r1)."""
+    return cell_value(metrics, key)
 
 
 def _adapt_key(row: Row, metrics: Mapping[str, Any]) -> tuple[str | None, str]:
@@ -181,9 +182,47 @@ def _involved(row: Row, metrics: Mapping[str, Any]) -> tuple[list[str] | None, s
     return list(datasets), ""
 
 
+def _cells(row: Row) -> list[tuple[str, str, str]] | None:
+    """An average over cells of several analyses (open_clip's DataComp average): settings.cells = [[analysis,
+    dataset, metric], ...]; None for any other row."""
+    cells = row.settings.get("cells")
+    if row.dataset != "average" or not isinstance(cells, list):
+        return None
+    return [tuple(c) for c in cells]
+
+
+def compare_cells(row: Row, table: Table, cells: list[tuple[str, str, str]], metrics: Mapping[str, Any],
+                  model: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]]
+                  ) -> tuple[dict[str, Any] | None, str | None]:
+    """The mean of the cells' numbers (each its own analysis, dataset and metric) against the row: compared when
+    the run has every cell, said why not when it has some, silent when it has none."""
+    ran = [c for c in cells if c[1] in (metrics.get(c[0]) or {})]
+    if not ran:
+        return None, None
+    if len(ran) < len(cells):
+        missing = [f"{a}@{d}" for a, d, _ in cells if (a, d, _) not in ran]
+        return None, f"the average needs {len(cells)} tasks; the run lacks {len(missing)}: {', '.join(missing)}"
+    values = []
+    for a, d, m in cells:
+        value = _number(metrics[a][d], m)
+        if value is None:
+            return None, f"{a}@{d} reports no {m!r}"
+        values.append(value)
+    involved = [results.get(a, {}).get(d) or {} for a, d, _ in cells]
+    checked, unchecked, differs = check_settings(row.settings, involved, model)
+    if differs:
+        return None, "settings differ: " + "; ".join(differs)
+    return compare_row(row, table, float(np.mean(values)), None, checked, unchecked,
+                       f"mean over {len(cells)} tasks of each task's metric (settings.cells)",
+                       [d for _, d, _ in cells]), None
+
+
 def compare_one(row: Row, table: Table, metrics: Mapping[str, Any], model: Mapping[str, Any],
                 results: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
     """(a comparison, None), (None, why the row does not apply although its analysis ran), or (None, None)."""
+    cells = _cells(row)
+    if cells is not None:
+        return compare_cells(row, table, cells, metrics, model, results)
     datasets, why = _involved(row, metrics)
     if datasets is None:
         return None, why or None

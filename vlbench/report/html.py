@@ -154,6 +154,39 @@ def _reference_section(reference: Mapping[str, Any]) -> list[str]:
                            "verdict", "in words", "source"], rows)]
 
 
+def _rank_text(cell: Mapping[str, Any]) -> str:
+    if cell.get("rank_best") is None:
+        return '<span class="muted">none</span>'
+    return f"{_e(cell['rank_best'])}&ndash;{_e(cell['rank_worst'])}"
+
+
+def _placement_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Where the run's DataComp tasks and their average rank among open_clip's published models; nothing when the
+    run has none of the 38 (vlbench.reference.datacomp)."""
+    from vlbench.reference.datacomp import AVERAGE, TASKS, place, run_numbers
+
+    numbers = run_numbers(metrics, results)
+    if not numbers:
+        return []
+    placed = place(numbers)
+    order = [c for c in (AVERAGE, *TASKS) if c in placed]
+    rows = [[_td(_e(c)), _td(_e(TASKS[c]["entry"] if c in TASKS else "the 38 tasks' mean")),
+             _td(_e(TASKS[c]["metric"] if c in TASKS else "mean of main metrics")),
+             _td(number(placed[c]["value"]), "num"),
+             _td(f"[{number(placed[c]['low'])}, {number(placed[c]['high'])}]" if placed[c]["low"] is not None
+                 else '<span class="muted">none</span>', "interval"),
+             _td(f"{_e(placed[c]['rank'])} of {_e(placed[c]['of'])}", "num"), _td(_rank_text(placed[c]), "num")]
+            for c in order]
+    lacking = "" if AVERAGE in placed else (f" The average is placed when all 38 tasks ran ({len(order)} here).")
+    return ["<h2 id=\"placement\">On open_clip's table</h2>",
+            "<p>Where each DataComp task of this run and their average rank among the models of open_clip's "
+            "published results table (rank 1 = best; a published value equal to ours does not rank above it; the "
+            "rank interval is the ranks of the interval's ends; the average's interval combines the tasks' as "
+            "independent test sets). The published models include this model's own row where it has one (its "
+            "verdicts are above)." + _e(lacking) + "</p>",
+            _table(["column", "dataset", "metric", "ours", "95% interval", "rank", "rank interval"], rows)]
+
+
 _XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*\?>\s*")
 _ID = re.compile(r'\bid="([^"]+)"')
 
@@ -199,7 +232,8 @@ def index_page(*, model: Mapping[str, Any], metrics: Mapping[str, Any], results:
                reference: Mapping[str, Any], charts: Mapping[str, Sequence[Path]], run: Mapping[str, Any]) -> str:
     """reports/index.html: the model, the headline table with intervals, the reference comparison, each analysis's
     charts with what its numbers mean, and how to reproduce it (`run`: {"model", "suite"})."""
-    body = _model_section(model) + _headline_section(metrics, results) + _reference_section(reference)
+    body = (_model_section(model) + _headline_section(metrics, results) + _reference_section(reference)
+            + _placement_section(metrics, results))
     for analysis in metrics:
         body += _analysis_section(analysis, charts.get(analysis) or [])
     body += _reproduce_section(run)
