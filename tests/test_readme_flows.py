@@ -269,7 +269,7 @@ MODEL_NEEDS = "dvc exp run -S model=toy -S 'suite.finetune=[shapes]' -S finetune
 # The README's command with a miniature search: one learning rate (0.01) over ELEVATER's weight-decay grid, whose
 # candidates at weight decay 1e4 and 1e6 multiply the weights by -100 and more per step and so diverge within their
 # 2 epochs; the final run (on the 1e-6 .. 1e2 side the search prefers) completes.
-MINIATURE = ["-S", "finetune.elevater_full.shots=[4]", "-S", "finetune.elevater_full.seeds=[0]",
+FINETUNE_MINIATURE = ["-S", "finetune.elevater_full.shots=[4]", "-S", "finetune.elevater_full.seeds=[0]",
              "-S", "adapt.elevater.lr_grid.log_lower=-2", "-S", "adapt.elevater.lr_grid.log_upper=-2",
              "-S", "adapt.elevater.lr_grid.num=1", "-S", "adapt.elevater.search_epochs=2",
              "-S", "adapt.elevater.final_epochs=1", "-S", "adapt.elevater.batch_size=4"]
@@ -289,7 +289,7 @@ def test_readme_finetune_flow_on_the_pipeline(tmp_path):
 
     # the README's fine-tuning command: some search candidates diverge, the stage completes
     done = run(repo, *DVC, "exp", "run", "-S", "suite.finetune=[shapes]", "-S", "finetune.method=elevater_full",
-               *MINIATURE)
+               *FINETUNE_MINIATURE)
     assert "Running stage 'finetune@shapes'" in done.stdout and "a failed search run (score 0)" in done.stdout
     out = repo / "data/finetuned/shapes/elevater_full"
     fingerprint = json.loads((out / "fingerprint.json").read_text())

@@ -485,7 +485,8 @@ def test_naming_the_default_set_explicitly_gives_byte_identical_weights(retrieve
 def test_a_missing_prompt_set_stops_the_stage_with_one_line(retrieved, tmp_path):
     _, proc = run_stage_with(retrieved, tmp_path / "repo", prompts="prompts_single")
     assert proc.returncode == 2
+    # checked when the stage loads its params (vlbench.config.check_text_sets), before anything is read
     assert proc.stderr.strip() == (
-        "error: dataset 'shapes' has no class text set 'prompts_single' (retrieve.prompts; its class text sets: "
-        "['prompts', 'prompts_ensemble']): add `prompt_sets: {single: [...]}` under `texts` in its entry "
-        "(conf/dataset/shapes.yaml) or set retrieve.prompts to one of them")
+        "error: suite 'smoke': retrieve on dataset 'shapes' needs text set 'prompts_single', which "
+        "conf/dataset/shapes.yaml does not make: add `prompt_sets: {single: [...]}` under its `texts` (or the suite's "
+        "`entries: {shapes: {texts: ...}}`), or change the retrieve params that ask for it")

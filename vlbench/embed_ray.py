@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 import ray
 import torch
 
+from vlbench import portable
 from vlbench.embed import (
     CorruptSample,
     EngineError,
@@ -53,7 +54,11 @@ def connect() -> None:
     """Join the cluster $VLBENCH_RAY_ADDRESS names, or start a local Ray; once per process."""
     address = ray_address()
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # workers start from Ray's environment, not this process's: they get the stages' portable settings (and its
+        # thread count, where Ray would set OMP_NUM_THREADS to a task's CPUs), so both engines compute the same bytes
+        env = {"env_vars": dict(portable.ENV)} if portable.enabled() else None
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env=env)
 
 
 def ray_address() -> str | None:
