@@ -12,7 +12,7 @@ import torch
 from stages.common import parser, run
 from vlbench.config import check_suite_dataset, get, load_params, prepared_dir, texts_dir
 from vlbench.datasets.canonical import load_meta
-from vlbench.finetune import TABLES, method
+from vlbench.finetune import METHODS, TABLES, method
 from vlbench.finetune.artifacts import finetuned_dir, make_fingerprint, write_finetuned
 from vlbench.finetune.common import Job, Runtime
 from vlbench.io import atomic_path
@@ -49,9 +49,8 @@ def state_dir(params, dataset: str, name: str, model_cfg) -> Path:
     """runs/finetune/<dataset>/<method>/<key>: the key hashes everything that changes the numbers (the base model's
     identity, the params a method reads, the prepared data's version), so a state file is only ever resumed by the
     run it belongs to."""
-    inputs = {"model": model_identity(model_cfg), "seed": params.get("seed"), "finetune": params.get("finetune"),
-              "adapt": params.get("adapt"), "specificity": params.get("specificity"),
-              "zeroshot": params.get("zeroshot"), "data": data_versions(dataset)}
+    sections = ("seed", "finetune", *METHODS[name].sections)
+    inputs = {"model": model_identity(model_cfg), **{s: params.get(s) for s in sections}, "data": data_versions(dataset)}
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return Path("runs/finetune") / dataset / name / key
 

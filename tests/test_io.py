@@ -334,7 +334,7 @@ def test_the_projects_writers_follow_the_umask(tmp_path, umask, toy_model_cfg, m
     write_dataset(prepared, meta, {"test": ({"sample_id": f"s{k}", "label": k % 2, "image": png(k)} for k in range(4))})
     features = tmp_path / "features" / "toy" / "d" / "images"
     embed_image_splits(load_model(toy_model_cfg, device="cpu"), prepared, features, num_workers=0, progress=False)
-    write_metrics({"zeroshot": {"d": {"accuracy": 0.5}}}, {"model": "toy"})
+    write_metrics({"zeroshot": {"d": {"accuracy": 0.5}}}, {"model": "toy"}, {"zeroshot": {"d": {"accuracy": 0.5}}})
     write_plots({"zeroshot": {"d": {"accuracy": 0.5}}}, tmp_path / "reports" / "plots")
     for top in (prepared, features, tmp_path / "reports"):
         assert_umask_modes(modes(top), umask)

@@ -1,8 +1,9 @@
-"""The shape of the pipeline: light stages, every imported module a declared dependency, one analysis table."""
+"""The shape of the pipeline: light stages, code dependencies by layer (vlbench.pipeline), stages generated from the
+analyses table."""
 
 from __future__ import annotations
 
-import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vlbench import pipeline
 from vlbench.analyses import ANALYSES, load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,67 +19,67 @@ MODEL_STAGES = ("embed_images", "embed_texts", "pretrain", "finetune")  # the on
 STAGE_MODULES = sorted(p.stem for p in (ROOT / "stages").glob("*.py") if p.stem not in ("__init__", "common"))
 
 
-def module_file(name: str) -> Path | None:
-    """The file of a vlbench/stages module, or None for anything else (stdlib, third party)."""
-    if name.split(".")[0] not in ("vlbench", "stages"):
-        return None
-    base = ROOT / Path(*name.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Every module `path` imports, at any depth of the file (function-level imports included)."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
-
-
-def import_closure(start: list[Path]) -> set[Path]:
-    """The project files reachable from `start` through imports (and each package's __init__ on the way)."""
-    seen: set[Path] = set()
-    todo = list(start)
-    while todo:
-        path = todo.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        for name in imported_modules(path):
-            parts = name.split(".")
-            for i in range(1, len(parts) + 1):
-                found = module_file(".".join(parts[:i]))
-                if found and found not in seen:
-                    todo.append(found)
-    return seen
-
-
-def stage_deps() -> dict[str, list[str]]:
+def dvc_stages() -> dict[str, dict]:
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    return {name: (stage.get("do", stage)).get("deps", []) for name, stage in stages.items()}
+    return {name: stage.get("do", stage) for name, stage in stages.items()}
 
 
-def covered(path: Path, deps: list[str]) -> bool:
-    rel = path.relative_to(ROOT).as_posix()
-    return any(rel == d or rel.startswith(d.rstrip("/") + "/") for d in deps)
+def test_the_generated_stages_are_what_the_analyses_table_gives():
+    """dvc.yaml's generated part is `vlbench compose`'s output for today's ANALYSES (edit the table, not dvc.yaml)."""
+    text = (ROOT / "dvc.yaml").read_text()
+    section = text.split(pipeline.MARK_BEGIN + "\n", 1)[1].split(pipeline.MARK_END, 1)[0]
+    assert section == pipeline.generated_text(), "dvc.yaml is stale: run `vlbench compose`"
+    stages = dvc_stages()
+    for name in ANALYSES:
+        assert callable(load(name).run), name
+        assert stages[name]["cmd"] == f"python -m stages.analysis --analysis {name} --dataset ${{item}}"
+        assert name in stages[name]["params"] and "embed.decode" in stages[name]["params"]
+        assert f"reports/{name}" in stages["report"]["deps"] and (ROOT / "reports" / name / ".gitkeep").is_file()
+    assert stages["report"]["params"] == ["suite"]
 
 
-@pytest.mark.parametrize("stage", sorted(stage_deps()))
-def test_every_imported_module_is_a_declared_dependency(stage):
-    deps = stage_deps()[stage]
+@pytest.mark.parametrize("stage", sorted(dvc_stages()))
+def test_no_stage_lists_source_files_each_depends_on_its_layer(stage):
+    deps = [d for d in dvc_stages()[stage].get("deps", []) if isinstance(d, str)]
+    if stage == "code":
+        assert deps == ["vlbench", "stages"]
+        return
+    assert f"data/code/{pipeline.stage_layer(stage)}.txt" in deps
+    assert not [d for d in deps if d.startswith(("vlbench/", "stages/"))], f"{stage} lists source files"
+
+
+@pytest.mark.parametrize("stage", sorted(set(dvc_stages()) - {"code"}))
+def test_each_stage_module_and_what_it_loads_by_name_is_in_its_layer(stage):
+    """A layer's fingerprint covers its stages' modules and the modules they load by name ("module:function"
+    strings: analyses, charts, fine-tuning methods, dataset sources)."""
+    files = {p.relative_to(ROOT).as_posix() for p in pipeline.layer_files(pipeline.stage_layer(stage))}
+    module = "stages/analysis.py" if stage in ANALYSES else f"stages/{stage}.py"
+    assert module in files
     if stage in ANALYSES:
-        start = [ROOT / "stages/analysis.py", module_file(ANALYSES[stage].module)]
-    else:
-        start = [ROOT / "stages" / f"{stage}.py"]
-    code = [p for p in import_closure(start) if p.read_text().strip()]  # an empty __init__.py changes nothing
-    missing = sorted(p.relative_to(ROOT).as_posix() for p in code if not covered(p, deps))
-    assert not missing, f"dvc.yaml stage {stage!r} imports {missing} but does not list them as deps"
+        a = ANALYSES[stage]
+        for name in (a.module, *(c.split(":")[0] for c in a.charts)):
+            assert pipeline.module_file(name).relative_to(ROOT).as_posix() in files, name
+    if stage == "prepare":
+        assert {f"vlbench/datasets/{m}.py" for m in ("wds", "vtab", "fewtrans", "elevater")} <= files
+        assert "vlbench/datasets/data/elevater.json" in files  # a package's data files come with it
+    if stage == "finetune":
+        assert {"vlbench/finetune/elevater.py", "vlbench/finetune/negclip.py", "vlbench/finetune/fewtrans.py"} <= files
+
+
+def test_a_fingerprint_changes_with_a_file_of_its_layer_only(tmp_path):
+    """data/code/<layer>.txt over a copy of the sources: an edit of the toy model's training changes pre-training's
+    and fine-tuning's fingerprints, not the embedding's nor the analyses'; an edit of the statistics changes the
+    analyses', not the embedding's."""
+    for folder in pipeline.PROJECT_PACKAGES:
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    before = {layer: pipeline.fingerprint(layer, tmp_path) for layer in pipeline.LAYERS}
+    for name, changed in (("vlbench/models/toy.py", {"pretrain", "finetune"}),
+                          ("vlbench/stats.py", {"analyses", "finetune"})):
+        with (tmp_path / name).open("a") as f:
+            f.write("\n# an edit\n")
+        after = {layer: pipeline.fingerprint(layer, tmp_path) for layer in pipeline.LAYERS}
+        assert {layer for layer in after if after[layer] != before[layer]} == changed, name
+        before = after
 
 
 @pytest.mark.parametrize("stage", [m for m in STAGE_MODULES if m not in MODEL_STAGES])
@@ -91,23 +93,6 @@ def test_stages_without_a_model_start_without_torch(stage):
 def test_analyses_never_import_torch_at_start_up(name):
     code = f"import sys, {ANALYSES[name].module}; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
-
-
-def test_every_analysis_has_a_module_a_dvc_block_and_a_config_section():
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    config = yaml.safe_load((ROOT / "conf/config.yaml").read_text())
-    for name in ANALYSES:
-        assert callable(load(name).run), name
-        block = stages[name]
-        assert block["foreach"] == f"${{suite.{name}}}"
-        assert f"--analysis {name} " in block["do"]["cmd"]
-        assert name in block["do"]["params"]
-        assert "embed.decode" in block["do"]["params"], f"{name}: its image reader demands embed.decode (Inputs)"
-        assert name in config and config["suite"][name] == [], name
-        assert f"reports/{name}" in stages["report"]["deps"]
-    # the whole suite: every analysis list and the dataset-level vocabularies whose results the report reads, and a
-    # misspelled suite key (which no other stage reads) still makes a stage run and check params.yaml
-    assert stages["report"]["params"] == ["suite"]
 
 
 def test_an_unknown_analysis_is_one_clear_line(tmp_path):

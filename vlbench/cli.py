@@ -24,6 +24,7 @@ from vlbench.config import (
 )
 from vlbench.errors import VlbenchError
 from vlbench.io import atomic_path
+from vlbench.pipeline import refresh_dvc_yaml
 
 
 
@@ -97,7 +98,8 @@ def datasets(ctx: click.Context, suite: str | None, as_json: bool) -> None:
 @click.option("-o", "--output", default="params.yaml", show_default=True)
 @click.pass_context
 def compose_cmd(ctx: click.Context, overrides: tuple[str, ...], output: str) -> None:
-    """Write params.yaml from conf/ with Hydra OVERRIDES (e.g. model=toy-wide)."""
+    """Write params.yaml from conf/ with Hydra OVERRIDES (e.g. model=toy-wide), and dvc.yaml's stages generated from
+    the analyses table (vlbench.pipeline)."""
     conf = _conf(ctx)
     _check_groups(overrides, conf)
     try:
@@ -107,6 +109,9 @@ def compose_cmd(ctx: click.Context, overrides: tuple[str, ...], output: str) -> 
     with atomic_path(output) as tmp:
         tmp.write_text(params_yaml(params), encoding="utf-8")
     click.echo(f"wrote {output}")
+    pipeline = Path(conf).resolve().parent / "dvc.yaml"
+    if pipeline.is_file() and refresh_dvc_yaml(pipeline):
+        click.echo("wrote dvc.yaml's generated stages (vlbench.analyses.ANALYSES changed)")
 
 
 def params_yaml(params: dict) -> str:

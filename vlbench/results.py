@@ -34,7 +34,8 @@ from vlbench.config import REPORTS, check_name
 from vlbench.errors import VlbenchError
 from vlbench.io import atomic_path, write_json
 
-METRICS_FILE = REPORTS / "metrics.json"
+METRICS_FILE = REPORTS / "metrics.json"  # every number; `dvc metrics diff --targets reports/metrics.json`
+HEADLINE_FILE = REPORTS / "headline.json"  # one number per analysis and dataset: dvc.yaml's metrics (dvc exp show)
 MODEL_FILE = REPORTS / "model.json"
 PLOTS_DIR = REPORTS / "plots"
 REFERENCE_FILE = REPORTS / "reference.json"  # the run's headline numbers against the papers' (vlbench.reference)
@@ -156,6 +157,7 @@ def collect(datasets_by_analysis: Mapping[str, list[str]]) -> tuple[dict[str, An
     return metrics, model
 
 
-def write_metrics(metrics: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+def write_metrics(metrics: Mapping[str, Any], model: Mapping[str, Any], headline: Mapping[str, Any]) -> None:
     write_json(METRICS_FILE, dict(metrics))
+    write_json(HEADLINE_FILE, dict(headline))
     write_json(MODEL_FILE, dict(model))

@@ -2,14 +2,17 @@
 
 Each analysis is one module here with `run(inputs: Inputs, cfg: Mapping, seed: int) -> Result`: cached
 features in (through `Inputs`, which checks every fingerprint), metrics and tables out. An analysis never
-loads a model and does not import torch at start-up. Adding one touches: its module, its entry below,
-its dvc.yaml block, its config section (conf/config.yaml: `<name>:` and `suite.<name>: []`), its tests.
+loads a model and does not import torch at start-up. Adding one touches four places: its module, its entry below,
+its chart (a "module:function" in `charts`; the default bar chart needs none), its config section (conf/config.yaml:
+`<name>:` and `suite.<name>: []`); `vlbench compose` then writes its dvc.yaml stage (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from types import ModuleType
 
 from vlbench.errors import VlbenchError
@@ -55,7 +58,10 @@ class Analysis:
     `headline`: fnmatch patterns of the metric keys the report's headline table shows; `explain`: what the
     numbers mean, for the page (reports/index.html); `tables`: the per-sample tables it writes (`SampleTable`: the unit
     that pairs two runs and the statistic), which `vlbench compare` reads as declared, in this order (the first whose
-    `metrics` match a metric pairs it)."""
+    `metrics` match a metric pairs it); `reads`: its inputs, dvc.yaml dependencies per dataset (`prepared`: data/prepared/<d>,
+`texts`: data/texts/<d>, `features`: features/<model>/<d>; any other string is a path as dvc.yaml writes it). Its
+config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yaml stage is generated from this row
+(vlbench.pipeline)."""
 
     name: str
     module: str
@@ -65,6 +71,13 @@ class Analysis:
     explain: str = ""
     summary: str | None = None
     tables: tuple[SampleTable, ...] = ()
+    reads: tuple[str, ...] = ("prepared", "texts", "features")
+
+    def main_metric(self, values: Mapping[str, object]) -> str | None:
+        """The one number of a dataset's metrics that stands for the analysis (reports/headline.json, what `dvc exp
+        show` lists): the first numeric key matching `headline`, in pattern order."""
+        return next((k for p in self.headline for k in values
+                     if fnmatchcase(k, p) and isinstance(values[k], (int, float))), None)
 
 
 # every metric a prepared dataset may name (vlbench.datasets.canonical.METRICS): DataComp's macro F1 and worst-group
@@ -89,7 +102,7 @@ ANALYSES = {a.name: a for a in (
              headline=_DATASET_METRICS,
              explain="A logistic regression on frozen image features, its L2 strength chosen on a validation split "
                      "as in the CLIP paper, then refit on train + validation; the dataset's metric on the test split.",
-             tables=(_PREDICTIONS,)),
+             tables=(_PREDICTIONS,), reads=("prepared", "features")),
     Analysis("specificity", "vlbench.analyses.specificity", "Specificity (true vs subtly wrong texts: mAP per cell)",
              charts=("vlbench.report.plots:bars", "vlbench.report.plots:specificity_heatmap"),
              explain="For each kind of true text (captions, single labels, multi labels) against each kind of wrong "
@@ -127,7 +140,8 @@ ANALYSES = {a.name: a for a in (
              explain="mAP of the leaf classes and of the coarse WordNet classes above them, scored directly by their "
                      "own prompts or propagated from their children or leaves; a model consistent across levels "
                      "scores coarse classes directly about as well as by propagation.",
-             tables=(_unpaired("classes", "class", ("wnid",), f"AP per class: {_NOT_YET}"),)),
+             tables=(_unpaired("classes", "class", ("wnid",), f"AP per class: {_NOT_YET}"),),
+             reads=("prepared", "texts", "data/texts/${granularity.corpus}", "features")),
     Analysis("adapt", "vlbench.analyses.adapt", "Adaptation (ELEVATER linear probing, VTAB-1k, FewTrans episodes)",
              charts=("vlbench.report.plots:bars", "vlbench.report.adapt:shots_chart"),
              headline=("elevater/*/full/*", "elevater/*/5/*", "vtab/*", "fewtrans/*"),
@@ -163,7 +177,11 @@ ANALYSES = {a.name: a for a in (
                      "line predicts from the in-distribution zero-shot accuracy (logit-linear fit, Taori et al. 2020); "
                      "the lines are fit on open_clip's published results, so 0 means as robust as a typical CLIP model, "
                      "and the demo's line is y = x (no reference population).",
-             tables=(SampleTable("predictions", "image", ("accuracy",), predicted=None, correct="correct"),)),
+             tables=(SampleTable("predictions", "image", ("accuracy",), predicted=None, correct="correct"),),
+             # the shift's images, scored with the reference dataset's prompts at its zero-shot accuracy
+             reads=("prepared", "features", "data/prepared/${robustness.reference}",
+                    "data/texts/${robustness.reference}", "features/${model.slug}/${robustness.reference}",
+                    "reports/zeroshot/${robustness.reference}.json")),
 )}
 
 

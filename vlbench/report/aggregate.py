@@ -47,6 +47,18 @@ def headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> tuple[di
     return metrics, model
 
 
+def headline_numbers(metrics: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """reports/headline.json: {analysis: {dataset: {metric: value}}}, each dataset's main number (Analysis.main_metric);
+    summary rows (adapt's `mean`) included."""
+    out: dict[str, Any] = {}
+    for analysis, per_dataset in metrics.items():
+        for dataset, values in per_dataset.items():
+            key = ANALYSES[analysis].main_metric(values)
+            if key is not None:
+                out.setdefault(analysis, {})[dataset] = {key: values[key]}
+    return out
+
+
 def write_charts(results: Mapping[str, Mapping[str, Any]], metrics: Mapping[str, Any],
                  out_dir: Path) -> dict[str, list[Path]]:
     """{analysis: [SVG written]}: every chart each analysis's entry names."""
@@ -62,7 +74,7 @@ def write_report(datasets_by_analysis: Mapping[str, list[str]], run: Mapping[str
 
     results = read_results(datasets_by_analysis)
     metrics, model = headline(results)
-    write_metrics(metrics, model)
+    write_metrics(metrics, model, headline_numbers(metrics))
     ref = reference(results, metrics, model)
     write_json(REFERENCE_FILE, ref)
     charts = write_charts(results, metrics, PLOTS_DIR)

@@ -1,0 +1,229 @@
+"""What dvc.yaml derives from the code: each stage's code fingerprint, and the analysis stages from the analyses table.
+
+Code dependencies by layer: a stage does not list source files. It depends on the fingerprint of its layer,
+data/code/<layer>.txt, which the `code` stage writes (one line per file: sha256 and path) for the files its layer's
+entry modules reach through imports (function-level ones and "module:function" strings included) and the data files
+of the packages on the way. Any edit under vlbench/ or stages/ re-runs `code` (a second); a layer's fingerprint, and
+so its stages, change only when a file it reaches changes. The costly stages (prepare, embedding, pre-training,
+fine-tuning) are a layer each; every stage that only reads cached features shares the `analyses` layer.
+
+`generated_stages()` is the part of dvc.yaml written from `vlbench.analyses.ANALYSES` (`vlbench compose` refreshes it
+between the two marker lines): the `code` stage, one block per analysis, and the report.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+from pathlib import Path
+
+import yaml
+
+from vlbench.analyses import ANALYSES
+from vlbench.errors import VlbenchError
+from vlbench.finetune import METHODS, SECTIONS, TABLES
+from vlbench.results import HEADLINE_FILE
+
+ROOT = Path(__file__).resolve().parent.parent
+CODE_DIR = Path("data/code")
+PROJECT_PACKAGES = ("vlbench", "stages")
+
+# layer -> the modules its stages start from; analyses' and fine-tuning methods' modules come from their tables
+LAYERS: dict[str, tuple[str, ...]] = {
+    "prepare": ("stages.prepare",),
+    "texts": ("stages.texts",),
+    "knowledge": ("stages.knowledge",),
+    "pretrain": ("stages.pretrain",),
+    "embed_images": ("stages.embed_images",),
+    "embed_texts": ("stages.embed_texts",),
+    "embed_knowledge": ("stages.embed_knowledge",),
+    "finetune": ("stages.finetune", *(m.module for m in METHODS.values())),
+    "analyses": ("stages.analysis", "stages.retrieve", "stages.share_images", "stages.extensibility_sets",
+                 "stages.report", "stages.train_plot",
+                 *(module for a in ANALYSES.values() for module in (a.module, *a.charts, a.summary or "") if module)),
+}
+
+MODULE_STRING = re.compile(r"^(?:vlbench|stages)(?:\.\w+)+(?::\w+)?$")  # "vlbench.x.y" or "vlbench.x.y:function"
+
+
+class PipelineError(VlbenchError):
+    """dvc.yaml's generated part cannot be written (its markers are missing)."""
+
+
+def module_file(name: str, root: Path = ROOT) -> Path | None:
+    """The file of a vlbench/stages module, or None for anything else (stdlib, third party)."""
+    if name.split(".")[0] not in PROJECT_PACKAGES:
+        return None
+    base = root / Path(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imported_names(path: Path, root: Path = ROOT) -> set[str]:
+    """Every module `path` names: imports at any depth of the file, "module[:function]" strings, and for an f-string
+    "vlbench.pkg.{name}" every module of the package."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_STRING.match(node.value):
+            names.add(node.value.split(":")[0])
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            prefix = str(node.values[0].value)
+            if prefix.endswith(".") and MODULE_STRING.match(prefix[:-1]):
+                package = root / Path(*prefix[:-1].split("."))
+                names.update(f"{prefix}{p.stem}" for p in package.glob("*.py"))
+    return names
+
+
+def import_closure(modules: list[str], root: Path = ROOT) -> set[Path]:
+    """The project files reachable from `modules` through imports (each package's __init__ on the way included)."""
+    seen: set[Path] = set()
+    todo = [f for f in (module_file(m, root) for m in modules) if f]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in imported_names(path, root):
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):
+                found = module_file(".".join(parts[:i]), root)
+                if found and found not in seen:
+                    todo.append(found)
+    return seen
+
+
+def data_files(code: set[Path]) -> set[Path]:
+    """The non-Python files of the packages `code` lies in, with their data folders (a folder with no module but
+    an `__init__.py`, such as data/ or configs/)."""
+    found: set[Path] = set()
+    for folder in {p.parent for p in code}:
+        found.update(_data_under(folder))
+    return found
+
+
+def _data_under(folder: Path) -> set[Path]:
+    found = {p for p in folder.iterdir() if p.is_file() and p.suffix not in (".py", ".pyc")}
+    for sub in folder.iterdir():
+        if sub.is_dir() and sub.name != "__pycache__" and not any(p.name != "__init__.py" for p in sub.glob("*.py")):
+            found.update(_data_under(sub))
+    return found
+
+
+def layer_files(layer: str, root: Path = ROOT) -> list[Path]:
+    code = import_closure(list(LAYERS[layer]), root)
+    return sorted(code | data_files(code))
+
+
+def fingerprint(layer: str, root: Path = ROOT) -> str:
+    """data/code/<layer>.txt: `<sha256>  <path>` per file the layer reaches, sorted by path."""
+    lines = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(root).as_posix()}"
+             for p in layer_files(layer, root)]
+    return "\n".join(lines) + "\n"
+
+
+def stage_layer(stage: str) -> str:
+    """The layer whose fingerprint a dvc.yaml stage depends on."""
+    return stage if stage in LAYERS else "analyses"
+
+
+# --- the generated part of dvc.yaml ---
+
+MARK_BEGIN = "  # >>> generated by `vlbench compose` from vlbench.analyses.ANALYSES and vlbench.pipeline.LAYERS: do not edit"
+MARK_END = "  # <<< end of the generated stages"
+REPORT_OUTS = ("reports/metrics.json", "reports/model.json", "reports/reference.json", "reports/plots",
+               "reports/index.html")
+ANALYSIS_PARAMS = ["seed", "model.slug", "model.arch", "model.pretrained", "embed.decode"]
+READS = {  # an analysis's `reads` names -> the dvc.yaml dependency
+    "prepared": "data/prepared/${item}",
+    "texts": "data/texts/${item}",
+    "features": "features/${model.slug}/${item}",
+}
+
+
+def settings_file(section: str, root: Path = ROOT) -> list[str]:
+    """conf/settings/<section>.yaml where the section's defaults live in one (a file dependency of its stages)."""
+    path = Path("conf/settings") / f"{section}.yaml"
+    return [path.as_posix()] if (root / path).is_file() else []
+
+
+def code_stage() -> dict:
+    return {"cmd": "python -m stages.code",
+            "deps": list(PROJECT_PACKAGES),
+            "outs": [{f"{CODE_DIR.as_posix()}/{layer}.txt": {"cache": False}} for layer in LAYERS]}
+
+
+def analysis_stage(name: str, root: Path = ROOT) -> dict:
+    a = ANALYSES[name]
+    outs = [{f"reports/{name}/${{item}}.json": {"cache": False}},
+            *(f"reports/{name}/${{item}}.{t.name}.parquet" for t in a.tables)]
+    return {"foreach": f"${{suite.{name}}}",
+            "do": {"cmd": f"python -m stages.analysis --analysis {name} --dataset ${{item}}",
+                   "deps": [f"{CODE_DIR.as_posix()}/analyses.txt", *settings_file(name, root),
+                            *(READS.get(r, r) for r in a.reads)],
+                   "params": [*ANALYSIS_PARAMS, name],
+                   "outs": outs}}
+
+
+def report_stage() -> dict:
+    """Every analysis's result folder (each holds a .gitkeep, so it exists for any suite) in; the page and the
+    aggregates out. Its params: the whole suite, so a misspelled suite key always reaches a stage's check of
+    params.yaml (vlbench.config.check_suite)."""
+    return {"cmd": "python -m stages.report",
+            "deps": [f"{CODE_DIR.as_posix()}/analyses.txt", *(f"reports/{name}" for name in ANALYSES)],
+            "params": ["suite"],
+            "metrics": [{HEADLINE_FILE.as_posix(): {"cache": False}}],
+            "outs": [{path: {"cache": False}} for path in REPORT_OUTS]}
+
+
+def finetune_stage(root: Path = ROOT) -> dict:
+    """finetune@<dataset>: the method `finetune.method` names; its params are the sections any method declares
+    (vlbench.finetune.METHODS), every table of TABLES an output (empty where not the method's)."""
+    sections = ["finetune", *SECTIONS]
+    return {"foreach": "${suite.finetune}",
+            "do": {"cmd": "python -m stages.finetune --dataset ${item}",
+                   "deps": [f"{CODE_DIR.as_posix()}/finetune.txt", *(f for s in sections for f in settings_file(s, root)),
+                            "data/prepared/${item}", "data/texts/${item}", "${model.weights_file}"],
+                   "params": ["seed", "model.slug", "model.arch", "model.pretrained", "model.precision", *sections],
+                   "outs": ["data/finetuned/${item}/${finetune.method}",
+                            {"reports/finetune/${item}.json": {"cache": False}},
+                            *(f"reports/finetune/${{item}}.{t}.parquet" for t in TABLES),
+                            "reports/finetune/${item}.svg"]}}
+
+
+def generated_stages(root: Path = ROOT) -> dict:
+    return {"code": code_stage(), **{name: analysis_stage(name, root) for name in ANALYSES},
+            "finetune": finetune_stage(root), "report": report_stage()}
+
+
+def generated_text(root: Path = ROOT) -> str:
+    """The stages as dvc.yaml's text, indented under `stages:`, a blank line between two."""
+    blocks = [yaml.safe_dump({name: stage}, sort_keys=False, width=120, default_flow_style=False)
+              for name, stage in generated_stages(root).items()]
+    return "\n".join("\n".join("  " + line for line in block.splitlines()) + "\n" for block in blocks)
+
+
+def refresh_dvc_yaml(path: Path = ROOT / "dvc.yaml") -> bool:
+    """Rewrite the generated part of dvc.yaml (and the report's inputs); create reports/<analysis>/.gitkeep. True
+    when the file changed."""
+    text = path.read_text()
+    if MARK_BEGIN not in text or MARK_END not in text:
+        raise PipelineError(f"{path}: the markers of the generated stages are missing ({MARK_BEGIN.strip()!r} ... "
+                            f"{MARK_END.strip()!r})")
+    head, rest = text.split(MARK_BEGIN + "\n", 1)
+    _, tail = rest.split(MARK_END, 1)
+    new = head + MARK_BEGIN + "\n" + generated_text(path.parent) + MARK_END + tail
+    for name in ANALYSES:
+        keep = path.parent / "reports" / name / ".gitkeep"
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        keep.touch()
+    if new != text:
+        path.write_text(new)
+    return new != text
