@@ -235,6 +235,94 @@ def test_reference_lists_the_tables_and_the_demo_says_none_applies(demo):
     assert verdicts["applies"] is False and "toy-smoke" in verdicts["reason"]
 
 
+# ---------------------------------------------------------------------------- the house: layers, generated stages
+
+
+def stale_stages(repo: Path) -> set[str]:
+    return set(json.loads(run(repo, *DVC, "status", "--json").stdout))
+
+
+def test_an_edit_reruns_the_stages_whose_layer_imports_it_and_no_costly_stage(demo):
+    """Code dependencies by layer (vlbench.pipeline): after an edit of the statistics module, `dvc repro code`
+    leaves every analysis stage stale and no embedding or pre-training stage; after an edit of the toy model's
+    training, pre-training is stale and no analysis is."""
+    def reset() -> None:
+        run(demo, "git", "reset", "-q", "--hard")  # dvc.lock was staged by `dvc repro` (core.autostage)
+        restore(demo)
+
+    try:
+        for module, stale, fresh in (
+                ("vlbench/stats.py", {"zeroshot@shapes", "linear_probe@shapes", "retrieval@captions", "report"},
+                 {"embed_images@shapes", "embed_texts@shapes", "pretrain@toy-smoke", "prepare@shapes"}),
+                ("vlbench/models/toy.py", {"pretrain@toy-smoke"},
+                 {"zeroshot@shapes", "embed_images@shapes", "embed_texts@shapes", "report"})):
+            reset()
+            with (demo / module).open("a") as f:
+                f.write("\n# an edit\n")
+            assert stale_stages(demo) == {"code"}  # DVC sees the folder change; the layers are not known yet
+            run(demo, *DVC, "repro", "code")
+            found = stale_stages(demo)
+            assert stale <= found and not fresh & found, (module, sorted(found))
+    finally:
+        reset()
+
+
+FEATURE_NORM = '''"""The mean norm of a dataset's image features: an analysis added through its four places (a test's)."""
+
+from pathlib import Path
+
+import numpy as np
+
+from vlbench.report.plots import write_plots
+from vlbench.results import Result
+
+
+def run(inputs, cfg, seed):
+    norms = np.linalg.norm(inputs.images(cfg["split"]).embeddings.astype(np.float64), axis=1)
+    return Result({"mean_norm": float(norms.mean())}, {"images": len(norms)}, dict(cfg))
+
+
+def chart(analysis, results, metrics, out_dir):
+    return write_plots({analysis: metrics.get(analysis) or {}}, Path(out_dir))
+'''
+FEATURE_NORM_ROW = ('    Analysis("feature_norm", "vlbench.analyses.feature_norm", "Image feature norms",\n'
+                    '             charts=("vlbench.analyses.feature_norm:chart",), reads=("prepared", "features")),\n')
+
+
+def test_an_analysis_added_in_its_four_places_runs_reports_and_charts(demo, tmp_path):
+    """docs/architecture.md's four places: the module, its ANALYSES row, its chart, its config section; then
+    `vlbench compose` writes its stage and `dvc repro` runs it (and the analyses, whose layer changed), not the
+    embedding; its number reaches reports/headline.json, the page and a chart."""
+    import numpy as np
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(demo, repo, symlinks=True)
+    (repo / "vlbench/analyses/feature_norm.py").write_text(FEATURE_NORM)  # 1. the module; 3. its chart
+    table = repo / "vlbench/analyses/__init__.py"
+    head = "ANALYSES = {a.name: a for a in (\n"
+    table.write_text(table.read_text().replace(head, head + FEATURE_NORM_ROW))  # 2. the row
+    config = repo / "conf/config.yaml"  # 4. its config section (settings, and the suite's list)
+    text = config.read_text().replace("  finetune: []", "  feature_norm: []\n  finetune: []", 1)
+    config.write_text(text + "\nfeature_norm:\n  split: test\n")
+    suite = repo / "conf/suite/flows.yaml"  # the user's suite runs it on shapes
+    suite.write_text(suite.read_text() + "feature_norm: [shapes]\n")
+    vlbench(repo, "compose")
+    assert "  feature_norm:\n    foreach: ${suite.feature_norm}" in (repo / "dvc.yaml").read_text()
+    ran = {line.split("'")[1] for line in run(repo, *DVC, "repro").stdout.splitlines()
+           if line.startswith("Running stage")}
+    assert {"code", "feature_norm@shapes", "zeroshot@shapes", "report"} <= ran
+    assert not {s for s in ran if s.startswith(("embed_", "pretrain", "prepare", "texts"))}, sorted(ran)
+    features = pq.read_table(repo / "features/toy-smoke/shapes/images/test.parquet")
+    vectors = np.array(features.column("embedding").to_pylist(), dtype=np.float64)
+    result = json.loads((repo / "reports/feature_norm/shapes.json").read_text())
+    assert result["metrics"]["mean_norm"] == pytest.approx(np.linalg.norm(vectors, axis=1).mean(), rel=1e-6)
+    headline = json.loads((repo / "reports/headline.json").read_text())
+    assert headline["feature_norm"] == {"shapes": {"mean_norm": result["metrics"]["mean_norm"]}}
+    assert "Image feature norms" in (repo / "reports/index.html").read_text()
+    assert (repo / "reports/plots/feature_norm.svg").is_file()
+
+
 # -------------------------------------------------------------------------------------------- your own data
 
 

@@ -157,7 +157,7 @@ def settings_file(section: str, root: Path = ROOT) -> list[str]:
 def code_stage() -> dict:
     return {"cmd": "python -m stages.code",
             "deps": list(PROJECT_PACKAGES),
-            "outs": [{f"{CODE_DIR.as_posix()}/{layer}.txt": {"cache": False}} for layer in LAYERS]}
+            "outs": [f"{CODE_DIR.as_posix()}/{layer}.txt" for layer in LAYERS]}
 
 
 def analysis_stage(name: str, root: Path = ROOT) -> dict:
