@@ -1,7 +1,7 @@
 """<analysis>@<dataset>: one analysis of the table (vlbench/analyses) on cached features -> reports/<analysis>/<dataset>.json."""
 
 from stages.common import parser, run
-from vlbench.analyses import load
+from vlbench.analyses import UnknownAnalysisError, analysis, load
 from vlbench.analyses.base import Inputs
 from vlbench.config import (
     features_dir,
@@ -21,6 +21,9 @@ def main() -> None:
     p.add_argument("--analysis", required=True, help="a name from vlbench.analyses.ANALYSES")
     args = p.parse_args()
     params = load_params(args.params)
+    if analysis(args.analysis).stage != "stages.analysis":
+        raise UnknownAnalysisError(f"{args.analysis} runs in its own stage ({analysis(args.analysis).stage}), "
+                                   "not in stages.analysis")
     module = load(args.analysis)
     identity = model_identity(get(params, "model", dict))
     meta = load_meta(prepared_dir(args.dataset))

@@ -267,6 +267,18 @@ def test_an_edit_reruns_the_stages_whose_layer_imports_it_and_no_costly_stage(de
         reset()
 
 
+def test_exp_run_reaches_a_deep_setting_and_reruns_only_its_stages(demo):
+    """`dvc exp run -S ++adapt.elevater.final_epochs=3` (README "Settings"): the setting lands in params.yaml and
+    only adapt@ and the report re-run; the embedding, the other analyses and pre-training do not."""
+    try:
+        proc = run(demo, *DVC, "exp", "run", "-n", "deep", "-S", "++adapt.elevater.final_epochs=3")
+        ran = {line.split("'")[1] for line in proc.stdout.splitlines() if line.startswith("Running stage")}
+        assert ran == {"adapt@shapes", "report"}, sorted(ran)
+        assert "final_epochs: 3" in (demo / "params.yaml").read_text()
+    finally:
+        restore(demo)
+
+
 FEATURE_NORM = '''"""The mean norm of a dataset's image features: an analysis added through its four places (a test's)."""
 
 from pathlib import Path

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from vlbench.analyses import ANALYSES
+from vlbench.analyses import ANALYSES, by_analysis_stage
 from vlbench.errors import VlbenchError
 from vlbench.finetune import METHODS, SECTIONS, TABLES
 from vlbench.results import HEADLINE_FILE
@@ -41,10 +41,14 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "finetune": ("stages.finetune", *(m.module for m in METHODS.values())),
     "analyses": ("stages.analysis", "stages.retrieve", "stages.share_images", "stages.extensibility_sets",
                  "stages.report", "stages.train_plot",
-                 *(module for a in ANALYSES.values() for module in (a.module, *a.charts, a.summary or "") if module)),
+                 *(a.module for a in ANALYSES.values() if a.stage == "stages.analysis"),
+                 *(module for a in ANALYSES.values() for module in (*a.charts, a.summary or "") if module)),
 }
 
-MODULE_STRING = re.compile(r"^(?:vlbench|stages)(?:\.\w+)+(?::\w+)?$")  # "vlbench.x.y" or "vlbench.x.y:function"
+# "vlbench.x.y:function": a function loaded by name (dataset sources, charts, fine-tuning methods); a bare module name
+# in a string is not followed (the analyses table names modules that only their own layer runs: LAYERS lists them)
+MODULE_STRING = re.compile(r"^(?:vlbench|stages)(?:\.\w+)+:\w+$")
+MODULE_PREFIX = re.compile(r"^(?:vlbench|stages)(?:\.\w+)+$")
 
 
 class PipelineError(VlbenchError):
@@ -63,7 +67,7 @@ def module_file(name: str, root: Path = ROOT) -> Path | None:
 
 
 def imported_names(path: Path, root: Path = ROOT) -> set[str]:
-    """Every module `path` names: imports at any depth of the file, "module[:function]" strings, and for an f-string
+    """Every module `path` names: imports at any depth of the file, "module:function" strings, and for an f-string
     "vlbench.pkg.{name}" every module of the package."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -76,7 +80,7 @@ def imported_names(path: Path, root: Path = ROOT) -> set[str]:
             names.add(node.value.split(":")[0])
         elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
             prefix = str(node.values[0].value)
-            if prefix.endswith(".") and MODULE_STRING.match(prefix[:-1]):
+            if prefix.endswith(".") and MODULE_PREFIX.match(prefix[:-1]):
                 package = root / Path(*prefix[:-1].split("."))
                 names.update(f"{prefix}{p.stem}" for p in package.glob("*.py"))
     return names
@@ -199,7 +203,7 @@ def finetune_stage(root: Path = ROOT) -> dict:
 
 
 def generated_stages(root: Path = ROOT) -> dict:
-    return {"code": code_stage(), **{name: analysis_stage(name, root) for name in ANALYSES},
+    return {"code": code_stage(), **{name: analysis_stage(name, root) for name in by_analysis_stage()},
             "finetune": finetune_stage(root), "report": report_stage()}
 
 

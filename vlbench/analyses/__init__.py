@@ -59,7 +59,8 @@ class Analysis:
     numbers mean, for the page (reports/index.html); `tables`: the per-sample tables it writes (`SampleTable`: the unit
     that pairs two runs and the statistic), which `vlbench compare` reads as declared, in this order (the first whose
     `metrics` match a metric pairs it); `reads`: its inputs, dvc.yaml dependencies per dataset (`prepared`: data/prepared/<d>,
-`texts`: data/texts/<d>, `features`: features/<model>/<d>; any other string is a path as dvc.yaml writes it). Its
+`texts`: data/texts/<d>, `features`: features/<model>/<d>; any other string is a path as dvc.yaml writes it);
+`stage`: the stage module that writes the results, the generic analysis stage unless the row runs a model. Its
 config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yaml stage is generated from this row
 (vlbench.pipeline)."""
 
@@ -72,6 +73,7 @@ config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yam
     summary: str | None = None
     tables: tuple[SampleTable, ...] = ()
     reads: tuple[str, ...] = ("prepared", "texts", "features")
+    stage: str = "stages.analysis"  # the stage module that writes its results (fine-tuning runs a model: its own)
 
     def main_metric(self, values: Mapping[str, object]) -> str | None:
         """The one number of a dataset's metrics that stands for the analysis (reports/headline.json, what `dvc exp
@@ -182,6 +184,22 @@ ANALYSES = {a.name: a for a in (
              reads=("prepared", "features", "data/prepared/${robustness.reference}",
                     "data/texts/${robustness.reference}", "features/${model.slug}/${robustness.reference}",
                     "reports/zeroshot/${robustness.reference}.json")),
+    Analysis("finetune", "vlbench.finetune", "Fine-tuning (ELEVATER full fine-tuning, NegCLIP, FewTrans episodic)",
+             charts=("vlbench.report.plots:bars", "vlbench.report.finetune:method_charts"),
+             explain="The model's weights trained on the dataset by the method `finetune.method` names: ELEVATER's "
+                     "full fine-tuning (test accuracy per shots, the mean over seeds, its learning rate and weight "
+                     "decay searched as the linear probe's), NegCLIP (specificity and zero-shot before and after "
+                     "training with hard negatives) or FewTrans's episodic fine-tuning (the mean accuracy over the "
+                     "same episodes adapt samples, per method). The fine-tuned weights are a model of their own "
+                     "(conf/model/<slug>.yaml with `finetune`), on which every analysis runs.",
+             tables=(_unpaired("episodes", "episode", ("split", "episode"), f"a mean over episodes: {_NOT_YET}",
+                               ("fewtrans/*",)),
+                     _unpaired("search", "search candidate", ("shots", "seed", "lr", "wd"),
+                               "the search's candidates on validation data, not test samples", ()),
+                     _unpaired("comparison", "metric", ("analysis", "metric"), "before and after, one row per "
+                               "metric: not samples", ()),
+                     _unpaired("train_log", "step", ("step",), "the training loss per step: not samples", ())),
+             stage="stages.finetune"),
 )}
 
 
@@ -197,3 +215,8 @@ def analysis(name: str) -> Analysis:
 
 def load(name: str) -> ModuleType:
     return importlib.import_module(analysis(name).module)
+
+
+def by_analysis_stage() -> list[str]:
+    """The analyses the generic stage (stages/analysis.py) runs: those whose rows load no model."""
+    return [name for name, a in ANALYSES.items() if a.stage == "stages.analysis"]
