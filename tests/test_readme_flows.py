@@ -404,3 +404,12 @@ def test_readme_finetune_flow_on_the_pipeline(tmp_path):
     assert result["details"]["runs"][0]["search_diverged"] == len(failed_runs)
     chosen = result["details"]["runs"][0]["chosen"]
     assert next(r for r in search if r["wd"] == chosen["wd"])["status"] == "ok" and chosen["val_score"] > 0
+    # fine-tuning is a row of the analyses table: its numbers, headline, chart and section reach the report
+    metrics = json.loads((repo / "reports/metrics.json").read_text())
+    assert metrics["finetune"]["shapes"] == {k: v for k, v in result["metrics"].items()}
+    headline = json.loads((repo / "reports/headline.json").read_text())
+    assert headline["finetune"]["shapes"] == {"elevater_full/language_2p/4/last":
+                                              result["metrics"]["elevater_full/language_2p/4/last"]}
+    assert (repo / "reports/plots/finetune_shapes.svg").read_bytes() == \
+        (repo / "reports/finetune/shapes.svg").read_bytes()
+    assert "Fine-tuning (ELEVATER full fine-tuning" in (repo / "reports/index.html").read_text()

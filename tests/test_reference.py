@@ -333,3 +333,20 @@ def test_a_fewtrans_suite_run_is_compared_with_the_fewtrans_tables_dataset_by_da
     mean = sum(r.value for r in linear if r.dataset != "average") / 10
     assert compared["average"]["ours"] == pytest.approx(mean)
     assert all(c["verdict"] == "reproduced" for c in compared.values())
+
+
+@pytest.mark.parametrize("table, method", [("Table 5", "lora"), ("Table 6", "visual_ft"), ("Table 7", "all_ft")])
+def test_a_fewtrans_fine_tuning_run_gets_verdicts_from_tables_5_to_7(table, method):
+    """The fine-tuning methods vlbench has (vlbench.finetune.fewtrans.METHODS) are compared with their rows of
+    Tables 5-7 under the finetune analysis, dataset by dataset; a number off by more than the row's interval is off."""
+    (found,) = [t for t in load_tables("fewtrans") if t.table == table]
+    rows = [r for r in found.rows if r.analysis == "finetune" and r.metric.endswith(f"/{method}")]
+    assert len(rows) == 11 and {r.settings["vlbench_method"] for r in rows} == {method}
+    metric = rows[0].metric
+    metrics = {"finetune": {r.dataset: {metric: r.value} for r in rows if r.dataset != "average"}}
+    metrics["finetune"]["fewtrans-dtd"][metric] -= 0.2
+    results = {"finetune": {d: {"params": {}} for d in metrics["finetune"]}}
+    report = reference_report([found], metrics, {"model": "vitb16", "precision": "fp32"}, results)
+    verdicts = {c["dataset"]: c["verdict"] for c in report["comparisons"] if c["metric"] == metric}
+    assert set(verdicts) == {r.dataset for r in rows}
+    assert verdicts["fewtrans-dtd"] == "off" and verdicts["eurosat"] == "reproduced"

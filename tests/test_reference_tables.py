@@ -20,7 +20,7 @@ DATA = ROOT / "vlbench" / "reference" / "data"
 # the tables transcribed from the openness, Xu et al. and FewTrans papers (test_reference.py validates every file)
 FILES = sorted(p for p in DATA.glob("*.json") if p.stem.startswith(("openness_", "granularity_", "fewtrans_")))
 PAPERS = {"elevater", "vtab", "openness", "granularity", "fewtrans", "open_clip"}
-ANALYSES = {"zeroshot", "linear_probe", "adapt", "extensibility", "granularity", "specificity", "robustness"}
+ANALYSES = {"zeroshot", "linear_probe", "adapt", "extensibility", "granularity", "specificity", "robustness", "finetune"}
 TOP_KEYS = {"paper", "table", "title", "source", "settings", "how_to_run", "notes", "rows"}
 ROW_KEYS = {"model", "model_name", "analysis", "dataset", "metric", "value", "published", "spread", "settings",
             "row", "column"}
