@@ -172,9 +172,8 @@ def interval_bar(value: Any, interval: Mapping[str, Any] | None) -> str:
         what = "no interval"
     marks.append(f'<rect class="ci-value" x="{x(value) - 0.75:.2f}" y="0" width="1.5" height="{BAR_HEIGHT}"/>')
     scale = "" if (lo, hi) == (0.0, 1.0) else f", scale {number(lo)} to {number(hi)}"
-    data = f' data-low="{ends[0]!r}" data-high="{ends[1]!r}"' if ends else ""
     return (f'<svg class="ci" width="{BAR_WIDTH}" height="{BAR_HEIGHT}" viewBox="0 0 {BAR_WIDTH} {BAR_HEIGHT}" '
-            f'role="img" aria-label="{_e(what + scale)}"{data}><title>{_e(what + scale)}</title>'
+            f'role="img" aria-label="{_e(what + scale)}"><title>{_e(what + scale)}</title>'
             + "".join(marks) + "</svg>")
 
 
@@ -207,11 +206,14 @@ def _matrix_cell(analysis: str, dataset: str, key: str | None, common: str | Non
         return f'<td class="empty" data-analysis="{_e(analysis)}" data-dataset="{_e(dataset)}"></td>'
     value = metrics[analysis][dataset][key]
     interval = (((results.get(analysis) or {}).get(dataset) or {}).get("intervals") or {}).get(key)
-    marks = "".join(f'<span class="verdict {_e(c["verdict"])}" title="{_e(c.get("message", ""))}">'
-                    f'{_e(c["verdict"])}</span>' for c in verdicts.get((analysis, dataset, key), []))
+    marks = "".join(f'<span class="verdict {_e(c["verdict"])}" title="{_e(_source(c) + ": " + c.get("message", ""))}">'
+                    f'{_e(c["verdict"])} ({_e(c["source"]["paper"])})</span>'
+                    for c in verdicts.get((analysis, dataset, key), []))
     note = "; ".join(notes.get((analysis, dataset, key), []))
+    ends = _ends(interval)
+    data = f' data-low="{ends[0]!r}" data-high="{ends[1]!r}"' if ends else ""
     return (f'<td class="cell" data-analysis="{_e(analysis)}" data-dataset="{_e(dataset)}" data-metric="{_e(key)}" '
-            f'data-value="{_e(repr(value))}"><span class="value">{number(value)}</span>'
+            f'data-value="{_e(repr(value))}"{data}><span class="value">{number(value)}</span>'
             + interval_bar(value, interval)
             + (f'<span class="metric">{_breakable(key)}</span>' if key != common else "")
             + (f'<span class="note">{_e(note)}</span>' if note else "") + marks + "</td>")
@@ -232,7 +234,8 @@ def _matrix_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[st
               for a in columns}
     notes, _ = text_notes(headline_rows(metrics, results))
     verdicts = _verdicts(reference)
-    head = "".join(f'<th title="{_e(ANALYSES[a].title if a in ANALYSES else a)}"><a href="#{_e(a)}">{_e(a)}</a>'
+    head = "".join(f'<th data-analysis="{_e(a)}" title="{_e(ANALYSES[a].title if a in ANALYSES else a)}">'
+                   f'<a href="#{_e(a)}">{_e(a)}</a>'
                    + (f'<span class="metric">{_breakable(common[a])}</span>' if common[a] else "") + "</th>"
                    for a in columns)
     rows = [f'<tr><td class="dataset">{_e(d)}</td>'
@@ -293,8 +296,8 @@ def _headline_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[
         method = (f"Intervals: {_e(hows[0])}." if len(hows) == 1
                   else "No number here has an interval." if not hows else "")
         out += [f'<details class="numbers" id="numbers-{_e(analysis)}"{" open" if n == 0 else ""}>',
-                f'<summary><strong>{_e(analysis)}</strong>: {_e(title)} <span class="muted">({_count(len(rows), "number")}, '
-                f'{_count(datasets, "dataset")})</span></summary>',
+                f'<summary><strong>{_e(analysis)}</strong>: {_e(title)} <span class="muted">'
+                f'({_count(len(rows), "number")}, {_count(datasets, "dataset")})</span></summary>',
                 f'<p class="muted">{method}</p>' if method else "",
                 _numbers_table(rows, notes, with_method=len(hows) > 1), "</details>"]
     return [line for line in out if line]
@@ -320,6 +323,10 @@ def text_notes(rows: list[tuple[str, str, str, Any, Any]]) -> tuple[dict[tuple, 
     return notes, folded
 
 
+def _source(c: Mapping[str, Any]) -> str:
+    return f"{c['source']['paper']}, {c['source']['table']}, {c['source'].get('row', '')}"
+
+
 def _reference_section(reference: Mapping[str, Any]) -> list[str]:
     head = ["<h2 id=\"reference\">Against the papers</h2>"]
     if not reference.get("applies"):
@@ -328,7 +335,7 @@ def _reference_section(reference: Mapping[str, Any]) -> list[str]:
     rows = [[_td(_e(c["analysis"])), _td(_e(c["dataset"])), _td(_e(c.get("key") or c["metric"])),
              _td(number(c["ours"]), "num"), _td(number(c["theirs"]), "num"), _td(number(c["difference"]), "num"),
              _td(number(c["tolerance"]), "num"), _td(_e(c["verdict"]), c["verdict"]), _td(_e(c["message"])),
-             _td(_e(f"{c['source']['paper']}, {c['source']['table']}, {c['source'].get('row', '')}"))]
+             _td(_e(_source(c)))]
             for c in reference.get("comparisons") or []]
     return head + [f"<p>{_e(summary)} (reports/reference.json; tolerances: docs/protocols.md, \"Reference numbers "
                    "and verdicts\").</p>",
