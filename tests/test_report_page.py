@@ -221,6 +221,7 @@ def test_every_headline_number_and_interval_is_on_the_page(built):
             assert shown == how if analysis == "adapt" else f"Intervals: {how}." in text
     assert rows[("zeroshot", "colors", "accuracy")]["95% interval"]["text"] == ""
     assert "interval from" not in rows[("zeroshot", "shapes", "accuracy")]
+    assert "note" not in rows[("linear_probe", "shapes", "accuracy")]  # a note column only where there are notes
 
 
 def test_the_numbers_are_folded_by_analysis(built):

@@ -256,6 +256,8 @@ def _matrix_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[st
 
 def _numbers_table(rows: list[tuple[str, str, str, Any, Any]], notes: Mapping[tuple, list[str]],
                    with_method: bool) -> str:
+    """dataset, metric, value, interval (low-high, how in its title), how again where `with_method`, and a note
+    column where a row has one (a text value: beside the number it qualifies, or in its own row's note)."""
     body = []
     for a, d, m, v, i in rows:
         ends = _ends(i)
@@ -265,10 +267,11 @@ def _numbers_table(rows: list[tuple[str, str, str, Any, Any]], notes: Mapping[tu
         cells = [_td(_e(d)), _td(_e(m)), _td(number(v) if not text else "", "num"),
                  f'<td class="num"{how}>{span}</td>']
         cells += [_td(_e(interval_how(i)) if ends else "", "muted")] if with_method else []
-        cells.append(_td(_e("; ".join(notes.get((a, d, m), [])) or text), "note"))
-        body.append(cells)
-    head = ["dataset", "metric", "value", "95% interval", *(["interval from"] if with_method else []), "note"]
-    return _table(head, body)
+        body.append((cells, "; ".join(notes.get((a, d, m), [])) or text))
+    with_notes = any(note for _, note in body)
+    head = ["dataset", "metric", "value", "95% interval", *(["interval from"] if with_method else []),
+            *(["note"] if with_notes else [])]
+    return _table(head, [cells + ([_td(_e(note), "note")] if with_notes else []) for cells, note in body])
 
 
 def _count(n: int, noun: str) -> str:
