@@ -89,7 +89,7 @@ def shots_spec(rows: list[dict[str, Any]]) -> dict[str, Any]:
                       "scale": {"domain": [0, 1], "nice": False}},
                 "color": {"field": "head", "type": "nominal", "title": None,
                           "scale": {"domain": heads, "range": list(PALETTE[:len(heads)])},
-                          "legend": {"orient": "bottom", "columns": 3, "labelLimit": 300}},
+                          "legend": {"orient": "bottom", "columns": 3}},
                 "tooltip": [{"field": "dataset"}, {"field": "head"}, {"field": "shots"},
                             {"field": "value", "format": ".4f"}],
             },

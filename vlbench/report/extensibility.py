@@ -108,7 +108,7 @@ def steps_spec(rows: list[dict[str, Any]], notes: list[str] | None = None) -> di
     curves = list(dict.fromkeys(r["curve"] for r in rows))
     color = {"field": "curve", "type": "nominal", "title": None,
              "scale": {"domain": curves, "range": list(PALETTE[:len(curves)])},
-             "legend": {"orient": "bottom", "columns": 2, "labelLimit": 300}}
+             "legend": {"orient": "bottom", "columns": 2}}
     x = {"field": "groups", "type": "ordinal", "title": "groups in the vocabulary", "axis": {"labelAngle": 0}}
     y = {"field": "value", "type": "quantitative", "title": "accuracy", "scale": {"domain": [0, 1]}}
     tooltip = [{"field": "dataset"}, {"field": "curve"}, {"field": "kind"}, {"field": "groups"},
@@ -139,7 +139,7 @@ def drops_spec(rows: list[dict[str, Any]], notes: list[str] | None = None) -> di
             "x": {"field": "drop", "type": "quantitative", "title": "accuracy alone minus accuracy expanded"},
             "color": {"field": "series", "type": "nominal", "title": None,
                       "scale": {"domain": series, "range": list(PALETTE[:len(series)])},
-                      "legend": {"orient": "bottom", "columns": 2, "labelLimit": 300}},
+                      "legend": {"orient": "bottom", "columns": 2}},
             "tooltip": [{"field": "dataset"}, {"field": "group"}, {"field": "series"},
                         {"field": "drop", "format": ".4f"}],
         }}, notes)

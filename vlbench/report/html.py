@@ -31,6 +31,21 @@ th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: ta
 .reproduced { color: #1b7a3a; } .off { color: #a11d1d; font-weight: bold; }
 figure { margin: 1em 0; overflow-x: auto; } figure svg { max-width: none; }
 code, pre { background: #f6f6f6; padding: .1em .3em; } pre { padding: .6em; overflow-x: auto; }
+nav { font-size: .9em; margin: -.5em 0 1em; }
+.matrix-wrap { overflow-x: auto; }
+table.matrix { table-layout: auto; }
+table.matrix th { font-size: .85em; text-align: center; vertical-align: bottom; padding: .25em .3em; }
+table.matrix th.dataset, table.matrix td.dataset { text-align: left; white-space: nowrap; vertical-align: middle; }
+table.matrix td.cell { text-align: center; vertical-align: middle; padding: .2em .3em; }
+table.matrix td.empty { background: #fafafa; }
+.cell .value { font-variant-numeric: tabular-nums; font-weight: bold; }
+.cell .metric, th .metric { font-size: .8em; color: #666; font-weight: normal; display: block; }
+.cell .note, .cell .verdict { font-size: .75em; display: block; }
+svg.ci { display: block; margin: .15em auto; overflow: visible; }
+svg.ci .ci-track { fill: #d9d9d9; } svg.ci .ci-range { fill: #6baed6; } svg.ci .ci-value { fill: #08306b; }
+details.numbers { margin: .4em 0; } details.numbers > summary { cursor: pointer; font-size: 1.1em; padding: .2em 0; }
+details.numbers > p { margin: .3em 0 0 1.2em; }
+details.numbers > table { margin-left: 1.2em; }
 """
 
 
@@ -49,14 +64,14 @@ def number(x: Any, digits: int = 4) -> str:
     return "n/a" if x is None else _e(x)
 
 
-def interval_text(interval: Mapping[str, Any] | None) -> str:
-    """`[low, high]` and how it was made (`95% bootstrap, 1000 resamples, seed 0`); '' without an interval."""
+def interval_how(interval: Mapping[str, Any] | None) -> str:
+    """How an interval was made (`95% bootstrap, 1000 resamples, seed 0`), unescaped; '' without one."""
     if not interval:
         return ""
     how = [f"{round(100 * float(interval.get('level', 0.95)))}% {interval.get('method', '')}".strip()]
     how += [f"{interval['resamples']} resamples"] if interval.get("resamples") is not None else []
     how += [f"seed {interval['seed']}"] if interval.get("seed") is not None else []
-    return f"[{number(interval.get('low'))}, {number(interval.get('high'))}] {_e(', '.join(how))}"
+    return ", ".join(how)
 
 
 def _page(title: str, body: list[str]) -> str:
@@ -102,20 +117,193 @@ def _model_section(model: Mapping[str, Any]) -> list[str]:
             _table(["key", "value"], rows)]
 
 
+def _columns(metrics: Mapping[str, Any]) -> list[str]:
+    """The analyses of `metrics` in the order of the ANALYSES table; analyses the table does not know after them."""
+    from vlbench.analyses import ANALYSES
+
+    return [a for a in ANALYSES if metrics.get(a)] + [a for a in metrics if a not in ANALYSES and metrics[a]]
+
+
+def main_metric(analysis: str, values: Mapping[str, Any]) -> str | None:
+    """The metric that stands for `analysis` on a dataset (`Analysis.main_metric`, what reports/headline.json holds);
+    for an analysis the table does not know, its first number."""
+    from vlbench.analyses import ANALYSES
+
+    if analysis in ANALYSES:
+        return ANALYSES[analysis].main_metric(values)
+    return next((k for k, v in values.items() if _is_number(v)), None)
+
+
+def _ends(interval: Mapping[str, Any] | None) -> tuple[float, float] | None:
+    """(low, high) of an interval whose ends are finite numbers, else None."""
+    if not interval:
+        return None
+    low, high = interval.get("low"), interval.get("high")
+    if not (_is_number(low) and _is_number(high) and math.isfinite(low) and math.isfinite(high)):
+        return None
+    return float(low), float(high)
+
+
+BAR_WIDTH, BAR_HEIGHT, BAR_PAD = 80, 14, 3  # px: the interval bar of a matrix cell, on a 0..1 scale
+
+
+def interval_bar(value: Any, interval: Mapping[str, Any] | None) -> str:
+    """An inline SVG: the 0..1 scale as a thin track (widened to hold a number or interval outside it), the 95%
+    interval as a bar, the number as a dark tick; its `<title>` says what it shows. '' for a missing number."""
+    if not _is_number(value) or not math.isfinite(value):
+        return ""
+    ends = _ends(interval)
+    lo = min(0.0, value, *(ends or ()))
+    hi = max(1.0, value, *(ends or ()))
+    span = BAR_WIDTH - 2 * BAR_PAD
+
+    def x(v: float) -> float:
+        return BAR_PAD + (v - lo) / (hi - lo) * span
+
+    marks = [f'<rect class="ci-track" x="{BAR_PAD}" y="{BAR_HEIGHT / 2 - 0.5:g}" width="{span}" height="1"/>']
+    marks += [f'<rect class="ci-track" x="{x(t) - 0.5:.2f}" y="{BAR_HEIGHT / 2 - 3:g}" width="1" height="6"/>'
+              for t in (0.0, 0.5, 1.0)]
+    if ends:
+        left, right = x(ends[0]), x(ends[1])
+        marks.append(f'<rect class="ci-range" x="{left:.2f}" y="3" width="{max(right - left, 1.5):.2f}" '
+                     f'height="{BAR_HEIGHT - 6}"/>')
+        what = f"95% interval {number(ends[0])}\u2013{number(ends[1])} ({interval_how(interval)})"
+    else:
+        what = "no interval"
+    marks.append(f'<rect class="ci-value" x="{x(value) - 0.75:.2f}" y="0" width="1.5" height="{BAR_HEIGHT}"/>')
+    scale = "" if (lo, hi) == (0.0, 1.0) else f", scale {number(lo)} to {number(hi)}"
+    return (f'<svg class="ci" width="{BAR_WIDTH}" height="{BAR_HEIGHT}" viewBox="0 0 {BAR_WIDTH} {BAR_HEIGHT}" '
+            f'role="img" aria-label="{_e(what + scale)}"><title>{_e(what + scale)}</title>'
+            + "".join(marks) + "</svg>")
+
+
+def _verdicts(reference: Mapping[str, Any]) -> dict[tuple[str, str, str], list[Mapping[str, Any]]]:
+    """{(analysis, dataset, metric key): [comparison]} of reports/reference.json."""
+    found: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    for c in (reference.get("comparisons") or []) if reference.get("applies") else []:
+        found.setdefault((c["analysis"], c["dataset"], c.get("key") or c["metric"]), []).append(c)
+    return found
+
+
+def matrix_rows(metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The datasets of the matrix, one row each: in order of first appearance over the analyses (table order); rows
+    without a result file of their own (adapt's `mean`, a summary over datasets) last."""
+    order = list(dict.fromkeys(d for a in _columns(metrics) for d in metrics[a]))
+    summary = {d for d in order if not any(d in (results.get(a) or {}) for a in metrics)}
+    return [d for d in order if d not in summary] + [d for d in order if d in summary]
+
+
+def _breakable(name: str) -> str:
+    """`name` escaped, a line break allowed after each / (a metric key in a narrow column)."""
+    return _e(name).replace("/", "/<wbr>")
+
+
+def _matrix_cell(analysis: str, dataset: str, key: str | None, common: str | None, metrics: Mapping[str, Any],
+                 results: Mapping[str, Any], notes: Mapping[tuple, list[str]],
+                 verdicts: Mapping[tuple, list[Mapping[str, Any]]]) -> str:
+    """A cell: the number, its interval bar, its metric where it is not the column's, notes and verdicts."""
+    if key is None:
+        return f'<td class="empty" data-analysis="{_e(analysis)}" data-dataset="{_e(dataset)}"></td>'
+    value = metrics[analysis][dataset][key]
+    interval = (((results.get(analysis) or {}).get(dataset) or {}).get("intervals") or {}).get(key)
+    marks = "".join(f'<span class="verdict {_e(c["verdict"])}" title="{_e(_source(c) + ": " + c.get("message", ""))}">'
+                    f'{_e(c["verdict"])} ({_e(c["source"]["paper"])})</span>'
+                    for c in verdicts.get((analysis, dataset, key), []))
+    note = "; ".join(notes.get((analysis, dataset, key), []))
+    ends = _ends(interval)
+    data = f' data-low="{ends[0]!r}" data-high="{ends[1]!r}"' if ends else ""
+    return (f'<td class="cell" data-analysis="{_e(analysis)}" data-dataset="{_e(dataset)}" data-metric="{_e(key)}" '
+            f'data-value="{_e(repr(value))}"{data}><span class="value">{number(value)}</span>'
+            + interval_bar(value, interval)
+            + (f'<span class="metric">{_breakable(key)}</span>' if key != common else "")
+            + (f'<span class="note">{_e(note)}</span>' if note else "") + marks + "</td>")
+
+
+def _matrix_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]],
+                    reference: Mapping[str, Any]) -> list[str]:
+    """Datasets x analyses: each cell the analysis's main number (reports/headline.json), its interval as a bar, the
+    reference verdict where one exists; an empty cell where the analysis did not run on the dataset. A column's
+    most common metric is named in its head, any other in its cell."""
+    from collections import Counter
+
+    from vlbench.analyses import ANALYSES
+
+    columns, datasets = _columns(metrics), matrix_rows(metrics, results)
+    keys = {(a, d): main_metric(a, metrics[a][d]) if metrics[a].get(d) else None for a in columns for d in datasets}
+    common = {a: next(iter(Counter(k for (a2, _), k in keys.items() if a2 == a and k).most_common(1)), (None,))[0]
+              for a in columns}
+    notes, _ = text_notes(headline_rows(metrics, results))
+    verdicts = _verdicts(reference)
+    head = "".join(f'<th data-analysis="{_e(a)}" title="{_e(ANALYSES[a].title if a in ANALYSES else a)}">'
+                   f'<a href="#{_e(a)}">{_e(a)}</a>'
+                   + (f'<span class="metric">{_breakable(common[a])}</span>' if common[a] else "") + "</th>"
+                   for a in columns)
+    rows = [f'<tr><td class="dataset">{_e(d)}</td>'
+            + "".join(_matrix_cell(a, d, keys[a, d], common[a], metrics, results, notes, verdicts) for a in columns)
+            + "</tr>" for d in datasets]
+    summary = ", ".join(f"{n} {v}" for v, n in (reference.get("summary") or {}).items()) \
+        if reference.get("applies") else ""
+    return ['<h2 id="overview">At a glance</h2>',
+            "<p>Each cell: the analysis&#x27;s main number on the dataset (reports/headline.json; its metric under the "
+            "column&#x27;s name, or in the cell where it differs), the 95% interval as a bar on the 0&ndash;1 scale "
+            "(the dark tick is the number; no bar: no interval), and the verdict against the papers where a "
+            "published number exists" + (f" ({_e(summary)})" if summary else "")
+            + ". An empty cell: the analysis did not run on that dataset. Every number, with its interval, is in "
+            "the tables below.</p>",
+            '<div class="matrix-wrap"><table class="matrix">',
+            f'<tr><th class="dataset">dataset</th>{head}</tr>', *rows, "</table></div>"]
+
+
+def _numbers_table(rows: list[tuple[str, str, str, Any, Any]], notes: Mapping[tuple, list[str]],
+                   with_method: bool) -> str:
+    """dataset, metric, value, interval (low-high, how in its title), how again where `with_method`, and a note
+    column where a row has one (a text value: beside the number it qualifies, or in its own row's note)."""
+    body = []
+    for a, d, m, v, i in rows:
+        ends = _ends(i)
+        span = f"{number(ends[0])}&ndash;{number(ends[1])}" if ends else ""
+        how = f' title="{_e(interval_how(i))}"' if ends else ""
+        text = "" if _is_number(v) or v is None else str(v)
+        cells = [_td(_e(d)), _td(_e(m)), _td(number(v) if not text else "", "num"),
+                 f'<td class="num"{how}>{span}</td>']
+        cells += [_td(_e(interval_how(i)) if ends else "", "muted")] if with_method else []
+        body.append((cells, "; ".join(notes.get((a, d, m), [])) or text))
+    with_notes = any(note for _, note in body)
+    head = ["dataset", "metric", "value", "95% interval", *(["interval from"] if with_method else []),
+            *(["note"] if with_notes else [])]
+    return _table(head, [cells + ([_td(_e(note), "note")] if with_notes else []) for cells, note in body])
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _headline_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Every headline number, one folded section per analysis (the first open): dataset, metric, value, interval."""
+    from vlbench.analyses import ANALYSES
+
     found = headline_rows(metrics, results)
     notes, folded = text_notes(found)
-    rows = [[_td(_e(a)), _td(_e(d)), _td(_e(m)),
-             _td(number(v), "num") if _is_number(v) or v is None else _td(""),
-             _td(interval_text(i) or '<span class="muted">none</span>', "interval"),
-             _td(_e("; ".join(notes.get((a, d, m), [])) or ("" if _is_number(v) or v is None else v)), "note")]
-            for a, d, m, v, i in found if (a, d, m) not in folded]
-    return ["<h2 id=\"headline\">Headline numbers</h2>",
-            "<p>Every analysis on every dataset (reports/metrics.json), with its 95% interval where the result has "
-            "one (its <code>intervals</code>: <em>bootstrap</em> resamples the test samples, <em>seeds</em> spans the "
-            "protocol's seeds, <em>episodes</em> its few-shot episodes); all other numbers are in "
-            "reports/&lt;analysis&gt;/&lt;dataset&gt;.json.</p>",
-            _table(["analysis", "dataset", "metric", "value", "95% interval", "note"], rows)]
+    out = ["<h2 id=\"headline\">All headline numbers</h2>",
+           "<p>Every analysis on every dataset (reports/metrics.json), with its 95% interval where the result has "
+           "one (its <code>intervals</code>: <em>bootstrap</em> resamples the test samples, <em>seeds</em> spans the "
+           "protocol&#x27;s seeds, <em>episodes</em> its few-shot episodes); a text value (which variant) is a note on "
+           "the numbers it qualifies. All other numbers are in reports/&lt;analysis&gt;/&lt;dataset&gt;.json.</p>"]
+    for n, analysis in enumerate(_columns(metrics)):
+        rows = [r for r in found if r[0] == analysis and r[:3] not in folded]
+        if not rows:
+            continue
+        hows = list(dict.fromkeys(interval_how(r[4]) for r in rows if _ends(r[4])))
+        datasets = len({r[1] for r in rows})
+        title = ANALYSES[analysis].title if analysis in ANALYSES else analysis
+        method = (f"Intervals: {_e(hows[0])}." if len(hows) == 1
+                  else "No number here has an interval." if not hows else "")
+        out += [f'<details class="numbers" id="numbers-{_e(analysis)}"{" open" if n == 0 else ""}>',
+                f'<summary><strong>{_e(analysis)}</strong>: {_e(title)} <span class="muted">'
+                f'({_count(len(rows), "number")}, {_count(datasets, "dataset")})</span></summary>',
+                f'<p class="muted">{method}</p>' if method else "",
+                _numbers_table(rows, notes, with_method=len(hows) > 1), "</details>"]
+    return [line for line in out if line]
 
 
 def text_notes(rows: list[tuple[str, str, str, Any, Any]]) -> tuple[dict[tuple, list[str]], set[tuple]]:
@@ -138,6 +326,10 @@ def text_notes(rows: list[tuple[str, str, str, Any, Any]]) -> tuple[dict[tuple, 
     return notes, folded
 
 
+def _source(c: Mapping[str, Any]) -> str:
+    return f"{c['source']['paper']}, {c['source']['table']}, {c['source'].get('row', '')}"
+
+
 def _reference_section(reference: Mapping[str, Any]) -> list[str]:
     head = ["<h2 id=\"reference\">Against the papers</h2>"]
     if not reference.get("applies"):
@@ -146,7 +338,7 @@ def _reference_section(reference: Mapping[str, Any]) -> list[str]:
     rows = [[_td(_e(c["analysis"])), _td(_e(c["dataset"])), _td(_e(c.get("key") or c["metric"])),
              _td(number(c["ours"]), "num"), _td(number(c["theirs"]), "num"), _td(number(c["difference"]), "num"),
              _td(number(c["tolerance"]), "num"), _td(_e(c["verdict"]), c["verdict"]), _td(_e(c["message"])),
-             _td(_e(f"{c['source']['paper']}, {c['source']['table']}, {c['source'].get('row', '')}"))]
+             _td(_e(_source(c)))]
             for c in reference.get("comparisons") or []]
     return head + [f"<p>{_e(summary)} (reports/reference.json; tolerances: docs/protocols.md, \"Reference numbers "
                    "and verdicts\").</p>",
@@ -228,12 +420,19 @@ def _reproduce_section(run: Mapping[str, Any]) -> list[str]:
             "<pre>" + _e("\n".join(lines)) + "</pre>"]
 
 
+def _nav(metrics: Mapping[str, Any]) -> list[str]:
+    links = [("overview", "at a glance"), ("headline", "all numbers"), ("model", "the model"),
+             ("reference", "against the papers"), *((a, a) for a in metrics), ("reproduce", "reproduce")]
+    return ["<nav>" + " &middot; ".join(f'<a href="#{_e(i)}">{_e(t)}</a>' for i, t in links) + "</nav>"]
+
+
 def index_page(*, model: Mapping[str, Any], metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]],
                reference: Mapping[str, Any], charts: Mapping[str, Sequence[Path]], run: Mapping[str, Any]) -> str:
-    """reports/index.html: the model, the headline table with intervals, the reference comparison, each analysis's
-    charts with what its numbers mean, and how to reproduce it (`run`: {"model", "suite"})."""
-    body = (_model_section(model) + _headline_section(metrics, results) + _reference_section(reference)
-            + _placement_section(metrics, results))
+    """reports/index.html: first the matrix (datasets x analyses, each cell the main number, its interval as a bar,
+    the reference verdict), then every headline number folded by analysis, the model, the reference comparison, each
+    analysis's charts with what its numbers mean, and how to reproduce it (`run`: {"model", "suite"})."""
+    body = (_nav(metrics) + _matrix_section(metrics, results, reference) + _headline_section(metrics, results)
+            + _model_section(model) + _reference_section(reference) + _placement_section(metrics, results))
     for analysis in metrics:
         body += _analysis_section(analysis, charts.get(analysis) or [])
     body += _reproduce_section(run)

@@ -92,7 +92,7 @@ def vegalite_spec(analysis: str, rows: list[tuple[str, str, float]]) -> dict[str
 
     # explicit order: a band whose bar is filtered out (value n/a) must not drift to the end
     y = {"field": "key", "type": "nominal", "sort": list(datasets_by_key), "title": None,
-         "axis": {"labelExpr": label_expr, "labelFontSize": 13, "labelLimit": 400, "ticks": False,
+         "axis": {"labelExpr": label_expr, "labelFontSize": 13, "ticks": False,
                   "domain": False, "labelPadding": 6}}
     x = {"field": "value", "type": "quantitative", "title": None,
          "scale": {"domain": [0, 1], "clamp": True, "nice": False, "zero": True},
@@ -146,11 +146,19 @@ def _renumber_ids(svg: str) -> str:
     return pattern.sub(lambda m: m.group(1) + mapping[m.group(2)], svg)
 
 
+# Vega cuts an axis label past 180 px, a legend label past 160 px, with an ellipsis: no label of ours is cut (the
+# drawing grows to hold it), whatever a spec says
+NO_CUT = {part: {"labelLimit": 0, "titleLimit": 0} for part in ("axis", "legend", "header")}
+
+
 def render_svg(spec: Mapping[str, Any]) -> str:
-    """SVG text of a Vega-Lite spec, rendered offline (Vega-Lite 5.21 pinned inside vl-convert)."""
+    """SVG text of a Vega-Lite spec, rendered offline (Vega-Lite 5.21 pinned inside vl-convert), its axis, legend and
+    header labels and titles never cut (`NO_CUT` over the spec's own config)."""
     import vl_convert  # imported here so that importing vlbench.report does not need it
 
-    return _renumber_ids(vl_convert.vegalite_to_svg(dict(spec), vl_version="5.21"))
+    config = dict(spec.get("config") or {})
+    config.update({part: {**(config.get(part) or {}), **limits} for part, limits in NO_CUT.items()})
+    return _renumber_ids(vl_convert.vegalite_to_svg({**spec, "config": config}, vl_version="5.21"))
 
 
 def _check_name(analysis: str) -> None:
@@ -244,7 +252,7 @@ def levels_spec(rows: list[dict[str, Any]]) -> dict[str, Any]:
                       "scale": {"domain": [0, 1], "nice": False}},
                 "color": {"field": "series", "type": "nominal", "title": None,
                           "scale": {"domain": series, "range": list(PALETTE[:len(series)])},
-                          "legend": {"orient": "bottom", "columns": 2, "labelLimit": 300}},
+                          "legend": {"orient": "bottom", "columns": 2}},
                 "tooltip": [{"field": "dataset"}, {"field": "level"}, {"field": "series"},
                             {"field": "value", "format": ".4f"}],
             },
