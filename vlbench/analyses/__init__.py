@@ -3,7 +3,8 @@
 Each analysis is one module here with `run(inputs: Inputs, cfg: Mapping, seed: int) -> Result`: cached
 features in (through `Inputs`, which checks every fingerprint), metrics and tables out. An analysis never
 loads a model and does not import torch at start-up. Adding one touches: its module, its entry below,
-its dvc.yaml block, its config section (conf/config.yaml: `<name>:` and `suite.<name>: []`), its tests.
+its dvc.yaml block, its settings (defaults in conf/settings/<name>.yaml; `<name>: {}` and `suite.<name>: []` in
+conf/config.yaml), its tests.
 """
 
 from __future__ import annotations
