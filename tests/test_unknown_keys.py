@@ -26,6 +26,10 @@ def test_compose_refuses_an_added_key_naming_it(override, key, files):
 def test_maps_open_to_any_key_stay_open():
     params = compose(["+suite.entries.shapes.note=x", "+robustness.lines.shapes=identity"], ROOT / "conf")
     assert params["robustness"]["lines"]["shapes"] == "identity"
+    # maps keyed by dataset whose defaults hold the demo's entry (conf/settings/): another dataset is no typo
+    params = compose(["+adapt.elevater.search_subset.colors=10", "+adapt.vtab.groups.colors=specialized",
+                      "+retrieval.dataset_text_sets.shapes=captions"], ROOT / "conf")
+    assert params["adapt"]["elevater"]["search_subset"] == {"colors": 10}
 
 
 def test_a_stage_refuses_a_params_file_with_an_unknown_key(tmp_path, monkeypatch):

@@ -61,7 +61,7 @@ def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
 SETTINGS = "settings"  # conf/settings/<section>.yaml: a section's defaults, not composed by Hydra
 
 
-class _SettingsLoader(yaml.SafeLoader):
+class _SettingsLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """YAML as Hydra (OmegaConf) reads it: `1e-6` is a float, as it would be in conf/config.yaml."""
 
 
@@ -109,7 +109,8 @@ def _merge(base: Any, over: Any) -> Any:
 
 
 GROUP_SECTIONS = ("model", "suite")  # chosen by a config group, checked by their own rules (check_suite, the model's)
-KEYED_BY_DATASET = ("robustness.lines",)  # declared with an example entry, yet any dataset may be a key
+# declared with an example entry (the demo's), yet any dataset may be a key
+KEYED_BY_DATASET = ("robustness.lines", "adapt.elevater.search_subset", "adapt.vtab.groups", "retrieval.dataset_text_sets")
 
 
 def check_known_keys(params: Mapping[str, Any], config_dir: str | Path | None = None) -> None:
