@@ -1,4 +1,5 @@
-"""Reading params.yaml (composed from conf/ by Hydra) and the fixed layout of the pipeline's files.
+"""Reading params.yaml (composed from conf/ by Hydra; each settings section completed with its defaults from
+conf/settings/, which Hydra does not compose: `effective`) and the fixed layout of the pipeline's files.
 
 Every output path is built here from a validated name (a dataset key, a model slug, a text-set name: letters,
 digits, `-` and `_`), so a key can never point a stage at a folder it does not own.
