@@ -405,12 +405,12 @@ def test_imagenet_sketch_split_under_the_suite_params_is_meta_datasets_712_288()
     """The suite's adapt params on ImageNet-Sketch's classes as the source names them: carnivore's 158 and device's 130
     classes (Meta-Dataset's ILSVRC validation and test splits) are novel."""
     from vlbench.analyses.adapt.fewtrans import episode_classes, settings
-    from vlbench.config import compose
+    from vlbench.config import compose, effective
     from vlbench.datasets.canonical import DatasetMeta
 
     wnids = sorted(row[1] for row in json.loads(REFERENCE.read_text()))
     meta = DatasetMeta("imagenet-sketch", "single-label", "accuracy", fewtrans.class_names("imagenet-sketch", "imagenet", wnids))
-    base, novel, graph = episode_classes(meta, settings(compose(["suite=fewtrans"])["adapt"]["fewtrans"]))
+    base, novel, graph = episode_classes(meta, settings(effective(compose(["suite=fewtrans"]))["adapt"]["fewtrans"]))
     assert (len(base), len(novel)) == (712, 288)
     roots = {n.wnid: len(n.classes) for n in graph.novel_nodes if n.wnid in ("n02075296", "n03183080")}
     assert roots == {"n02075296": 158, "n03183080": 130}

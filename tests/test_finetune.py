@@ -168,7 +168,7 @@ def test_a_diverging_final_run_is_one_line_naming_the_run_its_hyper_parameters_a
     assert message.startswith("finetune elevater_full on 'tiny': the final run final-2-0 (2 shots, seed 0) diverged at "
                               "step ")
     assert "with the search's choice: learning rate 100, weight decay 1e-06" in message
-    assert "-S adapt.elevater.lr_grid.log_lower=1 -S adapt.elevater.lr_grid.log_upper=1" in message
+    assert "-S ++adapt.elevater.lr_grid.log_lower=1 -S ++adapt.elevater.lr_grid.log_upper=1" in message
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights_bit_for_bit(captions, base, negclip_run, tmp_path):

@@ -13,9 +13,9 @@ import yaml
 from tests.pipeline_repo import make_repo, run
 
 DVC = (sys.executable, "-m", "dvc")
-TINY = ["-S", "finetune.elevater_full.shots=[2]", "-S", "finetune.elevater_full.seeds=[0]",
-        "-S", "adapt.elevater.lr_grid.log_lower=-3", "-S", "adapt.elevater.lr_grid.num=1",
-        "-S", "adapt.elevater.search_epochs=1", "-S", "adapt.elevater.final_epochs=1", "-S", "adapt.elevater.batch_size=8"]
+TINY = ["-S", "+finetune.elevater_full.shots=[2]", "-S", "+finetune.elevater_full.seeds=[0]",
+        "-S", "+adapt.elevater.lr_grid.log_lower=-3", "-S", "+adapt.elevater.lr_grid.num=1",
+        "-S", "+adapt.elevater.search_epochs=1", "-S", "+adapt.elevater.final_epochs=1", "-S", "+adapt.elevater.batch_size=8"]
 
 
 def test_dvc_exp_run_fine_tunes_and_the_weights_run_as_a_model(tmp_path):

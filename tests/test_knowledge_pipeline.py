@@ -5,6 +5,7 @@ dataset and a randomly initialised toy model (no pretraining: these tests check 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -99,10 +100,15 @@ def test_knowledge_params_rerun_the_knowledge_stage_only(repo):
     assert status(repo) == set()
     params = repo / "params.yaml"
     before = params.read_text()
+    settings = repo / "conf/settings/knowledge.yaml"  # the section's defaults: a file dependency (issue 32)
+    defaults = settings.read_text()
     try:
-        params.write_text(before.replace("gpt3_items: 1", "gpt3_items: 2"))
+        params.write_text(more_gpt3_items(before))  # `-S +knowledge.gpt3_items=2`
         assert status(repo) == {"knowledge@shapes"}
         params.write_text(before)
+        settings.write_text(defaults.replace("gpt3_items: 1 ", "gpt3_items: 2 "))
+        assert settings.read_text() != defaults and status(repo) == {"knowledge@shapes"}
+        settings.write_text(defaults)
         entry = repo / "conf/dataset/shapes.yaml"  # the registry entry: a file dependency, not a param
         entry_before = entry.read_text()
         entry.write_text(entry_before.replace("a drawing of a {c}.", "a sketch of a {c}."))
@@ -110,7 +116,15 @@ def test_knowledge_params_rerun_the_knowledge_stage_only(repo):
         entry.write_text(entry_before)
     finally:
         params.write_text(before)
+        settings.write_text(defaults)
     assert status(repo) == set()
+
+
+def more_gpt3_items(params_text: str) -> str:
+    """params.yaml with `knowledge.gpt3_items: 2` added, as `dvc exp run -S +knowledge.gpt3_items=2` writes it (the
+    default, 1, is in conf/settings/knowledge.yaml, not in params.yaml)."""
+    assert "gpt3_items" not in params_text
+    return re.sub(r"(?m)^knowledge:\n", "knowledge:\n  gpt3_items: 2\n", params_text, count=1)
 
 
 def test_an_llm_variant_asks_the_endpoint_once_and_its_answers_survive_reruns(repo):
@@ -134,7 +148,7 @@ def test_an_llm_variant_asks_the_endpoint_once_and_its_answers_survive_reruns(re
         scored = json.loads((repo / "reports/zeroshot/shapes.json").read_text())["details"]["variants"]["llm_cupl"]
         assert scored["texts"] == 12 * 5 * 10 and 0 <= scored["metrics"]["accuracy"] <= 1  # embedded and scored
         assert scored["coverage"]["cupl"]["covered"] == 12 and scored["options"]["llm_style"] == "cupl"
-        params.write_text(with_llm.replace("gpt3_items: 1", "gpt3_items: 2"))
+        params.write_text(more_gpt3_items(with_llm))
         assert status(repo) >= {"knowledge@shapes"}
         run(repo, *DVC, "repro", "knowledge@shapes", env={"VLBENCH_LLM_MODEL": "test-model"})  # no endpoint at all
         assert cache.read_bytes() == answers

@@ -369,10 +369,10 @@ MODEL_NEEDS = "dvc exp run -S model=toy -S 'suite.finetune=[shapes]' -S finetune
 # The README's command with a miniature search: one learning rate (0.01) over ELEVATER's weight-decay grid, whose
 # candidates at weight decay 1e4 and 1e6 multiply the weights by -100 and more per step and so diverge within their
 # 2 epochs; the final run (on the 1e-6 .. 1e2 side the search prefers) completes.
-FINETUNE_MINIATURE = ["-S", "finetune.elevater_full.shots=[4]", "-S", "finetune.elevater_full.seeds=[0]",
-             "-S", "adapt.elevater.lr_grid.log_lower=-2", "-S", "adapt.elevater.lr_grid.log_upper=-2",
-             "-S", "adapt.elevater.lr_grid.num=1", "-S", "adapt.elevater.search_epochs=2",
-             "-S", "adapt.elevater.final_epochs=1", "-S", "adapt.elevater.batch_size=4"]
+FINETUNE_MINIATURE = ["-S", "+finetune.elevater_full.shots=[4]", "-S", "+finetune.elevater_full.seeds=[0]",
+             "-S", "+adapt.elevater.lr_grid.log_lower=-2", "-S", "+adapt.elevater.lr_grid.log_upper=-2",
+             "-S", "+adapt.elevater.lr_grid.num=1", "-S", "+adapt.elevater.search_epochs=2",
+             "-S", "+adapt.elevater.final_epochs=1", "-S", "+adapt.elevater.batch_size=4"]
 
 
 def test_readme_finetune_flow_on_the_pipeline(tmp_path):

@@ -209,7 +209,7 @@ def test_a_downstream_change_reuses_the_features_another_member_embedded(member_
     b = member_b["path"]
     before = json.loads((b / "reports/metrics.json").read_text())
     model = (b / "reports/model.json").read_text()
-    out = dvc(b, s3, "exp", "run", "-S", "linear_probe.test_split=val").stdout
+    out = dvc(b, s3, "exp", "run", "-S", "+linear_probe.test_split=val").stdout
     ran = ran_stages(out)
     assert any(name.startswith("linear_probe") for name in ran), out
     assert not any(name.startswith(("embed", "pretrain", "prepare")) for name in ran), out

@@ -118,8 +118,8 @@ def test_granularity_cosines_are_the_same_bytes_with_one_or_two_blas_threads():
 
 DVC = (sys.executable, "-m", "dvc")
 # adapt@shapes is in the suite because its report held timings (ELEVATER's search seconds) before issue 25
-ADAPT = ["adapt.protocols=[elevater]", "adapt.elevater.shots=[2]", "adapt.elevater.seeds=[0]",
-         "adapt.elevater.heads=[random_2p,language_2p]", "adapt.elevater.search_epochs=1", "adapt.elevater.final_epochs=1"]
+ADAPT = ["adapt.protocols=[elevater]", "+adapt.elevater.shots=[2]", "+adapt.elevater.seeds=[0]",
+         "+adapt.elevater.heads=[random_2p,language_2p]", "+adapt.elevater.search_epochs=1", "+adapt.elevater.final_epochs=1"]
 
 
 @pytest.fixture(scope="module")

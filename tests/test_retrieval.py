@@ -300,7 +300,7 @@ def test_the_openness_suite_runs_repe_on_the_single_prompt_over_coco_captions():
     captions, not the paper's CC12M (the results say so in details.repe); the code's ensemble is an override."""
     from vlbench import config
 
-    params = config.compose(["suite=openness"])
+    params = config.effective(config.compose(["suite=openness"]))  # the settings the stages read
     suite, cfg = params["suite"], rt.parse_config(params["retrieve"])
     assert (cfg.corpus, cfg.split, cfg.captions, cfg.prompts) == ("coco-2017-val", "val", "captions", "prompts_single")
     code = rt.parse_config(config.compose(["suite=openness", "retrieve.prompts=prompts_ensemble"])["retrieve"])

@@ -1,4 +1,5 @@
-"""Reading params.yaml (composed from conf/ by Hydra) and the fixed layout of the pipeline's files.
+"""Reading params.yaml (composed from conf/ by Hydra; each settings section completed with its defaults from
+conf/settings/, which Hydra does not compose: `effective`) and the fixed layout of the pipeline's files.
 
 Every output path is built here from a validated name (a dataset key, a model slug, a text-set name: letters,
 digits, `-` and `_`), so a key can never point a stage at a folder it does not own.
@@ -38,6 +39,8 @@ class ParamsError(VlbenchError):
 
 
 def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
+    """The params every stage reads: params.yaml checked, each settings section completed with its defaults
+    (`effective`: conf/settings/<section>.yaml with params.yaml's section merged over it)."""
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path}: not found; run from the repository root (or `dvc exp run`, which writes it)")
@@ -49,42 +52,106 @@ def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
         raise ParamsError(f"{path}: expected a mapping at the top level")
     if isinstance(params.get("suite"), Mapping):
         check_suite(params["suite"])  # `dvc exp run` composes params.yaml itself: every stage checks what it got
-        if (CONF / "config.yaml").is_file():
-            check_text_sets(params, known_only=True)  # the first stage DVC runs stops, not the analysis after embedding
     check_known_keys(params)
+    params = effective(params)
+    if isinstance(params.get("suite"), Mapping) and (CONF / "config.yaml").is_file():
+        check_text_sets(params, known_only=True)  # the first stage DVC runs stops, not the analysis after embedding
     return params
 
 
+SETTINGS = "settings"  # conf/settings/<section>.yaml: a section's defaults, not composed by Hydra
+
+
+class _SettingsLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """YAML as Hydra (OmegaConf) reads it: `1e-6` is a float, as it would be in conf/config.yaml."""
+
+
+_SettingsLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+    r"^(?:[-+]?[0-9]+(?:_[0-9]+)*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)"
+    r"|\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+
+def section_defaults(config_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """{section: its defaults} from conf/settings/<section>.yaml (none outside a project checkout)."""
+    folder = (Path(config_dir) if config_dir else CONF) / SETTINGS
+    defaults = {}
+    for path in sorted(folder.glob("*.yaml")):
+        try:
+            section = yaml.load(path.read_text(), Loader=_SettingsLoader)
+        except yaml.YAMLError as err:
+            raise ParamsError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
+        if not isinstance(section, dict):
+            raise ParamsError(f"{path}: expected a mapping of {path.stem}'s settings, got {type(section).__name__}")
+        defaults[path.stem] = section
+    return defaults
+
+
+def effective(params: Mapping[str, Any], config_dir: str | Path | None = None) -> dict[str, Any]:
+    """`params` with each settings section complete: conf/settings/<section>.yaml with the params' section merged over
+    it (mappings merged key by key, anything else replaced, as Hydra merges), so the stages see every setting while
+    params.yaml, DVC's params and `dvc exp show`'s columns hold only what conf/config.yaml keeps, a suite sets or a
+    `-S` override adds. Key order: the params' keys the defaults file lacks (conf/config.yaml's, first in every section
+    that keeps one), then the file's, as the full composition ordered them. Sections without a file are as given."""
+    merged = dict(params)
+    for section, defaults in section_defaults(config_dir).items():
+        given = params.get(section)
+        if given is None or isinstance(given, Mapping):
+            given = given or {}
+            merged[section] = {**{k: v for k, v in given.items() if k not in defaults}, **_merge(defaults, given)}
+        # else: not a mapping (`-S adapt=1`): left as given, for the stage to refuse naming the section
+    return merged
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if not (isinstance(base, Mapping) and isinstance(over, Mapping)):
+        return over
+    return {**{k: _merge(v, over[k]) if k in over else v for k, v in base.items()},
+            **{k: v for k, v in over.items() if k not in base}}
+
+
 GROUP_SECTIONS = ("model", "suite")  # chosen by a config group, checked by their own rules (check_suite, the model's)
-KEYED_BY_DATASET = ("robustness.lines",)  # declared with an example entry, yet any dataset may be a key
+# declared with an example entry (the demo's), yet any dataset may be a key
+KEYED_BY_DATASET = ("robustness.lines", "adapt.elevater.search_subset", "adapt.vtab.groups", "retrieval.dataset_text_sets")
 
 
 def check_known_keys(params: Mapping[str, Any], config_dir: str | Path | None = None) -> None:
-    """Every key of the params is one conf/config.yaml declares (below a mapping it declares empty, such as
-    `suite.entries`, or in a map keyed by dataset, anything goes). An unknown key (a typo, or `-S +zeroshot.x=1`)
-    would be ignored by every stage yet make DVC rerun the stages of its section. Outside a project checkout (no
-    conf/) nothing is checked."""
-    config = (Path(config_dir) if config_dir else CONF) / "config.yaml"
+    """Every key of the params is one conf/config.yaml or the section's conf/settings/<section>.yaml declares (below a
+    mapping declared empty, such as `suite.entries`, or in a map keyed by dataset, anything goes). An unknown key (a
+    typo, or `-S +zeroshot.x=1`) would be ignored by every stage yet make DVC rerun the stages of its section. Outside
+    a project checkout (no conf/) nothing is checked."""
+    conf = Path(config_dir) if config_dir else CONF
+    config = conf / "config.yaml"
     if not config.is_file():
         return
-    declared = yaml.safe_load(config.read_text()) or {}
-    unknown = [key for key in params if key not in declared and key not in GROUP_SECTIONS]
+    declared = effective(yaml.safe_load(config.read_text()) or {}, conf)
+    unknown = [(key, list(declared)) for key in params if key not in declared and key not in GROUP_SECTIONS]
     for section in declared:
         if section not in GROUP_SECTIONS:
             unknown += _unknown_keys(params.get(section), declared[section], f"{section}.")
     if unknown:
-        raise ParamsError(f"params: unknown key(s) {', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}: "
-                          f"not declared in {config}; check the spelling, or drop the `+` override (`-S +key=...`) "
+        sections = dict.fromkeys(key.split(".")[0] for key, _ in unknown)
+        files = [str(config), *(str(f) for f in (conf / SETTINGS / f"{s}.yaml" for s in sections) if f.is_file())]
+        named = [f"{key}{_closest_key(key, near)}" for key, near in unknown[:5]]
+        raise ParamsError(f"params: unknown key(s) {', '.join(named)}{' ...' if len(unknown) > 5 else ''}: not declared "
+                          f"in {' nor '.join(files)}; check the spelling, or drop the `+` override (`-S +key=...`) "
                           f"that added it")
 
 
-def _unknown_keys(value: Any, declared: Any, prefix: str) -> list[str]:
+def _unknown_keys(value: Any, declared: Any, prefix: str) -> list[tuple[str, list[str]]]:
+    """(dotted unknown key, the dotted keys declared beside it) under `prefix`."""
     free = not (isinstance(value, Mapping) and isinstance(declared, Mapping) and declared)
     if free or prefix[:-1] in KEYED_BY_DATASET:
         return []
-    return [key for name, sub in value.items()
-            for key in ([f"{prefix}{name}"] if name not in declared
-                        else _unknown_keys(sub, declared[name], f"{prefix}{name}."))]
+    return [item for name, sub in value.items()
+            for item in ([(f"{prefix}{name}", [f"{prefix}{d}" for d in declared])] if name not in declared
+                         else _unknown_keys(sub, declared[name], f"{prefix}{name}."))]
+
+
+def _closest_key(key: str, declared: list[str]) -> str:
+    """ (did you mean 'a.b.shots'?) for 'a.b.shot', comparing the last part of the keys only."""
+    last = {d.rsplit(".", 1)[-1]: d for d in declared}
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(last), n=1)
+    return f" (did you mean {last[close[0]]!r}?)" if close else ""
 
 
 def suite_keys(config_dir: str | Path | None = None) -> list[str] | None:
@@ -443,7 +510,9 @@ def conf_dir(path: str | Path | None = None) -> Path:
 
 
 def compose(overrides: list[str] | None = None, config_dir: str | Path | None = None) -> dict[str, Any]:
-    """Compose conf/ exactly as `dvc exp run -S group=option` does and return a plain dict."""
+    """Compose conf/ exactly as `dvc exp run -S group=option` does and return a plain dict: params.yaml's content,
+    whose settings sections hold only what conf/config.yaml keeps, the suite sets and the overrides add (the settings
+    the stages read: `effective(compose(...))`)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
@@ -461,13 +530,14 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
             cfg = hydra_compose(config_name="config", overrides=overrides or [])
         params = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        lines = str(err).strip().splitlines() or [type(err).__name__]
+        first = " ".join(lines[:2] if lines[1:2] and lines[1].startswith("To append") else lines[:1])  # Hydra's hint: `+`
         raise ParamsError(f"cannot compose conf/ with overrides {overrides or []}: {first}") from err
     check_suite(params["suite"], config_dir)
     check_known_keys(params, conf_dir(config_dir))
     for name in params["suite"]["datasets"]:
         dataset_entry(params, name, config_dir)  # each entry exists and names the suite's input
-    check_text_sets(params, config_dir)
+    check_text_sets(effective(params, conf_dir(config_dir)), config_dir)
     return params
 
 

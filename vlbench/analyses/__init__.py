@@ -3,8 +3,9 @@
 Each analysis is one module here with `run(inputs: Inputs, cfg: Mapping, seed: int) -> Result`: cached
 features in (through `Inputs`, which checks every fingerprint), metrics and tables out. An analysis never
 loads a model and does not import torch at start-up. Adding one touches four places: its module, its entry below,
-its chart (a "module:function" in `charts`; the default bar chart needs none), its config section (conf/config.yaml:
-`<name>:` and `suite.<name>: []`); `vlbench compose` then writes its dvc.yaml stage (docs/architecture.md).
+its chart (a "module:function" in `charts`; the default bar chart needs none), its config section (its defaults in
+conf/settings/<name>.yaml; `<name>: {}` and `suite.<name>: []` in conf/config.yaml); `vlbench compose` then writes
+its dvc.yaml stage (docs/architecture.md).
 """
 
 from __future__ import annotations

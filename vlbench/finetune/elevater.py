@@ -270,7 +270,7 @@ def final_diverged(err: Diverged, dataset: str, shots, seed: int, chosen: Mappin
     """The one-line error of a final run that diverged: the run, the search's choice, and a grid that leaves out the
     chosen learning rate (the smaller rates of this grid; a grid one step lower when it was the smallest)."""
     lower, upper = s.lr_log_range
-    key = "-S adapt.elevater.lr_grid"
+    key = "-S ++adapt.elevater.lr_grid"  # ++: set whether or not params.yaml has the key
     if li:
         grid = f"{key}.log_upper={math.log10(s.learning_rates()[li - 1]):g} {key}.num={li}"
     else:

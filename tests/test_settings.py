@@ -1,0 +1,160 @@
+"""Issue 32: each settings section's defaults live in conf/settings/<section>.yaml, which Hydra does not compose, so
+params.yaml (and `dvc exp show`, a column per leaf) holds only what conf/config.yaml keeps, a suite sets or a `-S`
+override adds; the stages read the effective settings (`vlbench.config.effective`), exactly what the full composition
+gave before."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from omegaconf import OmegaConf
+
+from vlbench.analyses import ANALYSES
+from vlbench.cli import main as cli
+from vlbench.config import ParamsError, available, compose, effective, load_params, section_defaults
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = ROOT / "conf/settings"
+MODELS = ["toy", "toy-wide", "vitb16", "siglip2-vitb16", "rn50"]
+
+
+def test_the_demo_reads_the_settings_the_full_composition_gave(monkeypatch):
+    """tests/data/params_before_settings.yaml is the demo's params.yaml before issue 32 (every section composed): the
+    stages now read the same settings, key for key, from the committed params.yaml and conf/settings/."""
+    monkeypatch.chdir(ROOT)
+    before = yaml.safe_load((ROOT / "tests/data/params_before_settings.yaml").read_text())
+    params = load_params()
+    assert params == before
+    committed = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for section, defaults in section_defaults().items():  # what load_params merges, spelled out
+        assert params[section] == OmegaConf.to_container(OmegaConf.merge(defaults, committed[section])), section
+    # the sections whose results record their settings as given keep the full composition's key order too
+    for section in ("adapt", "retrieve", "knowledge", "finetune", "linear_probe", "specificity"):
+        assert list(params[section]) == list(before[section]), section
+
+
+def full_composition_conf(tmp_path: Path) -> Path:
+    """conf/ as it was before issue 32: every settings file composed into its section of config.yaml (OmegaConf's
+    merge, not vlbench's), conf/settings/ gone."""
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    config = yaml.safe_load((conf / "config.yaml").read_text())
+    for path in sorted((conf / "settings").glob("*.yaml")):
+        merged = OmegaConf.merge(OmegaConf.load(path), config.get(path.stem) or {})
+        config[path.stem] = OmegaConf.to_container(merged)
+    shutil.rmtree(conf / "settings")
+    (conf / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return conf
+
+
+def test_every_suite_and_model_reads_what_the_full_composition_gave(tmp_path):
+    full = full_composition_conf(tmp_path)
+    runs = [([f"suite={s}"], [f"suite={s}"]) for s in available("suite")]
+    runs += [([f"model={m}"], [f"model={m}"]) for m in MODELS]
+    # a deep setting: a plain override of the full composition, an append now
+    runs.append((["suite=openness", "retrieve.index.kind=flat", "adapt.elevater.shots=[5]", "finetune.negclip.lr=0.1"],
+                 ["suite=openness", "+retrieve.index.kind=flat", "+adapt.elevater.shots=[5]", "+finetune.negclip.lr=0.1"]))
+    for old, new in runs:
+        assert effective(compose(new, ROOT / "conf"), ROOT / "conf") == compose(old, full), new
+
+
+def test_params_yaml_holds_only_the_kept_keys():
+    """The demo's params.yaml: per section only what conf/config.yaml keeps (the keys dvc.yaml reads among them);
+    every section present (a stage's `params: - <section>` needs the key), possibly empty."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    config = yaml.safe_load((ROOT / "conf/config.yaml").read_text())
+    for section in section_defaults():
+        assert params[section] == config[section], section
+        assert not set(config[section]) & set(section_defaults()[section]), f"{section}: a key in both files"
+        assert len(params[section]) <= 2, section
+    dvc_yaml = (ROOT / "dvc.yaml").read_text()
+    for dotted in set(re.findall(r"\$\{([a-z_]+\.[a-z_.]+)\}", dvc_yaml)):
+        section, key = dotted.split(".", 1)
+        if section in section_defaults():
+            assert key in config[section], f"dvc.yaml interpolates {dotted}: it must be in params.yaml"
+
+
+def test_each_stage_depends_on_the_settings_files_of_its_sections():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    sections = set(section_defaults())
+    for name, stage in stages.items():
+        stage = stage.get("do", stage)
+        wanted = {f"conf/settings/{p}.yaml" for p in stage.get("params") or [] if p in sections}
+        assert wanted <= set(stage.get("deps") or []), name
+    for name in ANALYSES:
+        assert (SETTINGS / f"{name}.yaml").is_file(), name
+
+
+def test_settings_files_read_as_hydra_reads_yaml(tmp_path):
+    for path in sorted(SETTINGS.glob("*.yaml")):
+        assert section_defaults()[path.stem] == OmegaConf.to_container(OmegaConf.load(path)), path.name
+    (tmp_path / "settings").mkdir()
+    (tmp_path / "settings/zeroshot.yaml").write_text("lr: 1e-6\nsplit: test\n")
+    assert section_defaults(tmp_path)["zeroshot"] == {"lr": 1e-6, "split": "test"}  # PyYAML alone: the string '1e-6'
+    (tmp_path / "settings/zeroshot.yaml").write_text("[test]\n")
+    with pytest.raises(ParamsError, match=r"settings/zeroshot.yaml: expected a mapping of zeroshot's settings"):
+        section_defaults(tmp_path)
+
+
+def test_compose_writes_an_appended_setting_and_the_stages_read_it_merged(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "params.yaml"
+    result = CliRunner().invoke(cli, ["compose", "+adapt.elevater.shots=[5]", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    written = yaml.safe_load(out.read_text())
+    assert written["adapt"] == {"protocols": ["elevater", "vtab", "fewtrans"], "elevater": {"shots": [5]}}
+    adapt = load_params(out)["adapt"]
+    defaults = yaml.safe_load((SETTINGS / "adapt.yaml").read_text())
+    assert adapt["elevater"] == {**defaults["elevater"], "shots": [5]}
+    assert adapt["vtab"] == defaults["vtab"] and adapt["protocols"] == ["elevater", "vtab", "fewtrans"]
+    # `++` sets a key whether params.yaml has it or not
+    both = compose(["++adapt.elevater.shots=[5]", "++zeroshot.scoring=elevater"])
+    assert both["adapt"]["elevater"] == {"shots": [5]} and both["zeroshot"] == {"scoring": "elevater"}
+
+
+def test_a_plain_override_of_a_deep_setting_says_to_append_and_a_misspelt_one_is_refused_by_name(tmp_path,
+                                                                                                  monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "params.yaml"
+    result = CliRunner().invoke(cli, ["compose", "adapt.elevater.shots=[5]", "-o", str(out)])
+    assert result.exit_code != 0 and not out.exists()
+    assert ("Could not override 'adapt.elevater.shots'. To append to your config use +adapt.elevater.shots=[5]"
+            in result.output)
+    with pytest.raises(ParamsError) as err:
+        compose(["+adapt.elevater.shot=[5]"])
+    assert str(err.value) == ("params: unknown key(s) adapt.elevater.shot (did you mean 'adapt.elevater.shots'?): not "
+                              "declared in conf/config.yaml nor conf/settings/adapt.yaml; check the spelling, or drop "
+                              "the `+` override (`-S +key=...`) that added it")
+    # a hand-edited params.yaml: the stage stops the same way
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["retrieve"]["index"] = {"nprobes": 64}
+    out.write_text(yaml.safe_dump(params))
+    with pytest.raises(ParamsError, match=r"retrieve.index.nprobes \(did you mean 'retrieve.index.nprobe'\?\): not "
+                                          r"declared in conf/config.yaml nor conf/settings/retrieve.yaml"):
+        load_params(out)
+
+
+def test_dvc_exp_run_composes_an_append_and_names_the_append_syntax_for_a_plain_deep_override(tmp_path):
+    """DVC composes params.yaml itself: `+` reaches a deep setting (the same bytes as `vlbench compose`), and a plain
+    override of a key params.yaml lacks stops before any stage with Hydra's hint (the README quotes it)."""
+    from dvc.utils.hydra import compose_and_dump
+
+    from tests.pipeline_repo import make_repo, run
+
+    overrides = ["+adapt.elevater.shots=[5]", "+finetune.negclip.max_steps=3", "++zeroshot.scoring=elevater"]
+    compose_and_dump(tmp_path / "dvc.yaml", str(ROOT / "conf"), None, "config", str(ROOT), overrides)
+    ours = CliRunner().invoke(cli, ["--conf", str(ROOT / "conf"), "compose", *overrides, "-o", str(tmp_path / "ours.yaml")])
+    assert ours.exit_code == 0 and (tmp_path / "ours.yaml").read_text() == (tmp_path / "dvc.yaml").read_text()
+    repo = make_repo(tmp_path / "repo")
+    proc = run(repo, sys.executable, "-m", "dvc", "exp", "run", "-S", "adapt.elevater.shots=[5]", check=False,
+               env={"PYTHONPATH": str(repo)})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "Could not override 'adapt.elevater.shots'.\nTo append to your config use +adapt.elevater.shots=[5]" in output
+    assert run(repo, "git", "status", "--porcelain").stdout == ""  # params.yaml as it was, nothing ran
