@@ -40,20 +40,24 @@ FLOWS_SUITE = {
     "compositionality": ["compositional"],
     "adapt": ["shapes"],
 }
-# conf/config.yaml lines -> miniature settings (each line must be found once: a renamed setting fails here first)
+# lines of conf/ files -> miniature settings (each line must be found once: a renamed setting fails here first)
 MINIATURE = {
-    "  protocols: [elevater, vtab, fewtrans]": "  protocols: [elevater, fewtrans]",
-    "    shots: [5, 20, 50, full]": "    shots: [2]",
-    "    seeds: [0, 1, 2]": "    seeds: [0]",
-    "    heads: [random_2p, language_2p, language_1p]": "    heads: [random_2p]",
-    "    search_epochs: 10": "    search_epochs: 1",
-    "    final_epochs: 50": "    final_epochs: 2",
-    "    lr_grid: {log_lower: -6, log_upper: -1, num: 6}": "    lr_grid: {log_lower: -2, log_upper: -1, num: 2}",
-    "    knowledge: [wiktionary, gpt3, wiktionary_gpt3]": "    knowledge: []",
-    "    episodes: 600": "    episodes: 2",
-    "      epochs: 80 ": "      epochs: 2 ",
-    "      lr_factors: [0.04, 0.2, 1.0, 5.0, 25.0]": "      lr_factors: [1.0]",
-    "suite: smoke\n": "suite: flows\n",
+    "conf/config.yaml": {
+        "  protocols: [elevater, vtab, fewtrans]": "  protocols: [elevater, fewtrans]",
+        "suite: smoke\n": "suite: flows\n",
+    },
+    "conf/settings/adapt.yaml": {
+        "  shots: [5, 20, 50, full]": "  shots: [2]",
+        "  seeds: [0, 1, 2]": "  seeds: [0]",
+        "  heads: [random_2p, language_2p, language_1p]": "  heads: [random_2p]",
+        "  search_epochs: 10": "  search_epochs: 1",
+        "  final_epochs: 50": "  final_epochs: 2",
+        "  lr_grid: {log_lower: -6, log_upper: -1, num: 6}": "  lr_grid: {log_lower: -2, log_upper: -1, num: 2}",
+        "  knowledge: [wiktionary, gpt3, wiktionary_gpt3]": "  knowledge: []",
+        "  episodes: 600": "  episodes: 2",
+        "    epochs: 80 ": "    epochs: 2 ",
+        "    lr_factors: [0.04, 0.2, 1.0, 5.0, 25.0]": "    lr_factors: [1.0]",
+    },
 }
 
 
@@ -86,11 +90,13 @@ def demo(tmp_path_factory) -> Path:
                                          "captions": dataset_entry("captions", splits={"test": 24}),
                                          "compositional": dataset_entry("compositional", size=12)}}
     write_suite(repo, suite)
+    for name, lines in MINIATURE.items():
+        text = (repo / name).read_text()
+        for line, miniature in lines.items():
+            assert text.count(line) == 1, f"{name}: {line!r} not found once"
+            text = text.replace(line, miniature)
+        (repo / name).write_text(text)
     config = (repo / "conf/config.yaml").read_text()
-    for line, miniature in MINIATURE.items():
-        assert config.count(line) == 1, f"conf/config.yaml: {line!r} not found once"
-        config = config.replace(line, miniature)
-    (repo / "conf/config.yaml").write_text(config)
     vlbench(repo, "compose")
     run(repo, *DVC, "repro")
     run(repo, "git", "add", "-A")
@@ -268,10 +274,10 @@ def test_an_edit_reruns_the_stages_whose_layer_imports_it_and_no_costly_stage(de
 
 
 def test_exp_run_reaches_a_deep_setting_and_reruns_only_its_stages(demo):
-    """`dvc exp run -S ++adapt.elevater.final_epochs=3` (README "Settings"): the setting lands in params.yaml and
+    """`dvc exp run -S +adapt.elevater.final_epochs=3` (README "Settings"): the setting lands in params.yaml and
     only adapt@ and the report re-run; the embedding, the other analyses and pre-training do not."""
     try:
-        proc = run(demo, *DVC, "exp", "run", "-n", "deep", "-S", "++adapt.elevater.final_epochs=3")
+        proc = run(demo, *DVC, "exp", "run", "-n", "deep", "-S", "+adapt.elevater.final_epochs=3")
         ran = {line.split("'")[1] for line in proc.stdout.splitlines() if line.startswith("Running stage")}
         assert ran == {"adapt@shapes", "report"}, sorted(ran)
         assert "final_epochs: 3" in (demo / "params.yaml").read_text()
@@ -314,9 +320,10 @@ def test_an_analysis_added_in_its_four_places_runs_reports_and_charts(demo, tmp_
     table = repo / "vlbench/analyses/__init__.py"
     head = "ANALYSES = {a.name: a for a in (\n"
     table.write_text(table.read_text().replace(head, head + FEATURE_NORM_ROW))  # 2. the row
-    config = repo / "conf/config.yaml"  # 4. its config section (settings, and the suite's list)
+    (repo / "conf/settings/feature_norm.yaml").write_text("split: test\n")  # 4. its config section: defaults,
+    config = repo / "conf/config.yaml"  # its (empty) params section and the suite's list
     text = config.read_text().replace("  finetune: []", "  feature_norm: []\n  finetune: []", 1)
-    config.write_text(text + "\nfeature_norm:\n  split: test\n")
+    config.write_text(text + "\nfeature_norm: {}\n")
     suite = repo / "conf/suite/flows.yaml"  # the user's suite runs it on shapes
     suite.write_text(suite.read_text() + "feature_norm: [shapes]\n")
     vlbench(repo, "compose")
