@@ -29,11 +29,11 @@ def main() -> None:
     params = load_params(args.params)
     check_suite_dataset(params, args.dataset)
     finetune = dict(get(params, "finetune", dict))
-    cfg = dict(finetune.get("heldout") or {})
-    if cfg.get("dataset") not in (None, args.dataset):
-        raise FinetuneError(f"params.yaml: finetune.heldout.dataset is {cfg['dataset']!r}, not --dataset "
+    section = dict(finetune.get("heldout") or {})
+    if section.get("dataset") not in (None, args.dataset):
+        raise FinetuneError(f"params.yaml: finetune.heldout.dataset is {section['dataset']!r}, not --dataset "
                             f"{args.dataset!r}")
-    cfg["dataset"] = args.dataset
+    cfg = section.get("search") or {}
     fewtrans = dict(finetune.get("fewtrans_episodic") or {})
     texts = texts_dir(args.dataset) / f"{fewtrans.get('text_set', 'prompts')}.parquet"
     doc, table, tally = search(validate_model_config(get(params, "model", dict)), prepared_dir(args.dataset),

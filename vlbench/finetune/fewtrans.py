@@ -617,9 +617,10 @@ def run_episodes(model_cfg: Mapping[str, Any], prepared_dir: str | Path, texts_p
     Summary: metrics `fewtrans/<split>/<method>`, `summary` (mean, ci95, episodes per metric), `intervals`, the
     ensemble of each method, the centres and where they came from, the trainable backbone parameters, the settings,
     seed, class split and how many units were computed or found."""
-    s, sources = resolve_centres(settings(cfg), heldout, model_identity(model_cfg))
+    s = settings(cfg)
     meta, sampler, pool, base, novel, pairs = draw_episodes(Path(prepared_dir), episodes_cfg, seed)
     check_texts(s, texts_path, meta.name)
+    s, sources = resolve_centres(s, heldout, model_identity(model_cfg))
     where = units.plan_device(engine, device, gpus)
     work = EpisodeWork(dict(model_cfg), str(prepared_dir), None if texts_path is None else str(texts_path), s, seed,
                        where, dict(episodes_cfg or {}), torch.get_num_threads())

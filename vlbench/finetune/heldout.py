@@ -33,8 +33,9 @@ from vlbench.finetune import FinetuneError, units
 from vlbench.finetune import fewtrans as fft
 from vlbench.models.identity import model_identity
 
+# params finetune.heldout.search overrides these; finetune.heldout.dataset names the held-out dataset (the paper:
+# ImageNet's validation set for models not trained on ImageNet, CUB for ImageNet models)
 DEFAULTS: dict[str, Any] = {
-    "dataset": None,  # the held-out dataset: ImageNet's validation set for models not trained on ImageNet, else CUB
     "methods": None,  # null: finetune.fewtrans_episodic.methods
     "sampler": {"episodes": 50, "novel_fraction": 0},  # over adapt.fewtrans: the held-out tasks (all classes base)
     "epochs": list(episodic.EPOCH_SEARCH),  # App. A's search space of E*
@@ -50,7 +51,8 @@ def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
     cfg = dict(cfg or {})
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
-        raise FinetuneError(f"params.yaml: finetune.heldout has unknown key(s) {unknown}; known: {sorted(DEFAULTS)}")
+        raise FinetuneError(f"params.yaml: finetune.heldout.search has unknown key(s) {unknown}; known: "
+                            f"{sorted(DEFAULTS)}")
     s = {**DEFAULTS, **cfg, "coarse": {**DEFAULTS["coarse"], **(cfg.get("coarse") or {})}}
     epochs = [int(e) for e in s["epochs"]]
     problems = {
@@ -63,7 +65,7 @@ def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
     }
     for key, problem in problems.items():
         if problem:
-            raise FinetuneError(f"params.yaml: finetune.heldout.{key} {problem}")
+            raise FinetuneError(f"params.yaml: finetune.heldout.search.{key} {problem}")
     return s
 
 
@@ -141,7 +143,7 @@ def climb(evaluate: Callable[[list[tuple]], list[float]], s: Mapping[str, Any], 
             return best, order
         best = top
     raise FinetuneError(f"finetune.heldout: the search for {name!r} still moved after max_rounds "
-                        f"{s['max_rounds']} rounds (at {dict(zip(axes, best))}); raise finetune.heldout.max_rounds")
+                        f"{s['max_rounds']} rounds (at {dict(zip(axes, best))}); raise finetune.heldout.search.max_rounds")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -155,7 +157,7 @@ def search(model_cfg: Mapping[str, Any], prepared_dir: str | Path, texts_path: s
            progress: bool = False) -> tuple[dict[str, Any], pa.Table, units.Tally]:
     """(document, search table, unit tally) of the held-out search on one prepared dataset.
 
-    `cfg`: params `finetune.heldout` (DEFAULTS); `fewtrans_cfg`: params `finetune.fewtrans_episodic` (the methods'
+    `cfg`: params `finetune.heldout.search` (over DEFAULTS); `fewtrans_cfg`: params `finetune.fewtrans_episodic` (the methods'
     batch sizes, LoRA's rank and alpha, the text set; its centres are not read); `episodes_cfg`: params
     `adapt.fewtrans`, under `cfg.sampler`. The document: `centres` {method: {lr, [head_lr], epochs, accuracy}},
     the model identity, dataset, tasks, seed and settings; the table one row per evaluated point."""
