@@ -36,7 +36,7 @@ SMALL = {"lr_factors": [1.0], "two_lr_factors": [1.0], "epoch_offset": 0, "metho
          "text_ft": {"lr": 1e-3, "epochs": 2}, "lora": {"lr": 1e-2, "head_lr": 1e-2, "epochs": 2}}
 
 
-def write_world(root: Path, corrupt: str | None = None) -> dict:
+def write_world(root: Path, corrupt: str | None = None, per_split: int = 24) -> dict:
     """Six colour classes in two splits (row groups of 7 rows) and their prompts; `corrupt`: a sample id whose image
     bytes are garbage."""
     meta = DatasetMeta(name="hues", task="single-label", metric="accuracy",
@@ -49,7 +49,7 @@ def write_world(root: Path, corrupt: str | None = None) -> dict:
             yield {"sample_id": sid, "label": k % 6, "image": image}
 
     prepared = root / "prepared" / "hues"
-    write_dataset(prepared, meta, {"train": rows("train", 24, 0), "test": rows("test", 24, 500)})
+    write_dataset(prepared, meta, {"train": rows("train", per_split, 0), "test": rows("test", per_split, 500)})
     for split in ("train", "test"):
         path = prepared / "splits" / f"{split}.parquet"
         pq.write_table(pq.read_table(path), path, row_group_size=7)
@@ -174,16 +174,18 @@ def test_a_failing_unit_is_named_by_its_identity_and_the_units_before_it_are_kep
 # ----------------------------------------------------------------------------------------------------------------
 # The held-out search
 
-LADDER = [1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 1e-1]  # lr_min 1e-4 .. lr_max 0.1, written out
+LADDER = [1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0]  # written out
+EPOCHS = [1, 2, 3, 5]
 SEARCH = {"methods": ["text_ft"], "sampler": {"episodes": 3, "novel_fraction": 0, "novel_classes": {}},
-          "epochs": [1, 2, 3], "lr_min": 1e-4, "lr_max": 0.1, "coarse": {"lr": [1e-4], "epochs": [1]}}
+          "epochs": EPOCHS, "lr_min": 1e-5, "lr_max": 1.0, "coarse": {"lr": [0.5], "epochs": [5]}}
+# the random toy scores 28% of its 3 tasks' queries at lr 0.5 x 5 epochs and 36% one step away: the search must move
 SEARCH_SAMPLER = {"splits": ["train", "test"], "max_query": 3, "max_shots": 3}
 
 
 def independent_climb(world, model_cfg) -> tuple[tuple, dict]:
     """App. A's search written out with the building blocks: each point's mean accuracy over the tasks from direct
-    training runs; from the coarse point, move to the best neighbour (ties: fewer epochs, then smaller lr) until none
-    is better."""
+    training runs; from the coarse point, move to the best neighbour (ties: fewer epochs, then smaller lr) while it
+    is strictly better."""
     sampler = {**SEARCH_SAMPLER, **SEARCH["sampler"]}
     meta, s_pool, pool, _, _, pairs = fft.draw_episodes(world["prepared"], sampler, 3)
     loaded = model_for_dataset(load_model(model_cfg, "cpu"), meta)
@@ -204,14 +206,16 @@ def independent_climb(world, model_cfg) -> tuple[tuple, dict]:
             scores[lr, epochs] = float(np.mean(accs))
         return scores[lr, epochs]
 
-    best = (1e-4, 1)
+    best = (0.5, 5)
     score(*best)
     while True:
-        li, ei = LADDER.index(best[0]), [1, 2, 3].index(best[1])
-        near = [(LADDER[a], [1, 2, 3][b]) for a in (li - 1, li, li + 1) for b in (ei - 1, ei, ei + 1)
-                if 0 <= a < len(LADDER) and 0 <= b < 3]
-        top = min(near, key=lambda p: (-score(*p), p[1], p[0]))
-        if top == best:
+        li, ei = LADDER.index(best[0]), EPOCHS.index(best[1])
+        for a in (li - 1, li, li + 1):
+            for b in (ei - 1, ei, ei + 1):
+                if 0 <= a < len(LADDER) and 0 <= b < len(EPOCHS):
+                    score(LADDER[a], EPOCHS[b])
+        top = min(scores, key=lambda p: (-scores[p], p[1], p[0]))
+        if scores[top] <= scores[best]:
             return best, scores
         best = top
 
@@ -225,6 +229,8 @@ def test_the_held_out_search_picks_the_optimum_an_independent_loop_finds(world, 
     rows = table.to_pylist()
     assert {(r["lr"], r["epochs"]): r["accuracy"] for r in rows} == scores  # the same points, the same numbers
     assert [r["chosen"] for r in rows].count(True) == 1 and rows[0]["round"] == 0
+    assert best != (0.5, 5) and max(r["round"] for r in rows) >= 2  # the search moved from the coarse point
+    assert scores[best] > scores[0.5, 5]
     assert all(len(r["per_task"]) == 3 for r in rows) and doc["tasks"] == 3
     assert tally.computed == 3 * len(rows) and len(list((tmp_path / "u").glob("*.json"))) == 3 * len(rows)
     # the episodes read the centres: their source is said, and a centre given in params wins
@@ -249,6 +255,10 @@ def test_the_climb_moves_to_better_neighbours_on_the_1_2_5_ladder():
 
     best, order = heldout.climb(evaluate, s, ("lr", "epochs"), "visual_ft")
     assert best == target and order[0][2] == 0 and len({p for p, _, _ in order}) == len(order)
+    # a plateau is not walked: the coarse grid's best by the tie rule (fewer epochs, smaller rate), one round of
+    # neighbours, no move
+    best, order = heldout.climb(lambda points: [0.5] * len(points), s, ("lr", "epochs"), "visual_ft")
+    assert best == (1e-6, 30) and max(r for _, _, r in order) == 1
 
 
 def test_centres_come_from_the_search_or_the_authors_code_and_say_so(world, toy_model_cfg):
@@ -266,3 +276,35 @@ def test_centres_come_from_the_search_or_the_authors_code_and_say_so(world, toy_
     with pytest.raises(FinetuneError, match="give \\['epochs', 'lr'\\] together"):
         fft.settings({"visual_ft": {"lr": 1e-5}})
     assert "lr" not in fft.DEFAULTS["visual_ft"] and "lr" not in fft.DEFAULTS["finetune"]  # no placeholder centre
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# ELEVATER full fine-tuning's search runs go through the same path
+
+
+def test_elevater_search_runs_are_units_with_the_same_numbers_on_both_engines(toy_model_cfg, local_ray, tmp_path):
+    from tests.conftest import make_dataset, make_texts
+    from vlbench.finetune import method
+    from vlbench.finetune.common import Job, Runtime
+
+    make_dataset(tmp_path / "prepared/tiny", per_class=4)
+    make_texts(tmp_path / "prepared/tiny", tmp_path / "texts/tiny")
+    adapt = {"elevater": {"shots": [2], "seeds": [0], "batch_size": 8, "search_epochs": 1, "final_epochs": 1,
+                          "lr_grid": {"log_lower": -3, "log_upper": -2, "num": 2}}}
+
+    def run(folder: Path, engine: str):
+        job = Job("tiny", tmp_path / "prepared/tiny", tmp_path / "texts/tiny", toy_model_cfg, {"head": "language_2p"},
+                  {"precision": "fp32"}, 0, {"adapt": adapt},
+                  Runtime(device="cpu", progress=False, engine=engine, gpus=0, units_dir=folder))
+        return method("elevater_full")(job)
+
+    local, on_ray = run(tmp_path / "local", "local"), run(tmp_path / "ray", "ray")
+    search = local.tables["search"]
+    assert on_ray.tables["search"].equals(search) and on_ray.metrics == local.metrics
+    files = unit_files(tmp_path / "local")
+    assert files == unit_files(tmp_path / "ray") and len(files) == local.run["units"]["computed"] > 0
+    identities = sorted((json.loads(b)["identity"]["li"], json.loads(b)["identity"]["wi"]) for b in files.values())
+    assert len(identities) == len(set(identities)) == len(search)  # one unit per distinct search run of the table
+    again = run(tmp_path / "local", "local")
+    assert again.run["units"] == {"cached": len(files), "computed": 0, "engine": "local"}
+    assert again.tables["search"].equals(search) and again.metrics == local.metrics

@@ -7,8 +7,9 @@ the global seed), every configuration (lr, head_lr for a linear head, epochs) is
 its score is the mean base-query accuracy over the tasks. The search is App. A's: epochs from [1, 2, 5, 10, 15, 20,
 30, 40, 50, 60, 70, 80, 90, 100], learning rates 1, 2 and 5 times each power of ten, down to 1e-8 and without an
 upper limit; a coarse grid first (the paper's ViT example: epochs [30, 50, 70], backbone [1e-6, 1e-5, 1e-4], head
-[1e-3, 1e-2, 1e-1]), then from its best point the neighbouring points (one step along any axes, 3^d - 1 of them) until
-no neighbour is better. Ties go to fewer epochs, then smaller rates. Each (point, task) is a work unit
+[1e-3, 1e-2, 1e-1]), then from its best point the neighbouring points (one step along any axes, 3^d - 1 of them), moving
+to the best of them while it scores strictly higher, until no neighbour is better. Ties (in the coarse grid, or among
+better neighbours) go to fewer epochs, then smaller rates. Each (point, task) is a work unit
 (vlbench.finetune.units): cached, on the local or the Ray engine.
 
 `search(...)` returns (document, table): the centres per method (what `finetune.fewtrans_episodic` reads with
@@ -123,8 +124,8 @@ def rank_key(axes: Sequence[str], point: tuple, score: float) -> tuple:
 
 
 def climb(evaluate: Callable[[list[tuple]], list[float]], s: Mapping[str, Any], axes: Sequence[str], name: str):
-    """App. A's search for one method: the coarse grid, then rounds of the best point's neighbours until the best
-    point stays. `evaluate(points)` gives their scores. Returns (best point, [(point, score, round)] in order)."""
+    """App. A's search for one method: the coarse grid, then rounds of the best point's neighbours, moving while a
+    neighbour scores strictly higher. `evaluate(points)` gives their scores. Returns (best point, [(point, score, round)] in order)."""
     scores: dict[tuple, float] = {}
     order: list[tuple[tuple, float, int]] = []
 
@@ -139,7 +140,7 @@ def climb(evaluate: Callable[[list[tuple]], list[float]], s: Mapping[str, Any], 
     for round_ in range(1, int(s["max_rounds"]) + 1):
         score(neighbours(s, axes, best), round_)
         top = min(scores, key=lambda p: rank_key(axes, p, scores[p]))
-        if top == best:
+        if scores[top] <= scores[best]:  # no neighbour is better: a plateau is not walked
             return best, order
         best = top
     raise FinetuneError(f"finetune.heldout: the search for {name!r} still moved after max_rounds "
