@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from tests.conftest import png
 from vlbench.analyses.adapt.vtab import flush_denormals
@@ -308,3 +307,42 @@ def test_elevater_search_runs_are_units_with_the_same_numbers_on_both_engines(to
     again = run(tmp_path / "local", "local")
     assert again.run["units"] == {"cached": len(files), "computed": 0, "engine": "local"}
     assert again.tables["search"].equals(search) and again.metrics == local.metrics
+
+
+def test_the_heldout_stage_writes_the_centres_and_a_rerun_computes_nothing(world, toy_model_cfg, tmp_path):
+    """`python -m stages.heldout --dataset hues` in a project folder: reports/heldout/hues.json (centres) and
+    .search.parquet, units in data/heldout/hues/units; the rerun finds every unit and writes the same bytes."""
+    import shutil
+
+    import yaml
+
+    from vlbench.config import compose
+
+    shutil.copytree(world["prepared"], tmp_path / "data" / "prepared" / "hues")
+    shutil.copytree(world["texts"].parent, tmp_path / "data" / "texts" / "hues")
+    params = compose([], ROOT / "conf")
+    params["suite"]["datasets"]["hues"] = "data/own/hues"
+    params["seed"] = 3
+    params["model"] = {**params["model"], **toy_model_cfg}
+    params["adapt"]["fewtrans"] = SEARCH_SAMPLER
+    params["finetune"]["fewtrans_episodic"] = {"methods": ["text_ft"]}
+    params["finetune"]["heldout"] = {"dataset": "hues", "search": SEARCH}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    command = [sys.executable, "-m", "stages.heldout", "--dataset", "hues", "--engine", "local", "--device", "cpu",
+               "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    out = tmp_path / "reports" / "heldout"
+    doc = json.loads((out / "hues.json").read_text())
+    table = pq.read_table(out / "hues.search.parquet")
+    assert set(doc["centres"]) == {"text_ft"} and doc["dataset"] == "hues" and doc["tasks"] == 3
+    assert table.num_rows == doc["points"]["text_ft"] and table.column("chosen").to_pylist().count(True) == 1
+    units_dir = tmp_path / "data" / "heldout" / "hues" / "units"
+    assert len(list(units_dir.glob("*.json"))) == 3 * table.num_rows
+    assert f"({3 * table.num_rows} units computed, 0 cached)" in first.stdout
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert f"(0 units computed, {3 * table.num_rows} cached)" in again.stdout
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
