@@ -10,9 +10,7 @@ import pyarrow.parquet as pq
 from stages.common import add_engine, parser, run
 from vlbench.config import check_suite_dataset, get, load_params, prepared_dir, texts_dir
 from vlbench.finetune import FinetuneError
-from vlbench.finetune.heldout import search
 from vlbench.io import atomic_path, write_json
-from vlbench.models.loading import validate_model_config
 from vlbench.results import write_run_facts
 
 REPORTS, UNITS = Path("reports/heldout"), Path("data/heldout")
@@ -26,6 +24,9 @@ def main() -> None:
                    help="GPU share of each unit's Ray task (default $VLBENCH_GPUS_PER_UNIT, else 1 with GPUs, 0 without)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args()
+    from vlbench.finetune.heldout import search  # torch: once the arguments are read (--help stays quick)
+    from vlbench.models.loading import validate_model_config
+
     params = load_params(args.params)
     check_suite_dataset(params, args.dataset)
     finetune = dict(get(params, "finetune", dict))
