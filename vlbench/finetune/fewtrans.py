@@ -9,6 +9,9 @@ preprocessing) once per member of the hyper-parameter ensemble, classifies the q
 combines the members (summed logits, the paper; or a vote, the code). It returns (summary, table): the metrics
 `fewtrans/<split>/<method>` with their 95% intervals, and one row per episode and split in episodes.parquet's schema
 (episode, split, ways, shots, query, classes, node, support_ids, query_ids, one accuracy column per method).
+Each ensemble's centre comes from the held-out search (`vlbench.finetune.heldout`), the authors' code or params
+(`resolve_centres`); each (method, episode) is a work unit (`EpisodeWork`, `vlbench.finetune.units`): cached as it
+finishes, run locally or on Ray, the table assembled from the units in a fixed order.
 
 Methods (`METHODS`): the multimodal rows of FewTrans' Tables 6-7 classify with the class prompts' text features
 (CLIP's own head: logit_scale x cosine, the scale frozen), one learning rate, a 5 x 3 ensemble, base and base-to-novel;
