@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from stages.common import parser, run
+from stages.common import add_engine, parser, run
 from vlbench.config import check_suite_dataset, get, load_params, prepared_dir, texts_dir
 from vlbench.datasets.canonical import load_meta
 from vlbench.finetune import METHODS, TABLES, method
@@ -29,6 +29,10 @@ def main() -> None:
     p.add_argument("--state-dir", default=None,
                    help="resumable training state (default: runs/finetune/<dataset>/<method>/<key of the inputs>)")
     p.add_argument("--no-progress", action="store_true")
+    add_engine(p)
+    p.add_argument("--gpus-per-unit", type=float, default=None,
+                   help="GPU share of each work unit's Ray task (episodes, search points; default $VLBENCH_GPUS_PER_UNIT, "
+                        "else 1 with GPUs, 0 without; 0.25: four units per GPU)")
     args = p.parse_args()
     params = load_params(args.params)
     dataset = check_suite_dataset(params, args.dataset)
@@ -38,7 +42,9 @@ def main() -> None:
     model_cfg = validate_model_config(get(params, "model", dict))
     state = Path(args.state_dir) if args.state_dir else state_dir(params, dataset, name, model_cfg)
     job = Job(dataset, prepared_dir(dataset), texts_dir(dataset), model_cfg, dict(options.get(name) or {}), options,
-              int(get(params, "seed", int)), params, Runtime(args.device, not args.no_progress, state))
+              int(get(params, "seed", int)), params,
+              Runtime(args.device, not args.no_progress, state, engine=args.engine, gpus=args.gpus_per_unit,
+                      units_dir=finetuned_dir(dataset, name) / "units"))
     outcome = fn(job)
     write(job, name, outcome)
     shutil.rmtree(state, ignore_errors=True)  # the outputs are written: nothing left to resume

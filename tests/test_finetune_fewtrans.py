@@ -174,7 +174,8 @@ def test_learning_rates_follow_the_cosine_to_zero_per_step(world):
 
 
 def test_ensembles_are_the_papers_grids():
-    s = fft.settings(None)
+    s, _ = fft.resolve_centres(fft.settings({"centres": "authors_fixed", "methods": ["finetune", "lora"],
+                                             "visual_ft": {"lr": 1e-5, "epochs": 60}}), None)
     text = fft.members("visual_ft", s)
     assert len(text) == 15 and sorted({m.epochs for m in text}) == [23, 46, 70]  # E* 60 + 10, thirds
     assert sorted({m.lr for m in text}) == pytest.approx([4e-7, 2e-6, 1e-5, 5e-5, 2.5e-4])
@@ -183,9 +184,10 @@ def test_ensembles_are_the_papers_grids():
     assert len(lora) == 27 and sorted({m.epochs for m in lora}) == [13, 26, 40]  # App. A's 13, 26, 40
     np.testing.assert_allclose(sorted({(m.lr, m.head_lr) for m in lora}),
                                [(a, b) for a in (4e-4, 2e-3, 1e-2) for b in (2e-3, 1e-2, 5e-2)])  # the code's LoRA grid
-    snap = fft.members("finetune", fft.settings({"epoch_mode": "snapshots"}))
+    fixed = {"centres": "authors_fixed", "methods": ["finetune"]}
+    snap = fft.members("finetune", fft.resolve_centres(fft.settings({**fixed, "epoch_mode": "snapshots"}), None)[0])
     assert len(snap) == 9 and snap[0].epochs == 70 and snap[0].scored == (24, 48, 70)
-    last = fft.members("finetune", fft.settings({"epoch_mode": "last"}))
+    last = fft.members("finetune", fft.resolve_centres(fft.settings({**fixed, "epoch_mode": "last"}), None)[0])
     np.testing.assert_allclose([(m.lr, m.head_lr) for m in last],
                                [(a, b) for a in (2e-6, 1e-5, 5e-5) for b in (4e-4, 2e-3, 1e-2)])  # the code's grid
     assert {m.epochs for m in last} == {70}
@@ -202,10 +204,10 @@ def test_settings_and_inputs_errors_name_the_key(world, toy_model_cfg):
         fft.settings({"epochs": 3})
     with pytest.raises(FinetuneError, match="finetune.fewtrans.methods"):
         fft.settings({"methods": ["coop"]})
-    with pytest.raises(FinetuneError, match="finetune.fewtrans.lora must have exactly the keys"):
+    with pytest.raises(FinetuneError, match=r"finetune.fewtrans.lora has unknown key\(s\) \['momentum'\]"):
         fft.settings({"lora": {"momentum": 0.9}})
     with pytest.raises(FinetuneError, match="finetune.fewtrans.bitfit learning rates must be positive"):
-        fft.settings({"bitfit": {"head_lr": 0}})
+        fft.settings({"bitfit": {"lr": 1e-3, "head_lr": 0, "epochs": 2}})
     with pytest.raises(FinetuneError, match="finetune.fewtrans.epoch_mode"):
         fft.settings({"epoch_mode": "best"})
     with pytest.raises(FinetuneError, match="need the text set"):

@@ -38,7 +38,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "embed_images": ("stages.embed_images",),
     "embed_texts": ("stages.embed_texts",),
     "embed_knowledge": ("stages.embed_knowledge",),
-    "finetune": ("stages.finetune", *(m.module for m in METHODS.values())),
+    "finetune": ("stages.finetune", "stages.heldout", *(m.module for m in METHODS.values())),
     "analyses": ("stages.analysis", "stages.retrieve", "stages.share_images", "stages.extensibility_sets",
                  "stages.report", "stages.train_plot",
                  *(a.module for a in ANALYSES.values() if a.stage == "stages.analysis"),
@@ -134,8 +134,9 @@ def fingerprint(layer: str, root: Path = ROOT) -> str:
 
 
 def stage_layer(stage: str) -> str:
-    """The layer whose fingerprint a dvc.yaml stage depends on."""
-    return stage if stage in LAYERS else "analyses"
+    """The layer whose fingerprint a dvc.yaml stage depends on: its own, the held-out search fine-tuning's, any other
+    stage the analyses'."""
+    return stage if stage in LAYERS else {"heldout": "finetune"}.get(stage, "analyses")
 
 
 # --- the generated part of dvc.yaml ---
@@ -196,15 +197,31 @@ def finetune_stage(root: Path = ROOT) -> dict:
                    "deps": [f"{CODE_DIR.as_posix()}/finetune.txt", *(f for s in sections for f in settings_file(s, root)),
                             "data/prepared/${item}", "data/texts/${item}", "${model.weights_file}"],
                    "params": ["seed", "model.slug", "model.arch", "model.pretrained", "model.precision", *sections],
-                   "outs": ["data/finetuned/${item}/${finetune.method}",
+                   # persist: the work units a killed run left are kept for the rerun (vlbench.finetune.units)
+                   "outs": [{"data/finetuned/${item}/${finetune.method}": {"persist": True}},
                             {"reports/finetune/${item}.json": {"cache": False}},
                             *(f"reports/finetune/${{item}}.{t}.parquet" for t in TABLES),
                             "reports/finetune/${item}.svg"]}}
 
 
+def heldout_stage(root: Path = ROOT) -> dict:
+    """heldout@<dataset>: FewTrans's held-out search (vlbench.finetune.heldout) that sets the episodic methods'
+    centres; its units persist for a rerun after a kill."""
+    return {"foreach": "${suite.heldout}",
+            "do": {"cmd": "python -m stages.heldout --dataset ${item}",
+                   "deps": [f"{CODE_DIR.as_posix()}/finetune.txt", *settings_file("finetune", root),
+                            *settings_file("adapt", root), "data/prepared/${item}", "data/texts/${item}",
+                            "${model.weights_file}"],
+                   "params": ["seed", "model.slug", "model.arch", "model.pretrained", "model.precision",
+                              "finetune", "adapt"],
+                   "outs": [{"data/heldout/${item}/units": {"persist": True}},
+                            {"reports/heldout/${item}.json": {"cache": False}},
+                            "reports/heldout/${item}.search.parquet"]}}
+
+
 def generated_stages(root: Path = ROOT) -> dict:
     return {"code": code_stage(), **{name: analysis_stage(name, root) for name in by_analysis_stage()},
-            "finetune": finetune_stage(root), "report": report_stage()}
+            "heldout": heldout_stage(root), "finetune": finetune_stage(root), "report": report_stage()}
 
 
 def generated_text(root: Path = ROOT) -> str:

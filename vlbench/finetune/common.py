@@ -44,6 +44,9 @@ class Runtime:
     checkpoint_every: int = 50
     stop_after: int | None = None  # raise Interrupted after this many steps of a run (tests; time-limited jobs)
     micro_batch: int | None = None  # forward/backward chunk (None: the whole batch); halves on CUDA OOM
+    engine: str | None = None  # where work units run: local | ray (vlbench.finetune.units; None: $VLBENCH_ENGINE)
+    gpus: float | None = None  # GPU share of each unit's Ray task (None: $VLBENCH_GPUS_PER_UNIT, else 1 / 0)
+    units_dir: Path | None = None  # the unit cache (None: results kept in memory only)
 
 
 @dataclass

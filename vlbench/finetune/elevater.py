@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ from vlbench.analyses.adapt.elevater import (
 from vlbench.analyses.zeroshot import class_weights
 from vlbench.datasets.canonical import load_meta
 from vlbench.embed import embed_texts, model_for_dataset
-from vlbench.finetune import FinetuneError
+from vlbench.finetune import FinetuneError, units
 from vlbench.finetune.common import (
     Diverged,
     Job,
@@ -59,6 +59,7 @@ from vlbench.finetune.common import (
     train,
 )
 from vlbench.finetune.data import Images, labels_of, load_split, targets
+from vlbench.models.identity import model_identity
 from vlbench.models.loading import load_model
 from vlbench.texts import read_text_set
 
@@ -107,20 +108,91 @@ def settings(job: Job) -> tuple[Settings, str]:
 def run(job: Job) -> Outcome:
     s, head = settings(job)
     device = pick_device(job.runtime.device)
-    meta = load_meta(job.prepared)
-    loaded = model_for_dataset(load_model(job.model_cfg, device), meta)
-    prepare_model(loaded.model, job.options)
-    workers = int(job.settings.get("workers") or 0)
-    train_images = load_split(meta, job.prepared, s.train_split, loaded.preprocess, workers)
-    test_images = load_split(meta, job.prepared, s.test_split, loaded.preprocess, workers)
-    weight, bias, texts_version = head_weights(job, loaded, meta, head)
-    factor = logit_scale_factor(s.logit_scale, len(meta.classes)) if s.logit_scale != "pretrained" \
-        else float(loaded.model.logit_scale.exp().item())
-    base = state_on_cpu(loaded.model)
-    task = Task(job, s, meta, loaded.model, base, weight, bias, factor, train_images, test_images, device)
+    work = SearchWork(job, device.type, torch.get_num_threads())
+    task = work.build(test=True)
+    task.job = job  # the final runs keep the stage's runtime (resumable state, progress)
+    units.adopt(work, task)  # the local engine's units use this task; Ray workers build their own (no test split)
     started = time.perf_counter()
-    runs = [task.run_setting(shots, sd) for shots in s.shots for sd in (s.seeds if shots != "full" else s.seeds[:1])]
-    return outcome(job, s, head, meta, runs, task, texts_version, time.perf_counter() - started)
+    search = Search(work, task, job.runtime)
+    runs = [task.run_setting(shots, sd, search) for shots in s.shots for sd in (s.seeds if shots != "full" else s.seeds[:1])]
+    result = outcome(job, s, head, task.meta, runs, task, task.texts_version, time.perf_counter() - started)
+    search.cache.prune(search.kept)
+    result.run["units"] = search.tally.to_json()
+    return result
+
+
+@dataclass
+class SearchWork:
+    """The work units of ELEVATER full fine-tuning: one search run (shots, seed, learning rate, weight decay) each
+    (vlbench.finetune.units.Work). A process builds the task (model, head, training images) once."""
+
+    job: Job
+    device: str
+    threads: int
+    token: str = ""
+
+    def __post_init__(self):
+        job = self.job
+        self.job = replace(job, runtime=Runtime(device=self.device, progress=False))
+        self.token = units.canonical({"dataset": job.dataset, "prepared": job.prepared, "texts": job.texts,
+                                      "model": job.model_cfg, "settings": job.settings, "options": job.options,
+                                      "seed": job.seed, "adapt": (job.params.get("adapt") or {}).get("elevater"),
+                                      "device": self.device})
+
+    def build(self, test: bool) -> "Task":
+        job = self.job
+        s, head = settings(job)
+        device = torch.device(self.device)
+        meta = load_meta(job.prepared)
+        loaded = model_for_dataset(load_model(job.model_cfg, device), meta)
+        prepare_model(loaded.model, job.options)
+        workers = int(job.settings.get("workers") or 0)
+        train_images = load_split(meta, job.prepared, s.train_split, loaded.preprocess, workers)
+        test_images = load_split(meta, job.prepared, s.test_split, loaded.preprocess, workers) if test else None
+        weight, bias, texts_version = head_weights(job, loaded, meta, head)
+        factor = logit_scale_factor(s.logit_scale, len(meta.classes)) if s.logit_scale != "pretrained" \
+            else float(loaded.model.logit_scale.exp().item())
+        base = state_on_cpu(loaded.model)
+        task = Task(job, s, meta, loaded.model, base, weight, bias, factor, train_images, test_images, device)
+        task.texts_version = texts_version
+        return task
+
+    def setup(self) -> "Task":
+        return self.build(test=False)
+
+    def compute(self, task: "Task", identity: Mapping[str, Any]) -> dict[str, Any]:
+        """One search run's score (its best validation epoch) or, if its loss turned non-finite, the step."""
+        shots, seed = identity["shots"], int(identity["seed"])
+        fit, val, val_labels = task.setting_rows(shots, seed)[1:4]
+        quiet = replace(task.job.runtime, state_dir=None, stop_after=None, progress=False)
+        try:
+            scores = task.fit(f"search-{shots}-{seed}-{identity['li']}-{identity['wi']}", fit, task.train_images, val,
+                              val_labels, float(identity["lr"]), float(identity["wd"]), task.s.search_epochs, quiet)[1]
+            return {"score": float(scores.max()), "diverged_step": None}
+        except Diverged as err:
+            return {"score": 0.0, "diverged_step": err.step, "loss": str(err.loss), "steps": err.steps}
+
+
+class Search:
+    """Search runs as cached work units on the job's engine (`Task.run_setting` asks for them round by round)."""
+
+    def __init__(self, work: SearchWork, task: "Task", runtime: Runtime):
+        job, s = task.job, task.s
+        self.work, self.runtime = work, runtime
+        self.cache = units.UnitCache(runtime.units_dir)
+        self.tally, self.kept = units.Tally(engine=units.engine_name(runtime.engine)), []
+        self.context = {"kind": "elevater_search", "model": model_identity(job.model_cfg),
+                        "precision": job.model_cfg.get("precision"), "options": {"precision": job.options.get("precision")},
+                        "device": work.device, "dataset_version": task.meta.version, "texts_version": task.texts_version,
+                        "settings": settings_details(s, job.seed), "head": settings(job)[1], "seed": job.seed}
+
+    def scores(self, identities: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        todo = units.make_units(self.context, identities)
+        results, part = units.run_units(self.work, todo, self.cache, self.runtime.engine, self.runtime.gpus)
+        self.tally.cached += part.cached
+        self.tally.computed += part.computed
+        self.kept += todo
+        return results
 
 
 def head_weights(job: Job, loaded, meta, head: str) -> tuple[np.ndarray, np.ndarray, str | None]:
@@ -146,7 +218,8 @@ class Task:
         self.weight, self.bias, self.factor, self.device = weight, bias, factor, device
         self.train_images, self.test_images = train_images, test_images
         self.labels = labels_of(train_images, meta)
-        self.test_labels = labels_of(test_images, meta)
+        self.test_labels = labels_of(test_images, meta) if test_images is not None else []
+        self.texts_version: str | None = None
         self.trainable_count = 0
         self.exported: dict[str, torch.Tensor] | None = None
         self.trainable_names: list[str] = []
@@ -207,8 +280,10 @@ class Task:
         return softmax_np(np.concatenate(out), axis=1)
 
     # ---- one (shots, seed)
-    def run_setting(self, shots, seed: int) -> dict[str, Any]:
-        s, quiet = self.s, replace(self.job.runtime, state_dir=None, stop_after=None, progress=False)
+    def setting_rows(self, shots, seed: int):
+        """(sampled rows, search-training rows, validation rows, validation targets, rows of the search-only subset or
+        None, merge) of one (shots, seed): the few-shot sample and its 20% validation carve-out."""
+        s = self.s
         per_class, merge = toolkit_shots(shots)
         n_search = s.search_subset.get(self.meta.name) if shots == "full" else None
         pool = np.arange(len(self.labels))
@@ -221,23 +296,33 @@ class Task:
                                 f"({shots} shots, seed {seed})")
         fit, val = rows[train_pos], rows[val_pos]
         val_labels = targets(self.labels, val, len(self.meta.classes), self.meta.multi_label).numpy()
+        return rows, fit, val, val_labels, n_search, merge
+
+    def run_setting(self, shots, seed: int, search: "Search") -> dict[str, Any]:
+        s = self.s
+        rows, fit, val, val_labels, n_search, merge = self.setting_rows(shots, seed)
+        pool = np.arange(len(self.labels))
         lrs, wds = s.learning_rates(), s.weight_decays()
 
         diverged: dict[tuple[int, int], int] = {}  # (lr index, wd index trained) -> the step its loss turned non-finite
 
-        def candidate(li: int, wi: int) -> float:
-            """A search run's score: its best validation epoch; a run that diverges is a failed run and scores 0, the
-            worst (the toolkit's `except: best_score_ = 0.0`), so it is never chosen over one that did not."""
-            try:
-                return self.fit(f"search-{shots}-{seed}-{li}-{wi}", fit, self.train_images, val, val_labels, lrs[li],
-                                wds[wi], s.search_epochs, quiet)[1].max()
-            except Diverged as err:
-                diverged[li, wi] = err.step
-                print(f"{err.run}: loss {err.loss} at step {err.step} of {err.steps} (learning rate {lrs[li]:g}, "
-                      f"weight decay {wds[wi]:g}): diverged, a failed search run (score 0)")
-                return 0.0
+        def candidates(requests) -> list[float]:
+            """Search runs' scores: each its best validation epoch; a run that diverges is a failed run and scores 0,
+            the worst (the toolkit's `except: best_score_ = 0.0`), so it is never chosen over one that did not."""
+            identities = [{"shots": shots, "seed": seed, "li": li, "wi": wi, "lr": lrs[li], "wd": wds[wi]}
+                          for (_, li), wi in requests]
+            out = []
+            for ident, result in zip(identities, search.scores(identities)):
+                if result["diverged_step"] is not None:
+                    li, wi = ident["li"], ident["wi"]
+                    diverged[li, wi] = result["diverged_step"]
+                    print(f"search-{shots}-{seed}-{li}-{wi}: loss {result['loss']} at step {result['diverged_step']} "
+                          f"of {result['steps']} (learning rate {lrs[li]:g}, weight decay {wds[wi]:g}): diverged, "
+                          "a failed search run (score 0)")
+                out.append(result["score"])
+            return out
 
-        outcome = weight_decay_search(lambda requests: [candidate(li, wi) for (_, li), wi in requests],
+        outcome = weight_decay_search(candidates,
                                       [("finetune", li) for li in range(len(lrs))], refinement=s.wd_refinement)
         per_lr = [outcome.peaks["finetune", li] for li in range(len(lrs))]
         li = select_learning_rate([score for _, score in per_lr])

@@ -9,6 +9,9 @@ preprocessing) once per member of the hyper-parameter ensemble, classifies the q
 combines the members (summed logits, the paper; or a vote, the code). It returns (summary, table): the metrics
 `fewtrans/<split>/<method>` with their 95% intervals, and one row per episode and split in episodes.parquet's schema
 (episode, split, ways, shots, query, classes, node, support_ids, query_ids, one accuracy column per method).
+Each ensemble's centre comes from the held-out search (`vlbench.finetune.heldout`), the authors' code or params
+(`resolve_centres`); each (method, episode) is a work unit (`EpisodeWork`, `vlbench.finetune.units`): cached as it
+finishes, run locally or on Ray, the table assembled from the units in a fixed order.
 
 Methods (`METHODS`): the multimodal rows of FewTrans' Tables 6-7 classify with the class prompts' text features
 (CLIP's own head: logit_scale x cosine, the scale frozen), one learning rate, a 5 x 3 ensemble, base and base-to-novel;
@@ -20,6 +23,7 @@ learning rates (backbone, head), a 3 x 3 x 3 ensemble, base only. docs/protocols
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -37,9 +41,10 @@ from vlbench.analyses.adapt.vtab import flush_denormals
 from vlbench.datasets.canonical import load_meta, read_columns, split_path
 from vlbench.datasets.images import decode_rgb
 from vlbench.embed import CorruptImageError, model_for_dataset
-from vlbench.finetune import FinetuneError
+from vlbench.finetune import FinetuneError, units
 from vlbench.finetune.common import Job, Outcome
 from vlbench.finetune.methods import prepare
+from vlbench.models.identity import model_identity
 from vlbench.models.loading import load_model
 from vlbench.stats import episodes_interval
 from vlbench.texts import read_text_set
@@ -71,15 +76,25 @@ DEFAULTS: dict[str, Any] = {
     "epoch_offset": 10,  # App. B.2: E' = E* + 10; members train E'/3, 2E'/3, E' epochs
     "epoch_mode": "grid",  # grid: a run per (rates, epochs) | snapshots: the code's epoch_ensemble | last: E' only
     "combine": "sum",  # sum: logits summed (Section 5.1) | vote: the code's majority vote
-    # per method: the ensemble's centre (lr*, head_lr*, E*) and the support batch (the code's CLASSIFIER_PARAMETERS)
-    "visual_ft": {"lr": 1.0e-5, "epochs": 60, "batch_size": 32},
-    "text_ft": {"lr": 1.0e-5, "epochs": 60, "batch_size": 64},
-    "all_ft": {"lr": 1.0e-5, "epochs": 60, "batch_size": 32},
-    "finetune": {"lr": 1.0e-5, "head_lr": 2.0e-3, "epochs": 60, "batch_size": 64},
-    "lora": {"lr": 2.0e-3, "head_lr": 1.0e-2, "epochs": 30, "batch_size": 64, "rank": 4, "alpha": 4.0},
-    "bitfit": {"lr": 2.0e-3, "head_lr": 1.0e-2, "epochs": 30, "batch_size": 32},
+    # where each method's ensemble centre (lr*, head_lr*, E*) comes from when its entry below gives none: heldout (the
+    # held-out search's average optimum, Section 5.1 / App. A: reports/heldout/<finetune.heldout.dataset>.json) |
+    # authors_fixed (the centres the authors' code fixes: finetune and lora only, AUTHORS_FIXED)
+    "centres": "heldout",
+    # per method: the support batch (the code's CLASSIFIER_PARAMETERS), LoRA's rank and alpha; a centre given here
+    # (lr, epochs, and head_lr for a linear head, all together) overrides `centres` for that method
+    "visual_ft": {"batch_size": 32},
+    "text_ft": {"batch_size": 64},
+    "all_ft": {"batch_size": 32},
+    "finetune": {"batch_size": 64},
+    "lora": {"batch_size": 64, "rank": 4, "alpha": 4.0},
+    "bitfit": {"batch_size": 32},
 }
-METHOD_KEYS = {"text": {"lr", "epochs", "batch_size"}, "linear": {"lr", "head_lr", "epochs", "batch_size"}}
+CENTRES = ("heldout", "authors_fixed")
+# The centres the code's ensembles fix (docs/protocols.md "Fine-tuning methods on the episodes", Centres): Finetune
+# [2e-6, 1e-5, 5e-5] x [4e-4, 2e-3, 1e-2] at 70 epochs, LoRA [4e-4, 2e-3, 1e-2] x [2e-3, 1e-2, 5e-2] at 40 epochs
+AUTHORS_FIXED = {"finetune": {"lr": 1.0e-5, "head_lr": 2.0e-3, "epochs": 60},
+                 "lora": {"lr": 2.0e-3, "head_lr": 1.0e-2, "epochs": 30}}
+CENTRE_KEYS = {"text": {"lr", "epochs"}, "linear": {"lr", "head_lr", "epochs"}}
 LORA_KEYS = {"rank", "alpha"}
 
 
@@ -95,13 +110,18 @@ def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def _method_problem(name: str, m: Mapping[str, Any]) -> str | None:
-    keys = METHOD_KEYS[METHODS[name].head] | (LORA_KEYS if METHODS[name].selection == "lora" else set())
+    centre = CENTRE_KEYS[METHODS[name].head]
+    keys = centre | {"batch_size"} | (LORA_KEYS if METHODS[name].selection == "lora" else set())
+    given = set(m) & centre
     problems = [
-        set(m) != keys and f"must have exactly the keys {sorted(keys)}, has {sorted(m)}",
-        set(m) == keys and min(float(m["lr"]), float(m.get("head_lr", 1))) <= 0 and "learning rates must be positive",
-        set(m) == keys and int(m["epochs"]) < 1 and "epochs (E*) must be at least 1",
-        set(m) == keys and int(m["batch_size"]) < 1 and "batch_size must be at least 1",
-        "rank" in keys and set(m) == keys and int(m["rank"]) < 1 and "rank must be at least 1",
+        not set(m) <= keys and f"has unknown key(s) {sorted(set(m) - keys)}; known: {sorted(keys)}",
+        not keys - centre <= set(m) and f"must have the keys {sorted(keys - centre)}, has {sorted(m)}",
+        given and given != centre and (f"gives a centre with {sorted(given)}: give {sorted(centre)} together, or "
+                                       "none (then finetune.fewtrans_episodic.centres says where it comes from)"),
+        given == centre and min(float(m["lr"]), float(m.get("head_lr", 1))) <= 0 and "learning rates must be positive",
+        given == centre and int(m["epochs"]) < 1 and "epochs (E*) must be at least 1",
+        "batch_size" in m and int(m["batch_size"]) < 1 and "batch_size must be at least 1",
+        "rank" in m and int(m["rank"]) < 1 and "rank must be at least 1",
     ]
     return next((p for p in problems if p), None)
 
@@ -115,6 +135,7 @@ def _check(s: Mapping[str, Any]) -> None:
         "epoch_offset": int(s["epoch_offset"]) < 0 and "must be at least 0",
         "epoch_mode": s["epoch_mode"] not in EPOCH_MODES and f"must be one of {list(EPOCH_MODES)}",
         "combine": s["combine"] not in COMBINES and f"must be one of {list(COMBINES)}",
+        "centres": s["centres"] not in CENTRES and f"must be one of {list(CENTRES)}",
         **{m: _method_problem(m, s[m]) for m in METHODS},
     }
     for key, problem in problems.items():
@@ -422,6 +443,136 @@ def run_method(ctx: Context, name: str, data: EpisodeData, episode: int) -> dict
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Centres
+
+
+def heldout_path(params: Mapping[str, Any]) -> Path | None:
+    """reports/heldout/<finetune.heldout.dataset>.json, the held-out search's result (None: no held-out dataset set)."""
+    dataset = ((params.get("finetune") or {}).get("heldout") or {}).get("dataset")
+    return Path("reports/heldout") / f"{dataset}.json" if dataset else None
+
+
+def resolve_centres(s: Mapping[str, Any], heldout: Path | Mapping[str, Any] | None,
+                    model: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """(settings with every method's centre filled in, {method: where its centre came from}). A centre given in the
+    method's entry is used as given ("params"); otherwise `centres` decides: "heldout" takes the held-out search's
+    average optimum (`heldout`: its result file or document; `model`: this run's model identity, which must be the
+    one searched), "authors_fixed" the centres the authors' code fixes (AUTHORS_FIXED: finetune and lora only)."""
+    out, sources, doc = dict(s), {}, None
+    for name in s["methods"]:
+        centre_keys = CENTRE_KEYS[METHODS[name].head]
+        if centre_keys <= set(s[name]):
+            sources[name] = "params"
+            continue
+        if s["centres"] == "authors_fixed":
+            if name not in AUTHORS_FIXED:
+                raise FinetuneError(f"params.yaml: finetune.fewtrans_episodic.centres authors_fixed: the authors' code "
+                                    f"fixes no centre for {name!r} (only {sorted(AUTHORS_FIXED)}); give "
+                                    f"finetune.fewtrans_episodic.{name} {sorted(centre_keys)} or use centres: heldout")
+            centre, sources[name] = AUTHORS_FIXED[name], "authors_fixed"
+        else:
+            doc = doc or read_heldout(heldout, model)
+            if name not in doc["centres"]:
+                raise FinetuneError(f"{doc['_path']}: the held-out search has no centre for {name!r} (it searched "
+                                    f"{sorted(doc['centres'])}); add it to finetune.heldout.methods and rerun it")
+            centre, sources[name] = doc["centres"][name], f"heldout:{doc['dataset']}"
+        out[name] = {**s[name], **{k: centre[k] for k in centre_keys}}
+    _check(out)
+    return out, sources
+
+
+def read_heldout(heldout: Path | Mapping[str, Any] | None, model: Mapping[str, Any] | None) -> dict[str, Any]:
+    if heldout is None:
+        raise FinetuneError("params.yaml: finetune.fewtrans_episodic.centres heldout needs the held-out search: set "
+                            "finetune.heldout.dataset and run its stage (heldout@<dataset>), or use centres: "
+                            "authors_fixed, or give each method's centre")
+    if isinstance(heldout, Mapping):
+        doc = {"_path": "the held-out search", **heldout}
+    else:
+        if not Path(heldout).is_file():
+            raise FinetuneError(f"{heldout}: no held-out search result; run `dvc repro heldout@"
+                                f"{Path(heldout).stem}` (finetune.heldout), or set finetune.fewtrans_episodic.centres: "
+                                "authors_fixed")
+        doc = {"_path": str(heldout), **json.loads(Path(heldout).read_text())}
+    if model is not None and doc.get("model") != dict(model):
+        raise FinetuneError(f"{doc['_path']}: the centres were searched for model {doc.get('model', {}).get('model')!r} "
+                            f"({doc.get('model')}), not this run's {dict(model)}; rerun the held-out search")
+    return doc
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Work units: one method on one episode, or one search point on one task
+
+
+@dataclass
+class EpisodeWork:
+    """What every unit of a run shares (vlbench.finetune.units.Work): the model, the pool, the episodes, settings."""
+
+    model_cfg: dict[str, Any]
+    prepared: str
+    texts: str | None
+    s: dict[str, Any]
+    seed: int
+    device: str
+    episodes_cfg: dict[str, Any] | None
+    threads: int
+    token: str = ""
+
+    def __post_init__(self):
+        self.token = units.canonical({k: v for k, v in vars(self).items() if k != "token"})
+
+    def setup(self) -> dict[str, Any]:
+        meta, sampler, pool, _, _, pairs = draw_episodes(Path(self.prepared), self.episodes_cfg, self.seed)
+        loaded = model_for_dataset(load_model(self.model_cfg, self.device), meta)
+        needs_text = any(METHODS[m].head == "text" for m in self.s["methods"])
+        prompts = Prompts(Path(self.texts), loaded.tokenizer, len(meta.classes)) if needs_text else None
+        ctx = Context(loaded.model, prompts, self.s, loaded.device, loaded.autocast, self.seed)
+        images = PoolImages(Path(self.prepared), list(sampler["splits"]), loaded.preprocess, pool.sample_ids)
+        return {"ctx": ctx, "pairs": pairs, "images": images, "episode": None}
+
+    def compute(self, state: dict[str, Any], identity: Mapping[str, Any]) -> dict[str, float]:
+        ctx, i = state["ctx"], int(identity["episode"])
+        if state["episode"] is None or state["episode"][0] != i:  # units come episode by episode: decode once
+            state["episode"] = (i, episode_data(*state["pairs"][i], state["images"], ctx.device))
+        data = state["episode"][1]
+        with flush_denormals():  # CPU only: subnormal activations and updates made toy steps 1.6x slower (measured)
+            if "lr" not in identity:
+                return run_method(ctx, identity["method"], data, i)
+            return {"base": point_accuracy(ctx, identity, data, i)}
+
+
+def point_accuracy(ctx: Context, point: Mapping[str, Any], data: EpisodeData, episode: int) -> float:
+    """Base query accuracy of one configuration (lr, head_lr, epochs) of one method: a single run, no ensemble."""
+    member = Member(float(point["lr"]), None if point["head_lr"] is None else float(point["head_lr"]),
+                    int(point["epochs"]), (int(point["epochs"]),))
+    trained = train_member(ctx, point["method"], data, member, episode, 0)
+    return ensemble_accuracy([trained.logits[member.epochs][0]], data.query_labels, "sum")
+
+
+def unit_context(model_cfg: Mapping[str, Any], prepared: Path, texts: Path | None, s: Mapping[str, Any], name: str,
+                 seed: int, device: str, sampler: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """What a unit's numbers depend on besides its identity: the model, the data versions, the sampler, the seed, the
+    device type and the method's own settings (so a method added to `methods` reuses the others' units)."""
+    head = METHODS[name].head
+    own: dict[str, Any] = {"method": s[name]}
+    if kind == "episode":  # the ensemble around the centre
+        own |= {k: s[k] for k in ("epoch_offset", "epoch_mode", "combine")}
+        own["factors"] = s["lr_factors" if head == "text" else "two_lr_factors"]
+    else:  # a search point: one run, its rates and epochs in the identity
+        own["method"] = {k: v for k, v in s[name].items() if k not in CENTRE_KEYS[head]}
+    data = {"dataset_version": load_meta(prepared).version}
+    if head == "text":
+        own["text_set"] = s["text_set"]
+        data["text_version"] = read_text_set(Path(texts))[1].get("text_version")
+    return {"kind": f"fewtrans_{kind}", "model": model_identity(model_cfg), "precision": model_cfg.get("precision"),
+            "device": device, "data": data, "sampler": {k: v for k, v in sampler.items() if k not in SAMPLER_ONLY},
+            "seed": int(seed), "settings": own}
+
+
+SAMPLER_ONLY = ("methods", "linear", "text_set")  # adapt.fewtrans keys that do not change the episodes
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # The protocol
 
 
@@ -446,54 +597,77 @@ def trainable_parameters(model: nn.Module, s: Mapping[str, Any]) -> dict[str, in
     return counts
 
 
+def check_texts(s: Mapping[str, Any], texts_path, dataset: str) -> None:
+    if any(METHODS[m].head == "text" for m in s["methods"]) and texts_path is None:
+        raise FinetuneError(f"finetune.fewtrans.methods {s['methods']} need the text set "
+                            f"finetune.fewtrans.text_set ({s['text_set']!r}) of dataset {dataset!r}")
+
+
 def run_episodes(model_cfg: Mapping[str, Any], prepared_dir: str | Path, texts_path: str | Path | None,
                  cfg: Mapping[str, Any] | None, seed: int, device: str | None = None,
-                 episodes_cfg: Mapping[str, Any] | None = None):
+                 episodes_cfg: Mapping[str, Any] | None = None, *, heldout: Path | Mapping[str, Any] | None = None,
+                 units_dir: Path | None = None, engine: str | None = None, gpus: float | None = None,
+                 progress: bool = False):
     """(summary, episodes table) of FewTrans fine-tuning on one prepared dataset.
 
     `model_cfg`: params `model` (vlbench.models.loading.load_model); `prepared_dir`: data/prepared/<dataset>;
     `texts_path`: the text set file of the text head (data/texts/<dataset>/<finetune.fewtrans.text_set>.parquet; may
     be None when only linear-head methods run); `cfg`: params `finetune.fewtrans` (`DEFAULTS`); `seed`: params `seed`,
-    adapt's episode seed; `episodes_cfg`: params `adapt.fewtrans` (the sampler's settings; its methods are ignored).
+    adapt's episode seed; `episodes_cfg`: params `adapt.fewtrans` (the sampler's settings; its methods are ignored);
+    `heldout`: the held-out search's result (file or document) where `centres: heldout` (`resolve_centres`).
+    Each (method, episode) is a work unit (`vlbench.finetune.units`): run on `engine` (local or ray, `gpus` per unit)
+    and kept in `units_dir` (None: in memory), which is left holding exactly this run's units.
     Summary: metrics `fewtrans/<split>/<method>`, `summary` (mean, ci95, episodes per metric), `intervals`, the
-    ensemble of each method, the trainable backbone parameters, the settings, seed and class split."""
+    ensemble of each method, the centres and where they came from, the trainable backbone parameters, the settings,
+    seed, class split and how many units were computed or found."""
     s = settings(cfg)
     meta, sampler, pool, base, novel, pairs = draw_episodes(Path(prepared_dir), episodes_cfg, seed)
-    loaded = model_for_dataset(load_model(model_cfg, device), meta)
-    needs_text = any(METHODS[m].head == "text" for m in s["methods"])
-    if needs_text and texts_path is None:
-        raise FinetuneError(f"finetune.fewtrans.methods {s['methods']} need the text set "
-                            f"finetune.fewtrans.text_set ({s['text_set']!r}) of dataset {meta.name!r}")
-    prompts = Prompts(Path(texts_path), loaded.tokenizer, len(meta.classes)) if needs_text else None
-    ctx = Context(loaded.model, prompts, s, loaded.device, loaded.autocast, seed)
-    images = PoolImages(Path(prepared_dir), list(sampler["splits"]), loaded.preprocess, pool.sample_ids)
+    check_texts(s, texts_path, meta.name)
+    s, sources = resolve_centres(s, heldout, model_identity(model_cfg))
+    where = units.plan_device(engine, device, gpus)
+    work = EpisodeWork(dict(model_cfg), str(prepared_dir), None if texts_path is None else str(texts_path), s, seed,
+                       where, dict(episodes_cfg or {}), torch.get_num_threads())
+    todo = [u for name in s["methods"] for u in units.make_units(
+        unit_context(model_cfg, Path(prepared_dir), texts_path, s, name, seed, where, sampler, "episode"),
+        [{"method": name, "episode": i} for i in range(len(pairs))])]
+    todo.sort(key=lambda u: (u.identity["episode"], s["methods"].index(u.identity["method"])))
+    cache = units.UnitCache(units_dir)
+    results, tally = units.run_units(work, todo, cache, engine, gpus, progress)
+    cache.prune(todo)
     acc: dict[tuple[str, str], list[float]] = {}
-    with flush_denormals():  # CPU only: subnormal activations and updates made toy steps 1.6x slower (measured)
-        for i, (b, n) in enumerate(pairs):
-            data = episode_data(b, n, images, loaded.device)
-            for name in s["methods"]:
-                for split, value in run_method(ctx, name, data, i).items():
+    for name in s["methods"]:  # fixed order: methods, then episodes
+        for unit, result in zip(todo, results):
+            if unit.identity["method"] == name:
+                for split, value in result.items():
                     acc.setdefault((split, name), []).append(value)
     acc_np = {k: np.array(v) for k, v in acc.items()}
     metrics, details = episodic.summarise(acc_np)
+    model = model_for_dataset(load_model(model_cfg, "cpu"), meta).model
     summary = {"metrics": metrics, "summary": details,
                "intervals": {f"fewtrans/{sp}/{m}": episodes_interval(v).to_json() for (sp, m), v in acc_np.items()},
                "ensemble": {m: [vars(x) for x in members(m, s)] for m in s["methods"]},
-               "trainable_parameters": trainable_parameters(loaded.model, s), "settings": s, "seed": seed,
-               "base_classes": base.tolist(), "novel_classes": novel.tolist(), "episodes": len(pairs)}
+               "centres": {m: {k: s[m][k] for k in sorted(CENTRE_KEYS[METHODS[m].head])} for m in s["methods"]},
+               "centres_source": sources, "trainable_parameters": trainable_parameters(model, s), "settings": s,
+               "seed": seed, "base_classes": base.tolist(), "novel_classes": novel.tolist(), "episodes": len(pairs),
+               "units": tally.to_json()}
     return summary, episodic.episodes_table(pairs, pool, acc_np, list(s["methods"]))
 
 
 def run(job: Job) -> Outcome:
     """`finetune.method: fewtrans_episodic` in the finetune stage: `run_episodes` on the job's dataset with params'
-    `finetune.fewtrans_episodic` (over DEFAULTS), `adapt.fewtrans` (the episodes adapt samples) and the global seed.
+    `finetune.fewtrans_episodic` (over DEFAULTS), `adapt.fewtrans` (the episodes adapt samples), the global seed and
+    the held-out search of `finetune.heldout.dataset`; units on the job's engine, kept in its units folder.
     No single model results (each episode fine-tunes its own copy), so no weights are written; the episodes table
     joins reports/adapt/<dataset>.episodes.parquet on (episode, split)."""
     s = settings(job.settings)
     texts = job.texts / f"{s['text_set']}.parquet"
+    rt = job.runtime
     summary, table = run_episodes(job.model_cfg, job.prepared, texts if texts.is_file() else None, job.settings,
-                                  job.seed, job.runtime.device, (job.params.get("adapt") or {}).get("fewtrans"))
-    details = {k: v for k, v in summary.items() if k not in ("metrics", "intervals")}
-    return Outcome(state_dict=None, trainable=[], hyper={"settings": s, "seed": job.seed},
+                                  job.seed, rt.device, (job.params.get("adapt") or {}).get("fewtrans"),
+                                  heldout=heldout_path(job.params), units_dir=rt.units_dir, engine=rt.engine,
+                                  gpus=rt.gpus, progress=rt.progress)
+    details = {k: v for k, v in summary.items() if k not in ("metrics", "intervals", "units")}
+    return Outcome(state_dict=None, trainable=[], hyper={"settings": summary["settings"], "seed": job.seed},
                    metrics=summary["metrics"], details=details, tables={"episodes": table},
-                   counts={"episodes": summary["episodes"]}, intervals=summary["intervals"])
+                   counts={"episodes": summary["episodes"]}, intervals=summary["intervals"],
+                   run={"units": summary["units"]})
