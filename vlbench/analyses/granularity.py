@@ -331,7 +331,7 @@ def check_names_in_texts(features, keys: Sequence[str], names: Sequence[str], wh
 
 def leaf_classes(meta, leaves: Sequence[str]) -> np.ndarray:
     """(L,) class index of every leaf wnid (classes that are leaves: a wnid and no `group: hypernym`)."""
-    from vlbench.knowledge.hierarchy import HYPERNYM_GROUP
+    from vlbench.datasets.wnids import HYPERNYM_GROUP
 
     index = {c.wnid: c.index for c in meta.classes if c.wnid and c.group != HYPERNYM_GROUP}
     return np.array([index[w] for w in leaves], dtype=np.int64)
@@ -416,7 +416,8 @@ def _class_weights(prompts, num_classes: int) -> np.ndarray:
 
 
 def _hierarchy_part(inputs, images, fine: np.ndarray, params: dict, result) -> None:
-    from vlbench.knowledge.hierarchy import build_hierarchy, leaf_wnids
+    from vlbench.datasets.wnids import leaf_wnids
+    from vlbench.knowledge.hierarchy import build_hierarchy
 
     meta = inputs.meta
     tree = build_hierarchy(leaf_wnids(meta.classes), mode=params["mode"])

@@ -67,7 +67,8 @@ def fill(templates: list[str], owners: list[str], names: list[str]) -> pa.Table:
 def hierarchy_prompts(meta: DatasetMeta, templates: list[str], mode: str, wn=None) -> pa.Table:
     """Prompts for every coarse class of the WordNet hierarchy above the dataset's leaves (`wn`: a WordNet reader,
     default `load_wordnet()`)."""
-    from vlbench.knowledge.hierarchy import build_hierarchy, leaf_wnids
+    from vlbench.datasets.wnids import leaf_wnids
+    from vlbench.knowledge.hierarchy import build_hierarchy
 
     leaves = leaf_wnids(meta.classes)
     if not leaves:

@@ -37,6 +37,7 @@ import numpy as np
 
 from vlbench.analyses.adapt import fewtrans_dag as dag
 from vlbench.analyses.adapt.common import AdaptError, ProtocolResult
+from vlbench.datasets.registry import FEWTRANS_SPLITS
 
 METHODS = ("zeroshot", "prototype", "linear")
 NOVEL_METHODS = ("zeroshot",)  # methods that can score classes without support images
@@ -44,7 +45,7 @@ COMBINES = ("sum", "vote")
 EPOCH_MODES = ("grid", "snapshots")
 CLASS_SPLIT_SEED = 22  # FewTrans' dataset_spec.SEED for its base/novel class split
 LOG_WEIGHT = math.log(2.0)  # Meta-Dataset's MIN/MAX_LOG_WEIGHT = -/+ 0.69314718055994529
-SPLITS_FILE = Path(__file__).with_name("fewtrans_splits.json")  # per dataset: base and novel class counts, as data
+SPLITS_FILE = FEWTRANS_SPLITS  # per dataset: base and novel class counts, as data (the dataset registry's)
 EPOCH_SEARCH = (1, 2, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100)  # App. A: the search space of E*
 CHUNK = 64  # episodes per batched linear-head computation (runtime only: results do not depend on it)
 
