@@ -34,7 +34,7 @@ import numpy as np
 
 from vlbench import expansion as ex
 from vlbench.expansion import ExtensibilityError
-from vlbench.analyses.zeroshot import similarities
+from vlbench.analyses.scoring import similarities
 
 PROTOCOLS = ("paper", "authors")
 DUPLICATES = ("first", "remove", "merge")
@@ -157,7 +157,7 @@ def dataset_groups(meta, grouping: str) -> tuple[list[str], list[list[int]], str
 
 
 def prompt_weights(features, n_classes: int, where: str) -> np.ndarray:
-    from vlbench.analyses.zeroshot import class_weights
+    from vlbench.analyses.scoring import class_weights
 
     index = features.table.column("class_index").to_numpy()
     missing = sorted(set(range(n_classes)) - set(index.tolist()))
@@ -574,7 +574,7 @@ def evaluate_variant(vocab: Vocabulary, variant: str, s: Settings, seed: int) ->
 def candidate_weights(features) -> tuple[np.ndarray, np.ndarray]:
     """(words, (W, d) normalised weights) of a `vocabulary` text set: per word (owner `key`), the renormalised mean
     of its normalised template embeddings, words in sorted order."""
-    from vlbench.analyses.zeroshot import class_weights
+    from vlbench.analyses.scoring import class_weights
 
     words, inverse = np.unique(np.asarray(features.table.column("key").to_pylist(), dtype=object), return_inverse=True)
     return words, class_weights(features.embeddings, inverse, len(words))

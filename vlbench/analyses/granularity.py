@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from vlbench.analyses.zeroshot import class_weights, l2_normalize, similarities
+from vlbench.analyses.scoring import class_weights, l2_normalize, similarities
 from vlbench.errors import VlbenchError
 
 HIERARCHY_SET = "hierarchy"  # vlbench.knowledge.coarse_texts.HIERARCHY_SET

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -564,7 +563,7 @@ def load_pool(inputs, splits: list[str]) -> Pool:
 
 def text_weights(inputs, text_set: str) -> np.ndarray:
     """(C, d) class weights from the text set's template rows, as the zeroshot analysis builds them."""
-    from vlbench.analyses.zeroshot import class_weights
+    from vlbench.analyses.scoring import class_weights
 
     texts = inputs.texts(text_set)
     keep = np.array([src == "template" for src in texts.table.column("source").to_pylist()], dtype=bool)
