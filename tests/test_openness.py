@@ -184,7 +184,7 @@ IDENTITY = {"model": "m", "arch": "a", "pretrained": "openai"}
 def write_repe(features_dir: Path, dataset: str, w: np.ndarray) -> None:
     """The retrieve stage's REPE class weights file (one row per class, fingerprinted for the model and dataset)."""
     from vlbench.features import embedding_array, features_schema, write_table
-    from vlbench.knowledge.retrieval import weights_path
+    from vlbench.knowledge.repe import weights_path
 
     table = pa.table({"class_index": np.arange(w.shape[0]), "fallback": np.arange(w.shape[0]) == 0})
     path = weights_path(features_dir)

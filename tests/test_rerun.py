@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from vlbench.analyses import adapt
-from vlbench.knowledge import retrieval as rt
+from vlbench.knowledge import repe as rt
 from vlbench.results import Result, result_path, run_fact_keys, run_facts_path, write_result
 
 

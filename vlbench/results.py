@@ -6,7 +6,7 @@ vlbench_version}; `intervals`: {metric: {low, high, level, method, resamples?, s
 `reports/metrics.json`: {analysis: {dataset: {metric: value}}}, numbers (and a name that goes with them, e.g.
 zeroshot's `knowledge_best_variant`), the one file declared as DVC metrics so `dvc exp show` stays readable;
 `reports/model.json`: the model fingerprint behind those numbers; `reports/reference.json`: those numbers against
-the papers' published ones (vlbench.reference.compare).
+the papers' published ones (vlbench.reference.verdicts).
 Paths never contain the model slug, so any two experiments are comparable.
 
 Results hold only what the inputs determine, so a rerun of the same inputs on the same machine type writes them

@@ -202,7 +202,7 @@ def variant_weights(inputs, variant: str) -> np.ndarray:
     """(C, d) normalised class weights of one variant for one dataset's `Inputs`."""
     meta = inputs.meta
     if variant == REPE:
-        from vlbench.knowledge.retrieval import read_repe_class_weights
+        from vlbench.knowledge.repe import read_repe_class_weights
 
         found = read_repe_class_weights(inputs.features_dir, inputs.identity, meta.name)
         if found.embeddings.shape[0] != len(meta.classes):
@@ -221,7 +221,7 @@ def repe_source(inputs) -> dict[str, Any]:
     caption set, versions), the retrieval settings, the prompts mixed, the model that embedded query and corpus (the
     model under test: vlbench has no second retrieval model) and how many classes fell back to their query; `paper_corpus`
     says whether the corpus is the paper's CC12M (App. A.5)."""
-    from vlbench.knowledge.retrieval import DEFAULT_PROMPTS, read_repe_class_weights
+    from vlbench.knowledge.repe import DEFAULT_PROMPTS, read_repe_class_weights
 
     found = read_repe_class_weights(inputs.features_dir, inputs.identity, inputs.meta.name)
     fp = found.fingerprint
@@ -242,7 +242,7 @@ def repe_details(members: Sequence[tuple[str, Any]], variants: Sequence[str]) ->
 
 def repe_missing(inputs) -> str | None:
     """None where the dataset has REPE class weights (the retrieve stage's file), else why `repe` cannot run there."""
-    from vlbench.knowledge.retrieval import weights_path
+    from vlbench.knowledge.repe import weights_path
 
     path = weights_path(inputs.features_dir)
     return None if path.is_file() else f"dataset {inputs.meta.name!r} has no REPE class weights ({path})"

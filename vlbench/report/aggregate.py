@@ -76,6 +76,6 @@ def reference(results: Mapping[str, Mapping[str, Any]], metrics: Mapping[str, An
               model: Mapping[str, Any]) -> dict[str, Any]:
     """reports/reference.json: every headline number that has a published one, with its verdict."""
     from vlbench.reference import load_tables
-    from vlbench.reference.compare import reference_report
+    from vlbench.reference.verdicts import reference_report
 
     return reference_report(load_tables(), metrics, model, results)
