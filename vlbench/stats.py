@@ -197,13 +197,13 @@ def group_replicates(correct, groups, resamples: int = RESAMPLES, rng: np.random
 
 def _weighted_f1_macro(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray, convention: str) -> np.ndarray:
     """(R,) `vlbench.metrics.f1_macro` of each resample given as sample multiplicities `weights` (R, n)."""
-    from vlbench.metrics import _f1_per_class
+    from vlbench.metrics import f1_per_class
 
     y, pred, c = labels.astype(np.int64), scores.argmax(axis=1), scores.shape[1]
     out = np.empty(weights.shape[0])
     for r, w in enumerate(weights.astype(np.float64)):
         present = np.bincount(y, weights=w, minlength=c) > 0
-        out[r] = _f1_per_class(y, pred, c, w)[present].mean()
+        out[r] = f1_per_class(y, pred, c, w)[present].mean()
     return out
 
 
@@ -242,9 +242,9 @@ def metric_interval(metric: str, scores, labels, convention: str = "default", *,
 
 
 def _roc_auc_replicates(scores, labels, weights, convention):
-    from vlbench.metrics import _binary_decision
+    from vlbench.metrics import binary_decision
 
-    return _weighted_roc_auc(_binary_decision(scores, convention), labels, weights)
+    return _weighted_roc_auc(binary_decision(scores, convention), labels, weights)
 
 
 WHOLE_SET_METRICS = {"map_11point": _weighted_map_11point, "roc_auc": _roc_auc_replicates,

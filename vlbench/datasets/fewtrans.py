@@ -200,11 +200,11 @@ def read_cifar(name: str, spec: Mapping, paths: Mapping[str, Path]) -> Pools:
     earlier, as saving it does); classes = the sorted folder names, named as the folders are ("maple_tree"); each
     class's pool its file names sorted. Images are PNGs of the official 32x32 pixels (the code's converter resizes
     them to 84x84 with LANCZOS first: docs/datasets.md)."""
-    from vlbench.datasets.cifar import _unpickle
+    from vlbench.datasets.cifar import unpickle
 
     folder = _root(name, spec, paths["archive"])
-    names = list(_unpickle(name, folder / "meta")["fine_label_names"])
-    batch = _unpickle(name, folder / "test")
+    names = list(unpickle(name, folder / "meta")["fine_label_names"])
+    batch = unpickle(name, folder / "test")
     files: dict[str, dict[str, Any]] = {n: {} for n in names}
     for pixels, label, filename in zip(batch["data"], batch["fine_labels"], batch["filenames"]):
         files[names[label]][filename] = pixels
