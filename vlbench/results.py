@@ -144,18 +144,6 @@ def model_of(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
             **{k: fingerprint[k] for k in RECORDED_MODEL_KEYS if k in fingerprint}}
 
 
-def collect(datasets_by_analysis: Mapping[str, list[str]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """({analysis: {dataset: {metric: value}}}, the model fingerprint of those results)."""
-    metrics: dict[str, Any] = {}
-    model: dict[str, Any] = {}
-    for analysis, datasets in datasets_by_analysis.items():
-        for dataset in datasets:
-            result = read_result(analysis, dataset)
-            metrics.setdefault(analysis, {})[dataset] = result["metrics"]
-            model = model or model_of(result["fingerprint"])
-    return metrics, model
-
-
 def write_metrics(metrics: Mapping[str, Any], model: Mapping[str, Any]) -> None:
     write_json(METRICS_FILE, dict(metrics))
     write_json(MODEL_FILE, dict(model))

@@ -91,13 +91,6 @@ def cpu_threads(on, work: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def torch_generator(seed: int):
-    """A CPU `torch.Generator` seeded with `seed` (CPU so that draws are the same on every machine)."""
-    import torch
-
-    return torch.Generator().manual_seed(int(seed))
-
-
 def pytorch_linear_init(dim: int, num_classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(weight [d, C], bias [C]) exactly as `torch.manual_seed(seed); torch.nn.Linear(dim, num_classes)` makes
     them (Kaiming-uniform weight with a = sqrt(5), i.e. U(-1/sqrt(d), 1/sqrt(d)), then the bias from the same
