@@ -28,6 +28,7 @@ import numpy as np
 from vlbench import stats
 from vlbench.analyses import ANALYSES, SampleTable
 from vlbench.errors import VlbenchError
+from vlbench.io import atomic_path
 
 REPORTS = "reports"
 ALPHA = 0.05  # a winner beats every other experiment with p below this
@@ -262,8 +263,6 @@ def format_table(data: Mapping[str, Any]) -> str:
 
 def write_page(data: Mapping[str, Any], out: Path) -> Path | None:
     """<out>/index.html by vlbench.report.html.render_comparison, atomically; None where that module is missing."""
-    from vlbench.io import atomic_path
-
     try:
         from vlbench.report.html import render_comparison
     except ImportError:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vlbench.config import ParamsError, compose, dataset_entry, prepared_dir
+from vlbench.config import ParamsError, compose, conf_dir, dataset_entry, prepared_dir
 from vlbench.datasets.canonical import DatasetError, DatasetMeta
 
 SOURCES = {
@@ -118,8 +118,6 @@ def base_novel(name: str) -> dict[str, int]:
 def entries(suite: str | None = None, config_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """{name: entry} of every registered dataset (conf/dataset/*.yaml), or of one suite."""
     from omegaconf import OmegaConf
-
-    from vlbench.config import conf_dir
 
     if suite is not None:
         params = compose([f"suite={suite}"], config_dir)

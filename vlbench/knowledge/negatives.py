@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from vlbench.datasets.canonical import iter_batches, split_path
 from vlbench.errors import VlbenchError
 
 DEFAULTS: dict[str, Any] = {
@@ -519,8 +520,6 @@ class Sample:
 def read_samples(meta, dataset_dir: Path) -> list[Sample]:
     """Every sample of every split: its labels (a single label as a list of one) and captions."""
     import pyarrow.parquet as pq
-
-    from vlbench.datasets.canonical import iter_batches, split_path
 
     samples = []
     for split in meta.splits:

@@ -47,6 +47,7 @@ from vlbench.knowledge.compose import (
     elevater_texts,
     menon_texts,
 )
+from vlbench.knowledge.hierarchy import longest_paths, wordnet_graph
 from vlbench.knowledge.llm import (
     AnswerCache,
     LLMError,
@@ -186,7 +187,6 @@ def wordnet_records(classes: Sequence, wn=None) -> list[dict[str, Any]]:
     `definition`, `path` (first lemma names from the class's synset up to `entity`, along its longest hypernym path
     with the tie rule of `vlbench.knowledge.hierarchy`) and `path_wnids`; `chosen_by` is "wnid", "name", "alias '...'"
     or "none" (no synset: the wn30 variants give the class its templates alone)."""
-    from vlbench.knowledge.hierarchy import longest_paths, wordnet_graph
     from vlbench.knowledge.wordnet import load_wordnet, wnid_of
 
     wn = wn if wn is not None else load_wordnet()

@@ -29,7 +29,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from vlbench.config import check_name
 from vlbench.datasets.canonical import DatasetError, DatasetMeta
+from vlbench.texts import check_templates, entry_templates, prompts, resolve_templates, text_table
 
 VOCABULARY_SET = "vocabulary"
 PROMPT_SET_PREFIX = "prompts_"
@@ -55,9 +57,6 @@ def vocabulary_text_sets(meta: DatasetMeta, cfg: Mapping[str, Any], wn=None) -> 
 
 
 def prompt_sets(meta: DatasetMeta, cfg: Mapping[str, Any]) -> dict[str, pa.Table]:
-    from vlbench.config import check_name
-    from vlbench.texts import entry_templates, prompts, resolve_templates
-
     spec = cfg["prompt_sets"]
     if not isinstance(spec, Mapping) or not spec:
         raise DatasetError(f"dataset {meta.name!r}: texts.prompt_sets must map set names to templates or a source; "
@@ -76,8 +75,6 @@ def prompt_sets(meta: DatasetMeta, cfg: Mapping[str, Any]) -> dict[str, pa.Table
 
 def vocabulary_set(dataset: str, spec: Any, wn=None) -> pa.Table:
     """The `vocabulary` text set of one entry's `texts.vocabulary` spec."""
-    from vlbench.texts import check_templates, text_table
-
     if not isinstance(spec, Mapping) or spec.get("source") not in SOURCES:
         raise DatasetError(f"dataset {dataset!r}: texts.vocabulary must be a mapping with source one of {list(SOURCES)}; "
                            f"got {spec!r}")

@@ -34,6 +34,7 @@ import torch
 from vlbench import portable
 from vlbench.datasets.canonical import DatasetError, iter_batches, split_path
 from vlbench.io import atomic_path, sha256_file
+from vlbench.models import CONFIG_DIR, register_local_configs
 
 LOG_NAME = "train_log.csv"
 
@@ -98,8 +99,6 @@ def train_toy_clip(
 
 def _check_arch(arch: str) -> None:
     import open_clip
-
-    from vlbench.models import register_local_configs
 
     register_local_configs()
     if arch not in open_clip.list_models():
@@ -226,8 +225,6 @@ def _summary(model, arch: str, out_path: Path, log_path: Path, log: list[tuple[i
 
 
 def local_archs() -> list[str]:
-    from vlbench.models import CONFIG_DIR
-
     return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
 
 
