@@ -126,7 +126,11 @@ def _mark_downstream(graph, order: list, rows: tuple, outputs: tuple) -> tuple:
 
 def _run_cached(repo, stage):
     """The stage as DVC's run cache recorded it for its current dependencies and params, when its outputs are in the
-    local cache; None otherwise (a dependency missing, never run with these inputs, outputs gone from the cache)."""
+    local cache; None otherwise (a dependency missing, never run with these inputs, outputs gone from the cache).
+
+    The one place plan reads DVC's internals: DVC has no public API that returns a run-cache entry (`dvc repro`
+    restores one through `StageCache.restore`, which returns nothing), and the entry's outputs are what
+    `cached.remote` asks the remote about."""
     from dvc.exceptions import DvcException
     from dvc.stage.cache import _can_hash
 
