@@ -312,9 +312,7 @@ def compare_cmd(revs: tuple[str, ...], as_json: bool, out: str) -> None:
         click.echo(f"note: {e.name}: {len(e.unavailable)} per-sample file(s) in neither the DVC cache nor the remote "
                    f"(e.g. {e.unavailable[0]}; dvc pull): their differences are unpaired", err=True)
     click.echo(json.dumps(data, indent=2) if as_json else format_table(data))
-    page = write_page(data, Path(out))
-    click.echo(f"wrote {page}" if page else "comparison page not written: this checkout has no "
-               "vlbench.report.html.render_comparison", err=True)
+    click.echo(f"wrote {write_page(data, Path(out))}", err=True)
 
 
 if __name__ == "__main__":

@@ -202,8 +202,6 @@ def variant_weights(inputs, variant: str) -> np.ndarray:
     """(C, d) normalised class weights of one variant for one dataset's `Inputs`."""
     meta = inputs.meta
     if variant == REPE:
-        from vlbench.knowledge.repe import read_repe_class_weights
-
         found = read_repe_class_weights(inputs.features_dir, inputs.identity, meta.name)
         if found.embeddings.shape[0] != len(meta.classes):
             raise ExtensibilityError(f"dataset {meta.name!r}: REPE class weights have {found.embeddings.shape[0]} rows "

@@ -60,6 +60,7 @@ from vlbench.knowledge.llm import (
     styles,
 )
 from vlbench.knowledge.sources import (
+    KnowledgeError,
     KnowledgeFile,
     KnowledgeTable,
     entry_status,
@@ -172,8 +173,6 @@ def _choose_synset(wn, cls) -> tuple[Any, str, list[str]]:
         try:
             return synset_from_wnid(wn, cls.wnid), "wnid", []
         except WnidError as err:
-            from vlbench.knowledge.sources import KnowledgeError
-
             raise KnowledgeError(f"class {cls.index} ({cls.name!r}): {err}") from None
     for how, name in [("name", cls.name)] + [(f"alias {a!r}", a) for a in cls.aliases]:
         candidates = wn.synsets(_lemma(name), pos="n")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from vlbench import metrics
 from vlbench.errors import VlbenchError
 
 # batch x d x (K x C) below which training uses one CPU thread: on this 2-core machine, shared with other jobs, one
@@ -239,8 +240,6 @@ def score_heads(scores: np.ndarray, labels: np.ndarray, metric: str, convention:
     A head whose scores are not all finite (it diverged) scores 0. `accuracy` and `mean_per_class` are
     computed for all heads at once (ties to the lower class index, as `vlbench.metrics`); other metrics go
     through `vlbench.metrics.compute` head by head."""
-    from vlbench import metrics
-
     scores = np.asarray(scores)
     finite = np.isfinite(scores).all(axis=(1, 2))
     out = np.zeros(scores.shape[0])
