@@ -20,7 +20,7 @@ from vlbench.datasets.leaves import dataset_leaves
 from vlbench.datasets.imagenet import imagenet_wnids
 from vlbench.datasets.wnids import HierarchyError, leaf_wnids, parse_class_info
 from vlbench.knowledge.hierarchy import Graph, build_from_graph, build_hierarchy, longest_paths, unique_names
-from vlbench.knowledge.wordnet import (
+from vlbench.wordnet import (
     WordNetMissing,
     load_wordnet,
     synset_from_wnid,

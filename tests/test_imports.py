@@ -136,3 +136,12 @@ def test_the_checks_find_a_cycle_through_a_function_level_import_and_a_private_i
     assert import_cycles(modules) == [["vlbench.a", "vlbench.b", "vlbench.c", "vlbench.a"]]
     assert [(i, t, n) for i, t, n, _ in imports(modules) if i == "vlbench.d"] == [
         ("vlbench.d", "vlbench.c", "_hidden"), ("vlbench.d", "vlbench.c", "__doc__")]
+
+
+def test_the_dataset_sources_import_nothing_from_the_layers_above_them():
+    """vlbench.datasets (the sources, their leaf wnids and ImageNet-1k's class list) sits below the knowledge, the
+    analyses and the reports; WordNet is read through vlbench.wordnet, below all of them."""
+    above = ("vlbench.knowledge", "vlbench.analyses", "vlbench.report", "vlbench.finetune")
+    found = [f"{importer} -> {target} (line {line})" for importer, target, _, line in imports(project_modules())
+             if importer.startswith("vlbench.datasets") and target.startswith(above)]
+    assert not found, "dataset modules import from layers above them: " + "; ".join(found)

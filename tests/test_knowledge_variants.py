@@ -38,7 +38,7 @@ from vlbench.knowledge.variants import (
     knowledge_options,
     wordnet_records,
 )
-from vlbench.knowledge.wordnet import load_wordnet
+from vlbench.wordnet import load_wordnet
 from vlbench.texts import write_text_sets
 
 SHAPES_TEMPLATES = ["a {c}.", "a drawing of a {c}."]

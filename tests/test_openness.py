@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def wn():
-    from vlbench.knowledge.wordnet import WordNetMissing, load_wordnet
+    from vlbench.wordnet import WordNetMissing, load_wordnet
 
     try:
         return load_wordnet(download=False)

@@ -54,7 +54,7 @@ class Graph:
 def wordnet_graph(leaf_wnids: Iterable[str], wn=None) -> Graph:
     """The part of WordNet above `leaf_wnids`: every ancestor's parents and lemmas, read from `wn`
     (default `load_wordnet()`)."""
-    from vlbench.knowledge.wordnet import (
+    from vlbench.wordnet import (
         WnidError,
         load_wordnet,
         synset_from_wnid,

@@ -179,7 +179,7 @@ def class_hypernyms(classes: Sequence[tuple[int, str | None]], wordnet=None) -> 
     with_wnid = [(i, w) for i, w in classes if w]
     if not with_wnid:
         return {}
-    from vlbench.knowledge.wordnet import (
+    from vlbench.wordnet import (
         hypernym_closure,
         load_wordnet,
         synset_from_wnid,
@@ -248,7 +248,7 @@ class WordNetNouns:
 
     def __init__(self, wordnet=None):
         if wordnet is None:
-            from vlbench.knowledge.wordnet import load_wordnet
+            from vlbench.wordnet import load_wordnet
 
             wordnet = load_wordnet()
         self.wn = wordnet
