@@ -1,7 +1,7 @@
 """Cost of one fine-tuning step of the toy model on the CPU, as a ratio to the toy pretraining step (issue 23).
 
 Cases, each `--steps` timed steps after two untimed ones, random 32 px images and random tokens, one process:
-- pretrain: the pipeline's toy pretraining step (vlbench.models.toy._train_step: ClipLoss, fused AdamW), B images;
+- pretrain: the pipeline's toy pretraining step (vlbench.models.toy.train_step: ClipLoss, fused AdamW), B images;
 - elevater_full: vlbench.finetune's loop on ELEVATER's Classifier (image tower + BN + head, SGD momentum), B images;
 - negclip: vlbench.finetune's loop on the NegCLIP loss with B/2 pairs, neighbour images and altered captions, so B
   images and 2B texts (the pretraining step's B images and B texts);
@@ -29,7 +29,7 @@ from vlbench.finetune.common import Loop, Runtime, constant, freeze, train
 from vlbench.finetune.elevater import Classifier, trainable
 from vlbench.finetune.negclip import Pairs, clamp_scale
 from vlbench.models import register_local_configs
-from vlbench.models.toy import _make_optimizer, _train_step, build_toy_model
+from vlbench.models.toy import make_optimizer, train_step, build_toy_model
 
 
 def timed(run_steps, steps: int) -> float:
@@ -42,9 +42,9 @@ def pretrain_case(batch: int):
     from open_clip.loss import ClipLoss
 
     model = build_toy_model("vlbench-toy", 0).train()
-    opt, loss = _make_optimizer(model, 1e-4, 0.1), ClipLoss()
+    opt, loss = make_optimizer(model, 1e-4, 0.1), ClipLoss()
     x, text = torch.randn(batch, 3, 32, 32), torch.randint(1, 49000, (batch, 24))
-    return lambda n: [_train_step(model, opt, loss, x, text, 1e-4, 1.0, s) for s in range(n)]
+    return lambda n: [train_step(model, opt, loss, x, text, 1e-4, 1.0, s) for s in range(n)]
 
 
 def elevater_case(batch: int):
@@ -69,7 +69,7 @@ def negclip_case(batch: int, checkpointing: bool = False, state_every: int | Non
     neighbours = torch.stack([torch.randperm(n)[:3] for _ in range(n)])
     pairs = Pairs(torch.randn(n, 3, 32, 32), lambda t: t, captions, negatives, neighbours,
                   {"batch_size": batch // 2}, 0, None)
-    return loop_case(model, _make_optimizer(model, 1e-6, 0.2), pairs.batch, pairs.loss, clamp_scale, state_every)
+    return loop_case(model, make_optimizer(model, 1e-6, 0.2), pairs.batch, pairs.loss, clamp_scale, state_every)
 
 
 def loop_case(model, opt, batch, loss, after, state_every: int | None = None):

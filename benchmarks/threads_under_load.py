@@ -31,22 +31,22 @@ WORKER = r"""
 import json, math, sys, time
 import torch
 from vlbench.models import register_local_configs
-from vlbench.models.toy import _make_optimizer, _train_step, build_toy_model
+from vlbench.models.toy import make_optimizer, train_step, build_toy_model
 from open_clip.loss import ClipLoss
 register_local_configs()
 steps = int(sys.argv[1])
 model = build_toy_model("vlbench-toy", 0)
 model.train()
-opt = _make_optimizer(model, 1e-3, 0.1)
+opt = make_optimizer(model, 1e-3, 0.1)
 loss_fn = ClipLoss()
 g = torch.Generator().manual_seed(0)
 x = torch.randn(128, 3, 32, 32, generator=g)
 text = torch.randint(1, 1000, (128, model.context_length), generator=g)
 for step in range(2):
-    _train_step(model, opt, loss_fn, x, text, 1e-3, 1.0, step + 1)
+    train_step(model, opt, loss_fn, x, text, 1e-3, 1.0, step + 1)
 start = time.perf_counter()
 for step in range(steps):
-    _train_step(model, opt, loss_fn, x, text, 1e-3, 1.0, step + 3)
+    train_step(model, opt, loss_fn, x, text, 1e-3, 1.0, step + 3)
 print(json.dumps({"steps_per_s": steps / (time.perf_counter() - start), "threads": torch.get_num_threads()}))
 """
 

@@ -20,7 +20,7 @@ from vlbench.config import (
     texts_dir,
 )
 from vlbench.datasets.canonical import load_meta
-from vlbench.knowledge import retrieval
+from vlbench.knowledge import repe
 from vlbench.models.identity import model_identity
 from vlbench.results import Result, write_result
 from vlbench.texts import text_set_names
@@ -42,7 +42,7 @@ def main() -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda: where FAISS builds and searches the index")
     args = p.parse_args()
     params = load_params(args.params)
-    cfg = retrieval.parse_config(get(params, "retrieve", dict))
+    cfg = repe.parse_config(get(params, "retrieve", dict))
     try:
         dataset_entry(params, cfg.corpus)
     except ParamsError as err:
@@ -51,16 +51,16 @@ def main() -> None:
     decode = get(params, "embed.decode", str)
     target, corpus_inputs = dataset_inputs(args.dataset, identity, decode), dataset_inputs(cfg.corpus, identity, decode)
     class_sets = class_owned_sets(args.dataset)
-    retrieval.check_prompt_set(args.dataset, cfg.prompts, class_sets)
-    corpus = retrieval.load_corpus(corpus_inputs, cfg)
+    repe.check_prompt_set(args.dataset, cfg.prompts, class_sets)
+    corpus = repe.load_corpus(corpus_inputs, cfg)
     names = target.meta.class_names
     prompts = target.texts(cfg.prompts)
-    prompt_emb, class_index = retrieval.template_prompts(prompts, args.dataset, cfg.prompts, len(names))
-    result = retrieval.run_retrieval(corpus, names, prompt_emb, class_index,
-                                     retrieval.class_text_sets(target, class_sets), cfg, args.device)
-    fingerprint = retrieval.weights_fingerprint(prompts.fingerprint, corpus, cfg, result.query_sources)
-    retrieval.write_outputs(retrieval.retrieval_dir(target.features_dir), names, corpus, result, fingerprint)
-    metrics, counts, used, timings = retrieval.summary(result, cfg, corpus)
+    prompt_emb, class_index = repe.template_prompts(prompts, args.dataset, cfg.prompts, len(names))
+    result = repe.run_retrieval(corpus, names, prompt_emb, class_index,
+                                     repe.class_text_sets(target, class_sets), cfg, args.device)
+    fingerprint = repe.weights_fingerprint(prompts.fingerprint, corpus, cfg, result.query_sources)
+    repe.write_outputs(repe.retrieval_dir(target.features_dir), names, corpus, result, fingerprint)
+    metrics, counts, used, timings = repe.summary(result, cfg, corpus)
     write_result("retrieve", args.dataset, Result(metrics, counts, used, run=timings), fingerprint)
     print(f"retrieve {args.dataset}: {result.info.kind} index over {result.info.vectors} {cfg.modality} vectors of "
           f"{cfg.corpus!r} built in {timings['index_build_seconds']:.3f} s, {len(names)} queries in "

@@ -6,13 +6,12 @@ import json
 
 from stages.common import parser, run
 from vlbench.config import check_suite_dataset, features_dir, get, load_params, prepared_dir
+from vlbench.share import share_image_features
 
 
 def main() -> None:
     args = parser(__doc__).parse_args()
     params = load_params(args.params)
-    from vlbench.share import share_image_features
-
     source = check_suite_dataset(params, get(params, f"suite.share_images.{args.dataset}", str))
     slug = get(params, "model.slug", str)
     summary = share_image_features(prepared_dir(source), prepared_dir(args.dataset),

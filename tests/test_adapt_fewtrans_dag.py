@@ -191,7 +191,7 @@ POLYGON, SHAPE = "n13866144", "n00027807"
 
 @pytest.fixture(scope="module")
 def demo_parents(tmp_path_factory):
-    from vlbench.knowledge.wordnet import WordNetMissing, load_wordnet
+    from vlbench.wordnet import WordNetMissing, load_wordnet
 
     try:
         load_wordnet(download=False, cache_dir=tmp_path_factory.mktemp("wordnet"))

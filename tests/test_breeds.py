@@ -16,7 +16,7 @@ import pytest
 from tests.http_server import serve
 from tests.test_imagenet import fake_wnids, files_spec, make_imagenet, trust_devkit
 from vlbench.datasets import breeds, imagenet
-from vlbench.datasets.breeds import Hierarchy, Superclass
+from vlbench.datasets.breeds import ClassHierarchy, Superclass
 from vlbench.datasets.canonical import DatasetError
 from vlbench.datasets.registry import describe, prepare_dataset
 
@@ -107,7 +107,7 @@ ENTITY13 = {
 # -------------------------------------------------------------------------------------- the algorithm
 
 
-def tiny_hierarchy() -> Hierarchy:
+def tiny_hierarchy() -> ClassHierarchy:
     """root r -> a -> {A, B}, r -> b -> C -> D; also r -> A directly (a shorter path: A's level is still 2).
     Classes (leaves): A: a1..a5, B: b1 b2, D: d1..d4; x1 is a class outside the hierarchy; 'orphan' -> o1
     is an edge that leads to no class of the dataset's ancestors from the root."""
@@ -116,7 +116,7 @@ def tiny_hierarchy() -> Hierarchy:
              ("orphan", "o1"), ("b", "unused")]
     edges += [("A", f"a{i}") for i in range(1, 6)] + [("B", "b1"), ("B", "b2")] + [("D", f"d{i}") for i in range(1, 5)]
     names = {"r": "root", "a": "group a", "A": "big A", "B": "small B", "D": "deep D"}
-    return Hierarchy.build([(i, w, w) for i, w in enumerate(leaves)], edges, names, root="r")
+    return ClassHierarchy.build([(i, w, w) for i, w in enumerate(leaves)], edges, names, root="r")
 
 
 def test_levels_keep_the_longest_path_and_the_graph_keeps_only_ancestors_of_classes():
@@ -149,9 +149,9 @@ def test_algorithm_errors_name_the_problem():
     with pytest.raises(DatasetError, match="no hierarchy node at level 9"):
         breeds.superclasses(h, level=9, subclasses=2)
     with pytest.raises(DatasetError, match="has a cycle"):
-        Hierarchy.build([(0, "x", "x")], [("r", "a"), ("a", "b"), ("b", "a"), ("b", "x")], {}, root="r")
+        ClassHierarchy.build([(0, "x", "x")], [("r", "a"), ("a", "b"), ("b", "a"), ("b", "x")], {}, root="r")
     with pytest.raises(DatasetError, match="root 'zz' is not an ancestor"):
-        Hierarchy.build([(0, "x", "x")], [("r", "x")], {}, root="zz")
+        ClassHierarchy.build([(0, "x", "x")], [("r", "x")], {}, root="zz")
 
 
 def test_catalogue_rows_need_no_download():
@@ -170,7 +170,7 @@ def test_real_hierarchy_gives_the_published_groupings(key, published):
     for role, spec in breeds.HIERARCHY_FILES.items():
         upstream = spec["url"].rsplit("/", 1)[1]
         assert hashlib.sha256((REFERENCE / upstream).read_bytes()).hexdigest() == spec["sha256"], role
-    h = Hierarchy.from_files(REFERENCE / "dataset_class_info.json", REFERENCE / "class_hierarchy.txt",
+    h = ClassHierarchy.from_files(REFERENCE / "dataset_class_info.json", REFERENCE / "class_hierarchy.txt",
                              REFERENCE / "node_names.txt")
     names = imagenet.clip_classnames()
     index = {wnid: i for i, wnid, _ in h.leaves}

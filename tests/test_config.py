@@ -338,7 +338,7 @@ def test_the_text_set_defaults_compose_assumes_are_the_analyses_own():
     from vlbench.analyses.extensibility import DEFAULTS as EXTENSIBILITY
     from vlbench.analyses.retrieval import DEFAULTS as RETRIEVAL
     from vlbench.config import NEEDS_DEFAULTS, text_set_needs
-    from vlbench.knowledge.retrieval import DEFAULT_PROMPTS
+    from vlbench.knowledge.repe import DEFAULT_PROMPTS
     from vlbench.texts import CAPTION_PROMPT_SET
 
     assert NEEDS_DEFAULTS == {

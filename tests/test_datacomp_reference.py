@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from vlbench.cli import main
 from vlbench.reference import load_tables
-from vlbench.reference.compare import reference_report
+from vlbench.reference.verdicts import reference_report
 from vlbench.reference.datacomp import (AVERAGE, TASKS, PlacementError, average_interval, load_population, place,
                                         run_numbers)
 from vlbench.report.html import index_page

@@ -45,7 +45,7 @@ def mini():
 
 @pytest.fixture(scope="module")
 def wn(tmp_path_factory):
-    from vlbench.knowledge.wordnet import WordNetMissing, load_wordnet
+    from vlbench.wordnet import WordNetMissing, load_wordnet
 
     try:
         return load_wordnet(download=False, cache_dir=tmp_path_factory.mktemp("wordnet"))
@@ -318,7 +318,7 @@ def _shape_world(tmp_path, wn, mode="tree"):
 
 
 def test_run_on_the_shape_hierarchy(tmp_path, wn, monkeypatch):
-    from vlbench.knowledge import wordnet
+    from vlbench import wordnet
 
     monkeypatch.setattr(wordnet, "load_wordnet", lambda *a, **k: wn)
     inputs = _shape_world(tmp_path, wn)
@@ -345,7 +345,7 @@ def test_run_on_the_shape_hierarchy(tmp_path, wn, monkeypatch):
 
 
 def test_run_refuses_a_hierarchy_set_of_the_other_mode(tmp_path, wn, monkeypatch):
-    from vlbench.knowledge import wordnet
+    from vlbench import wordnet
 
     monkeypatch.setattr(wordnet, "load_wordnet", lambda *a, **k: wn)
     inputs = _shape_world(tmp_path, wn, mode="dag")
@@ -355,7 +355,7 @@ def test_run_refuses_a_hierarchy_set_of_the_other_mode(tmp_path, wn, monkeypatch
 
 
 def test_run_on_the_dag(tmp_path, wn, monkeypatch):
-    from vlbench.knowledge import wordnet
+    from vlbench import wordnet
 
     monkeypatch.setattr(wordnet, "load_wordnet", lambda *a, **k: wn)
     inputs = _shape_world(tmp_path, wn, mode="dag")

@@ -17,18 +17,10 @@ from tests.http_server import serve
 from vlbench.cli import main
 from vlbench.datasets import synthetic
 from vlbench.datasets.leaves import dataset_leaves
-from vlbench.knowledge.hierarchy import (
-    Graph,
-    HierarchyError,
-    build_from_graph,
-    build_hierarchy,
-    imagenet_wnids,
-    leaf_wnids,
-    longest_paths,
-    parse_class_info,
-    unique_names,
-)
-from vlbench.knowledge.wordnet import (
+from vlbench.datasets.imagenet import imagenet_wnids
+from vlbench.datasets.wnids import HierarchyError, leaf_wnids, parse_class_info
+from vlbench.knowledge.hierarchy import Graph, build_from_graph, build_hierarchy, longest_paths, unique_names
+from vlbench.wordnet import (
     WordNetMissing,
     load_wordnet,
     synset_from_wnid,

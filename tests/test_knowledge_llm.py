@@ -24,7 +24,7 @@ from vlbench.features import embedding_array, features_schema, write_table
 from vlbench.knowledge import demo, llm
 from vlbench.knowledge.llm import AnswerCache, Endpoint, LLMError, generate, plan_for, requests_for
 from vlbench.knowledge.variants import DEFAULT_VARIANTS, VARIANTS, build_knowledge, knowledge_options
-from vlbench.knowledge.wordnet import load_wordnet
+from vlbench.wordnet import load_wordnet
 from vlbench.texts import write_text_sets
 
 CLASSES = ["apple", "Egyptian cat", "hexagon"]

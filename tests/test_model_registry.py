@@ -317,7 +317,7 @@ def test_a_malformed_hub_name_is_refused(arch):
 def test_a_run_with_another_preprocessing_gets_no_verdict_against_the_published_number():
     """open_clip's rows check the entry's preprocessing and text handling against reports/model.json: the entry's
     own run is compared; a run that squashed differently or cut texts shorter is listed as not compared."""
-    from vlbench.reference.compare import reference_report
+    from vlbench.reference.verdicts import reference_report
 
     table = next(t for t in load_tables() if t.file == "open_clip_results.json")
     cfg = ENTRIES["siglip-vitb16"]

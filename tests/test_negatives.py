@@ -224,7 +224,7 @@ def test_a_class_is_never_replaced_by_one_it_is_a_kind_of():
     """The demo's circle is an ellipse and its square a rectangle (WordNet): replacing "circle" by "ellipse" would be
     true."""
     from vlbench.datasets.synthetic import SHAPES
-    from vlbench.knowledge.wordnet import WordNetMissing
+    from vlbench.wordnet import WordNetMissing
 
     try:
         hypernyms = ng.class_hypernyms([(i, s.wnid) for i, s in enumerate(SHAPES)])

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def wn():
-    from vlbench.knowledge.wordnet import WordNetMissing, load_wordnet
+    from vlbench.wordnet import WordNetMissing, load_wordnet
 
     try:
         return load_wordnet(download=False)
@@ -184,7 +184,7 @@ IDENTITY = {"model": "m", "arch": "a", "pretrained": "openai"}
 def write_repe(features_dir: Path, dataset: str, w: np.ndarray) -> None:
     """The retrieve stage's REPE class weights file (one row per class, fingerprinted for the model and dataset)."""
     from vlbench.features import embedding_array, features_schema, write_table
-    from vlbench.knowledge.retrieval import weights_path
+    from vlbench.knowledge.repe import weights_path
 
     table = pa.table({"class_index": np.arange(w.shape[0]), "fallback": np.arange(w.shape[0]) == 0})
     path = weights_path(features_dir)
@@ -361,7 +361,7 @@ def test_adversarial_ranking_flags_related_words(tmp_path, monkeypatch):
     cands = {"near0": axis[0] + 0.2 * axis[1], "far": -axis[0], "synonym0": axis[0] * 1.0 + 0.01,
              "near2": axis[2] + 0.3 * axis[3], "mid": 0.5 * axis[4] + 0.5 * axis[5]}
     inputs = world(tmp_path, vocabulary=cands)
-    monkeypatch.setattr(vocab, "related_words",
+    monkeypatch.setattr(op, "related_words",
                         lambda meta, words, wn=None: [("synonym", "c0") if w == "synonym0" else None for w in words])
     default = op.run_dataset(inputs, {"orders": 4, "adversarial": {"top": 5}}, 0)
     # default (the paper: its CIFAR-10 top-3 has "equidae"): related words are ranked with the others

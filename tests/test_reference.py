@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from vlbench.cli import main
 from vlbench.reference import DATA_DIR, PAPERS, ReferenceDataError, UnknownPaperError, load_tables, validate_table
-from vlbench.reference.compare import DEFAULT_TOLERANCE, reference_report, tolerance
+from vlbench.reference.verdicts import DEFAULT_TOLERANCE, reference_report, tolerance
 from vlbench.results import Result, write_result
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from vlbench.analyses.zeroshot import class_weights
+from vlbench.analyses.scoring import class_weights
 from vlbench.config import ParamsError
 from vlbench.features import StaleFeaturesError
-from vlbench.knowledge import retrieval as rt
+from vlbench.knowledge import repe as rt
 
 DVC = (sys.executable, "-m", "dvc")
 ROOT = Path(__file__).resolve().parent.parent

@@ -373,7 +373,7 @@ def test_open_clips_shift_accuracies_give_verdicts_for_the_robustness_results():
     """open_clip's table (CLIP_benchmark, 80 templates) has ImageNetV2/Sketch/R/A for the registered models: a run's
     robustness accuracy gets a verdict; ObjectNet has no row (CLIP_benchmark's protocol is not vlbench's)."""
     from vlbench.reference import load_tables
-    from vlbench.reference.compare import reference_report
+    from vlbench.reference.verdicts import reference_report
 
     tables = [t for t in load_tables() if t.paper == "open_clip"]
     rows_ = [r for t in tables for r in t.rows if r.analysis == "robustness"]

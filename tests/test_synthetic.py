@@ -31,7 +31,7 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def wn(tmp_path_factory):
-    from vlbench.knowledge.wordnet import WordNetMissing, load_wordnet
+    from vlbench.wordnet import WordNetMissing, load_wordnet
     try:
         return load_wordnet(download=False, cache_dir=tmp_path_factory.mktemp("wncache"))
     except WordNetMissing as err:
@@ -211,7 +211,7 @@ def test_unknown_key_uses_the_shared_spec_check():
 
 
 def test_shapes_are_wordnet_shapes(wn):
-    from vlbench.knowledge.wordnet import synset_from_wnid
+    from vlbench.wordnet import synset_from_wnid
     for shape in S.SHAPES:
         synset = synset_from_wnid(wn, shape.wnid)
         assert synset.name() == shape.synset and synset.lexname() == "noun.shape"
@@ -219,7 +219,7 @@ def test_shapes_are_wordnet_shapes(wn):
 
 
 def test_hierarchy_table_matches_wordnet(wn):
-    from vlbench.knowledge.wordnet import wnid_of
+    from vlbench.wordnet import wnid_of
     for name, (word, wnid, parents) in S.CONCEPTS.items():
         synset = wn.synset(name)
         assert wnid_of(synset) == wnid and word.replace(" ", "_") in synset.lemma_names()

@@ -15,7 +15,7 @@ from tests.test_imagenet import fake_wnids, files_spec, make_imagenet, trust_dev
 from vlbench.datasets import imagenet, tiered
 from vlbench.datasets.canonical import DatasetError
 from vlbench.datasets.registry import describe, prepare_dataset
-from vlbench.knowledge.wordnet import load_wordnet, wnid_of
+from vlbench.wordnet import load_wordnet, wnid_of
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "tiered_imagenet"
 
@@ -71,7 +71,7 @@ def test_prepared_with_categories_as_groups(tmp_path, cache, monkeypatch):
     saved = json.loads((out / "classes.json").read_text())
     assert len(saved["classes"]) == 608 and [c["wnid"] for c in saved["classes"]] == classes
     wn = load_wordnet()
-    from vlbench.knowledge.wordnet import synset_from_wnid
+    from vlbench.wordnet import synset_from_wnid
 
     first = synset_from_wnid(wn, categories[0]).lemma_names()[0].replace("_", " ")
     assert saved["classes"][0]["group"] == first and saved["classes"][34]["group"] == first  # 0 and 34 share a category

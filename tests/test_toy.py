@@ -85,7 +85,7 @@ def test_the_named_pieces_compose_into_exactly_train_toy_clip(corpus, tmp_path):
         pp = dict(model.visual.preprocess_cfg)
         images, tokens, owner = toy._load_corpus(corpus, "vlbench-toy", pp, None)
         batches = toy._Batches(images, tokens, owner, pp, SETTINGS["batch_size"], seed)
-        optimizer = toy._make_optimizer(model, SETTINGS["lr"], SETTINGS["weight_decay"])
+        optimizer = toy.make_optimizer(model, SETTINGS["lr"], SETTINGS["weight_decay"])
         schedule = toy._lr_schedule(SETTINGS["lr"], SETTINGS["warmup_steps"], steps)
         log = toy._train_loop(model, optimizer, batches, schedule, steps, 1.0)
     assert [s for s, _, _ in log] == [1, 2]

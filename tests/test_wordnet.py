@@ -5,8 +5,8 @@ from pathlib import Path
 import nltk
 import pytest
 
-from vlbench.knowledge import wordnet as W
-from vlbench.knowledge.wordnet import (
+from vlbench import wordnet as W
+from vlbench.wordnet import (
     LEXNAMES,
     WnidError,
     WordNetMissing,

@@ -2,7 +2,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from vlbench.analyses.zeroshot import class_weights, evaluate_zeroshot, zeroshot_logits
+from vlbench.analyses.scoring import class_weights, zeroshot_logits
+from vlbench.analyses.zeroshot import evaluate_zeroshot
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta
 
 

@@ -330,7 +330,7 @@ def test_open_clip_retrieval_reference_compares_only_clip_benchmarks_setting():
     """open_clip's CLIP_benchmark numbers (vlbench/reference/data/open_clip_retrieval.json) apply to a run with raw
     captions (retrieval.text_set: captions) and are refused, with the reason, for the paper's prompted captions."""
     from vlbench.reference import load_tables
-    from vlbench.reference.compare import reference_report
+    from vlbench.reference.verdicts import reference_report
 
     tables = [t for t in load_tables("open_clip") if t.table == "openclip_retrieval_results.csv"]
     (table,) = tables

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import yaml
 
+from vlbench.compare_runs import compare, format_table, open_revision, write_page
 from vlbench.config import (
     OWN_DATA,
     available,
@@ -22,10 +23,15 @@ from vlbench.config import (
     link_data_root,
     missing_finetuned,
 )
+from vlbench.datasets.leaves import dataset_leaves
+from vlbench.datasets.registry import catalogue, entries
 from vlbench.errors import VlbenchError
 from vlbench.io import atomic_path
+from vlbench.knowledge.coverage import coverage_report, format_report
+from vlbench.knowledge.hierarchy import build_hierarchy
 from vlbench.pipeline import refresh_dvc_yaml
-
+from vlbench.plan import make_plan, summary
+from vlbench.reference import load_tables
 
 
 @click.group()
@@ -71,8 +77,6 @@ def suites(ctx: click.Context) -> None:
 @click.pass_context
 def datasets(ctx: click.Context, suite: str | None, as_json: bool) -> None:
     """The catalogue: every registered dataset (conf/dataset/*.yaml) with source, classes, splits, metric."""
-    from vlbench.datasets.registry import catalogue
-
     conf = _conf(ctx)
     if suite is not None:
         _check_groups([f"suite={suite}"], conf)
@@ -174,8 +178,6 @@ def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, 
          model: str | None, device: str | None, warmup: bool, as_json: bool) -> None:
     """What `dvc exp run` with these OVERRIDES would run, how many images and texts it embeds, what is cached, and a
     time estimate from a short warm-up; runs nothing and writes nothing (params.yaml untouched)."""
-    from vlbench.plan import make_plan, summary
-
     conf = _conf(ctx)
     groups = [f"{group}={option}" for group, option in (("suite", suite), ("model", model)) if option is not None]
     chosen = [*overrides, *set_params, *groups]
@@ -208,9 +210,6 @@ def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, 
 def hierarchy(ctx: click.Context, dataset: str, as_json: bool, dag: bool) -> None:
     """The WordNet hierarchy above DATASET's classes: coarse classes, count per level, depth."""
     from omegaconf import OmegaConf
-
-    from vlbench.datasets.leaves import dataset_leaves
-    from vlbench.knowledge.hierarchy import build_hierarchy
 
     conf = _conf(ctx)
     if dataset not in available("dataset", conf):
@@ -249,9 +248,6 @@ def knowledge_coverage(ctx: click.Context, suite: str | None, as_json: bool) -> 
 
     Reads the knowledge files from the download cache or the local mirror folder (env VLBENCH_MIRROR) only; it
     never downloads, and says which files are absent."""
-    from vlbench.datasets.registry import entries
-    from vlbench.knowledge.coverage import coverage_report, format_report
-
     conf = _conf(ctx)
     if suite is not None:
         _check_groups([f"suite={suite}"], conf)
@@ -276,8 +272,6 @@ def knowledge_coverage(ctx: click.Context, suite: str | None, as_json: bool) -> 
                    '"how_to_run", "notes", "models", "rows": [...]}]}')
 def reference(paper: str | None, as_json: bool) -> None:
     """The papers' published numbers vlbench compares runs with: each table, its settings and how to run them."""
-    from vlbench.reference import load_tables
-
     try:
         tables = load_tables(paper)
     except VlbenchError as err:
@@ -309,8 +303,6 @@ def reference(paper: str | None, as_json: bool) -> None:
 def compare_cmd(revs: tuple[str, ...], as_json: bool, out: str) -> None:
     """Compare the results of git revisions or DVC experiments (read through DVC, never checked out): every metric
     with its interval, the paired significance of each difference, the winner."""
-    from vlbench.compare import compare, format_table, open_revision, write_page
-
     if len(revs) < 2 or len(set(revs)) < len(revs):
         raise click.UsageError(f"give at least two different revisions, got {list(revs)}")
     if Path(out).exists() and not Path(out).is_dir():
@@ -325,9 +317,7 @@ def compare_cmd(revs: tuple[str, ...], as_json: bool, out: str) -> None:
         click.echo(f"note: {e.name}: {len(e.unavailable)} per-sample file(s) in neither the DVC cache nor the remote "
                    f"(e.g. {e.unavailable[0]}; dvc pull): their differences are unpaired", err=True)
     click.echo(json.dumps(data, indent=2) if as_json else format_table(data))
-    page = write_page(data, Path(out))
-    click.echo(f"wrote {page}" if page else "comparison page not written: this checkout has no "
-               "vlbench.report.html.render_comparison", err=True)
+    click.echo(f"wrote {write_page(data, Path(out))}", err=True)
 
 
 if __name__ == "__main__":

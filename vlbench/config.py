@@ -415,11 +415,6 @@ def prepared_dir(dataset: str) -> Path:
     return _inside(PREPARED / check_name("dataset", dataset))
 
 
-def splits_dir(dataset: str) -> Path:
-    """The prepared images and labels (what image embedding depends on); classes.json sits one level up."""
-    return prepared_dir(dataset) / "splits"
-
-
 def texts_dir(dataset: str) -> Path:
     return _inside(TEXTS / check_name("dataset", dataset))
 
@@ -440,14 +435,6 @@ def model_dir(slug: str) -> Path:
 
 def features_dir(model_slug: str, dataset: str) -> Path:
     return _inside(FEATURES / check_name("model", model_slug) / check_name("dataset", dataset))
-
-
-def image_features_path(model_slug: str, dataset: str, split: str) -> Path:
-    return features_dir(model_slug, dataset) / "images" / f"{check_name('split', split)}.parquet"
-
-
-def text_features_path(model_slug: str, dataset: str, text_set: str) -> Path:
-    return features_dir(model_slug, dataset) / "text" / f"{check_name('text set', text_set)}.parquet"
 
 
 def link_data_root(target: str | Path | None = None, link: Path | None = None) -> Path:

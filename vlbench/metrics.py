@@ -305,7 +305,7 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def _binary_decision(scores, convention: str) -> np.ndarray:
+def binary_decision(scores, convention: str) -> np.ndarray:
     """The (n,) value ROC-AUC ranks by: a 1-D input as it is; of (n, 2) scores, column 1 minus column 0, or under
     the "elevater" convention column 1 alone."""
     _check_convention(convention)
@@ -339,7 +339,7 @@ def roc_auc(scores, labels, convention: str = "default") -> float:
     ``AUC = (sum of positive ranks - P(P+1)/2) / (P*N)``, i.e. P(s_pos > s_neg) + 0.5 P(s_pos == s_neg).
     ``labels`` must hold 0/1 and contain both classes.
     """
-    decision = _binary_decision(scores, convention)
+    decision = binary_decision(scores, convention)
     n = decision.shape[0]
     y = _as_int_labels(labels, n, 2)
     n_pos = int(y.sum())
@@ -367,10 +367,10 @@ def f1_macro(scores, labels) -> float:
     y = _as_int_labels(labels, n, c)
     _check_nonempty(n, "macro F1")
     pred = s.argmax(axis=1)
-    return float(np.mean(_f1_per_class(y, pred, c)[np.bincount(y, minlength=c) > 0]))
+    return float(np.mean(f1_per_class(y, pred, c)[np.bincount(y, minlength=c) > 0]))
 
 
-def _f1_per_class(y: np.ndarray, pred: np.ndarray, c: int, weights: np.ndarray | None = None) -> np.ndarray:
+def f1_per_class(y: np.ndarray, pred: np.ndarray, c: int, weights: np.ndarray | None = None) -> np.ndarray:
     """(C,) F1 of each class (0 where it has no true positive), from (weighted) labels and predictions."""
     tp = np.bincount(y[pred == y], weights=None if weights is None else weights[pred == y], minlength=c)
     support = np.bincount(y, weights=weights, minlength=c)

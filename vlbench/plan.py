@@ -20,7 +20,10 @@ from typing import Any, Mapping
 import yaml
 
 from vlbench.config import PARAMS_FILE, dataset_entry, knowledge_dir, prepared_dir, texts_dir
+from vlbench.datasets.canonical import load_meta, split_path
+from vlbench.datasets.registry import describe
 from vlbench.errors import VlbenchError
+from vlbench.models.identity import hub_repo
 
 WARMUP_BATCH = 256  # the embed stage's default --batch-size
 WARMUP_BATCHES = 3  # timed full batches at most, after one untimed small one
@@ -68,11 +71,14 @@ def stage_statuses(params: Mapping[str, Any], root: Path = Path(".")) -> tuple[l
         composed = Path(tmp) / PARAMS_FILE.name
         composed.write_text(yaml.safe_dump(dict(params), sort_keys=False))
         try:
-            with Repo(str(root), fs=_params_overlay((root / PARAMS_FILE).resolve(), composed)) as repo, repo.lock:
-                order = _dag_order(repo)
-                rows, outputs = zip(*(_stage_row(repo, stage, locked) for stage in order))
-                outputs = _mark_downstream(repo.index.graph, order, rows, outputs)
-                remote = _on_remote(repo, outputs)
+            with Repo(str(root), fs=_params_overlay((root / PARAMS_FILE).resolve(), composed)) as repo:
+                stale = set(repo.status())  # `dvc status` (it takes the repository lock itself): the changed stages
+                with repo.lock:
+                    order = _dag_order(repo)
+                    rows, outputs = zip(*(_stage_row(repo, stage, locked, stage.addressing in stale)
+                                         for stage in order))
+                    outputs = _mark_downstream(repo.index.graph, order, rows, outputs)
+                    remote = _on_remote(repo, outputs)
         except LockError as err:
             raise PlanError(f"the DVC repository {str(root)!r} is locked by another DVC command (a `dvc repro` "
                             f"running?); plan again when it ends ({err})") from err
@@ -92,9 +98,8 @@ def _dag_order(repo) -> list:
     return list(nx.lexicographical_topological_sort(repo.index.graph.reverse(copy=False), key=position.__getitem__))
 
 
-def _stage_row(repo, stage, locked: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+def _stage_row(repo, stage, locked: Mapping[str, Any], stale: bool) -> tuple[dict[str, Any], Any]:
     """(the stage's row, the stage whose outputs are cached locally for its current inputs, or None)."""
-    stale = bool(stage.status())
     status = "never run" if stage.addressing not in locked else "stale" if stale else "up to date"
     outputs = _run_cached(repo, stage) if stale else stage
     row = {"name": stage.addressing, "status": status, "cached": {"local": outputs is not None, "remote": None},
@@ -121,7 +126,11 @@ def _mark_downstream(graph, order: list, rows: tuple, outputs: tuple) -> tuple:
 
 def _run_cached(repo, stage):
     """The stage as DVC's run cache recorded it for its current dependencies and params, when its outputs are in the
-    local cache; None otherwise (a dependency missing, never run with these inputs, outputs gone from the cache)."""
+    local cache; None otherwise (a dependency missing, never run with these inputs, outputs gone from the cache).
+
+    The one place plan reads DVC's internals: DVC has no public API that returns a run-cache entry (`dvc repro`
+    restores one through `StageCache.restore`, which returns nothing), and the entry's outputs are what
+    `cached.remote` asks the remote about."""
     from dvc.exceptions import DvcException
     from dvc.stage.cache import _can_hash
 
@@ -164,8 +173,6 @@ def _rows(folder: Path) -> int | None:
 
 def image_count(params: Mapping[str, Any], dataset: str) -> int | None:
     """Images of every split: from the prepared classes.json, else the catalogue (no download); None if unknown."""
-    from vlbench.datasets.registry import describe
-
     splits = describe(dataset, dataset_entry(params, dataset))["splits"]
     return sum(splits.values()) if splits else None
 
@@ -186,8 +193,6 @@ def stage_counts(params: Mapping[str, Any], name: str) -> tuple[int | None, int 
 
 def manual_downloads(params: Mapping[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     """The suite's datasets that need files fetched by hand (catalogue's manual_download) and are not prepared yet."""
-    from vlbench.datasets.registry import describe
-
     todo = {row["name"].partition("@")[2] for row in rows if row["name"].startswith("prepare@")
             and row["status"] != "up to date"}
     return [d for d in params["suite"]["datasets"]
@@ -199,7 +204,6 @@ def build_image_model(model_cfg: Mapping[str, Any], device):
     the weights' values, so the warm-up needs no weights file and no network."""
     import open_clip
 
-    from vlbench.models.identity import hub_repo
     from vlbench.models.loading import ModelError, hub_offline, offline, validate_model_config
 
     cfg = validate_model_config(model_cfg)
@@ -254,8 +258,6 @@ def measure_decode_seconds(load, datasets: list[str], sample: int = DECODE_SAMPL
     process, over the first `sample` images of the first split of each prepared dataset; (None, 0) when none is
     prepared."""
     import pyarrow.parquet as pq
-
-    from vlbench.datasets.canonical import load_meta, split_path
 
     images = []
     for dataset in datasets:

@@ -6,7 +6,7 @@ vlbench_version}; `intervals`: {metric: {low, high, level, method, resamples?, s
 `reports/metrics.json`: {analysis: {dataset: {metric: value}}}, numbers (and a name that goes with them, e.g.
 zeroshot's `knowledge_best_variant`), the one file declared as DVC metrics so `dvc exp show` stays readable;
 `reports/model.json`: the model fingerprint behind those numbers; `reports/reference.json`: those numbers against
-the papers' published ones (vlbench.reference.compare).
+the papers' published ones (vlbench.reference.verdicts).
 Paths never contain the model slug, so any two experiments are comparable.
 
 Results hold only what the inputs determine, so a rerun of the same inputs on the same machine type writes them
@@ -143,18 +143,6 @@ def model_of(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
     """reports/model.json's content from a result's fingerprint: MODEL_KEYS, then the RECORDED_MODEL_KEYS it has."""
     return {**{k: fingerprint.get(k) for k in MODEL_KEYS},
             **{k: fingerprint[k] for k in RECORDED_MODEL_KEYS if k in fingerprint}}
-
-
-def collect(datasets_by_analysis: Mapping[str, list[str]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """({analysis: {dataset: {metric: value}}}, the model fingerprint of those results)."""
-    metrics: dict[str, Any] = {}
-    model: dict[str, Any] = {}
-    for analysis, datasets in datasets_by_analysis.items():
-        for dataset in datasets:
-            result = read_result(analysis, dataset)
-            metrics.setdefault(analysis, {})[dataset] = result["metrics"]
-            model = model or model_of(result["fingerprint"])
-    return metrics, model
 
 
 def write_metrics(metrics: Mapping[str, Any], model: Mapping[str, Any], headline: Mapping[str, Any]) -> None:

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vlbench import metrics
 from vlbench.errors import VlbenchError
+from vlbench.metrics import binary_decision, f1_per_class, mean_confidence_interval
 
 LEVEL = 0.95
 RESAMPLES = 2000  # per interval; the Monte-Carlo error of a 95% endpoint is then about 0.1 point at n = 1000
@@ -197,13 +199,11 @@ def group_replicates(correct, groups, resamples: int = RESAMPLES, rng: np.random
 
 def _weighted_f1_macro(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray, convention: str) -> np.ndarray:
     """(R,) `vlbench.metrics.f1_macro` of each resample given as sample multiplicities `weights` (R, n)."""
-    from vlbench.metrics import _f1_per_class
-
     y, pred, c = labels.astype(np.int64), scores.argmax(axis=1), scores.shape[1]
     out = np.empty(weights.shape[0])
     for r, w in enumerate(weights.astype(np.float64)):
         present = np.bincount(y, weights=w, minlength=c) > 0
-        out[r] = _f1_per_class(y, pred, c, w)[present].mean()
+        out[r] = f1_per_class(y, pred, c, w)[present].mean()
     return out
 
 
@@ -215,8 +215,6 @@ def metric_interval(metric: str, scores, labels, convention: str = "default", *,
     indices resampled, `chunk` resamples at a time as multiplicities, and the metric recomputed on each; a resample
     that leaves the metric undefined (ROC-AUC with one class drawn) is dropped. Group metrics (worst-group top-k
     accuracy) need `groups`, one per sample, and resample the (group x correct) cells (`group_replicates`)."""
-    from vlbench import metrics
-
     scores = np.asarray(scores)
     if metric in GROUP_TOPK:
         metrics.compute(metric, scores, labels, convention, groups)  # the metric's own checks
@@ -242,9 +240,7 @@ def metric_interval(metric: str, scores, labels, convention: str = "default", *,
 
 
 def _roc_auc_replicates(scores, labels, weights, convention):
-    from vlbench.metrics import _binary_decision
-
-    return _weighted_roc_auc(_binary_decision(scores, convention), labels, weights)
+    return _weighted_roc_auc(binary_decision(scores, convention), labels, weights)
 
 
 WHOLE_SET_METRICS = {"map_11point": _weighted_map_11point, "roc_auc": _roc_auc_replicates,
@@ -405,7 +401,5 @@ def _expit(x: float) -> float:
 
 def episodes_interval(values) -> Interval:
     """The few-shot convention: mean +- 1.96 * std / sqrt(episodes) (vlbench.metrics.mean_confidence_interval)."""
-    from vlbench.metrics import mean_confidence_interval
-
     mean, half = mean_confidence_interval(values, LEVEL)
     return Interval(mean - half, mean + half, LEVEL, "episodes")

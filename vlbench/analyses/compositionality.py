@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from vlbench.analyses.base import Result
 from vlbench.errors import VlbenchError
 from vlbench.stats import bootstrap_sample_metric
 
@@ -255,8 +256,6 @@ def candidate_scores(image_ids, image_emb, table, text_emb, where: str) -> np.nd
 
 
 def run(inputs, cfg, seed: int):
-    from vlbench.analyses.base import Result
-
     cfg = check_config(cfg, list(inputs.meta.splits))
     benchmark = benchmark_of(inputs.meta)
     images = inputs.images(cfg["split"])

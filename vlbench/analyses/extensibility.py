@@ -33,8 +33,13 @@ from typing import Any
 import numpy as np
 
 from vlbench import expansion as ex
+from vlbench.analyses.scoring import class_weights, similarities
+from vlbench.config import check_name, check_suite_dataset, get
 from vlbench.expansion import ExtensibilityError
-from vlbench.analyses.zeroshot import similarities
+from vlbench.knowledge.repe import DEFAULT_PROMPTS, read_repe_class_weights, weights_path
+from vlbench.knowledge.vocabulary import PROMPT_SET_PREFIX, VOCABULARY_SET, related_words
+from vlbench.results import Result
+from vlbench.texts import text_set_names
 
 PROTOCOLS = ("paper", "authors")
 DUPLICATES = ("first", "remove", "merge")
@@ -157,8 +162,6 @@ def dataset_groups(meta, grouping: str) -> tuple[list[str], list[list[int]], str
 
 
 def prompt_weights(features, n_classes: int, where: str) -> np.ndarray:
-    from vlbench.analyses.zeroshot import class_weights
-
     index = features.table.column("class_index").to_numpy()
     missing = sorted(set(range(n_classes)) - set(index.tolist()))
     if missing:
@@ -187,9 +190,6 @@ def _variant(inputs, variant: str) -> tuple[np.ndarray, tuple[np.ndarray, np.nda
 
 
 def _prompt_set(inputs, variant: str) -> str:
-    from vlbench.knowledge.vocabulary import PROMPT_SET_PREFIX
-    from vlbench.texts import text_set_names
-
     name = f"{PROMPT_SET_PREFIX}{variant}"
     if name not in text_set_names(inputs.texts_dir):
         raise ExtensibilityError(
@@ -202,8 +202,6 @@ def variant_weights(inputs, variant: str) -> np.ndarray:
     """(C, d) normalised class weights of one variant for one dataset's `Inputs`."""
     meta = inputs.meta
     if variant == REPE:
-        from vlbench.knowledge.retrieval import read_repe_class_weights
-
         found = read_repe_class_weights(inputs.features_dir, inputs.identity, meta.name)
         if found.embeddings.shape[0] != len(meta.classes):
             raise ExtensibilityError(f"dataset {meta.name!r}: REPE class weights have {found.embeddings.shape[0]} rows "
@@ -221,8 +219,6 @@ def repe_source(inputs) -> dict[str, Any]:
     caption set, versions), the retrieval settings, the prompts mixed, the model that embedded query and corpus (the
     model under test: vlbench has no second retrieval model) and how many classes fell back to their query; `paper_corpus`
     says whether the corpus is the paper's CC12M (App. A.5)."""
-    from vlbench.knowledge.retrieval import DEFAULT_PROMPTS, read_repe_class_weights
-
     found = read_repe_class_weights(inputs.features_dir, inputs.identity, inputs.meta.name)
     fp = found.fingerprint
     corpus = fp.get("corpus")
@@ -242,8 +238,6 @@ def repe_details(members: Sequence[tuple[str, Any]], variants: Sequence[str]) ->
 
 def repe_missing(inputs) -> str | None:
     """None where the dataset has REPE class weights (the retrieve stage's file), else why `repe` cannot run there."""
-    from vlbench.knowledge.retrieval import weights_path
-
     path = weights_path(inputs.features_dir)
     return None if path.is_file() else f"dataset {inputs.meta.name!r} has no REPE class weights ({path})"
 
@@ -574,8 +568,6 @@ def evaluate_variant(vocab: Vocabulary, variant: str, s: Settings, seed: int) ->
 def candidate_weights(features) -> tuple[np.ndarray, np.ndarray]:
     """(words, (W, d) normalised weights) of a `vocabulary` text set: per word (owner `key`), the renormalised mean
     of its normalised template embeddings, words in sorted order."""
-    from vlbench.analyses.zeroshot import class_weights
-
     words, inverse = np.unique(np.asarray(features.table.column("key").to_pylist(), dtype=object), return_inverse=True)
     return words, class_weights(features.embeddings, inverse, len(words))
 
@@ -624,9 +616,6 @@ def empty_vocabulary_table():
 def adversarial(inputs, vocab: Vocabulary, s: Settings, relate=None):
     """(details, table) of the adversarial scan, or (None, empty table) when the dataset has no `vocabulary` text
     set. `relate(meta, words)` gives each word's (relation, class) or None (default: WordNet, vocabulary.py)."""
-    from vlbench.knowledge.vocabulary import VOCABULARY_SET, related_words
-    from vlbench.texts import text_set_names
-
     if VOCABULARY_SET not in text_set_names(inputs.texts_dir):
         return None, empty_vocabulary_table()
     variant = s.adversarial_variant
@@ -678,8 +667,6 @@ def headline(variants: Mapping[str, Mapping[str, Any]], adv: Mapping[str, Any] |
 
 
 def _result(vocab: Vocabulary, s: Settings, seed: int, extra_params: dict, adv=None, tables=None):
-    from vlbench.results import Result
-
     variants = {v: evaluate_variant(vocab, v, s, seed) for v in vocab.weights}
     details = {"groups": vocab.group_names, **vocab.notes, "variants": variants, "skipped_variants": vocab.skipped}
     if vocab.repe is not None:
@@ -711,8 +698,6 @@ def run_union(members: Sequence[tuple[str, Any]], cfg: Mapping[str, Any], seed: 
 def set_members(params: Mapping[str, Any], name: str) -> list[str]:
     """The member datasets of `suite.extensibility_sets.<name>`: at least two distinct datasets of the suite; the
     set's name may not be a dataset's (both write reports/extensibility/<name>.json)."""
-    from vlbench.config import check_name, check_suite_dataset, get
-
     sets = get(params, "suite.extensibility_sets", Mapping)
     check_name("dataset-level vocabulary", name)
     if name not in sets:

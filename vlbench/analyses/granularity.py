@@ -34,8 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from vlbench.analyses.zeroshot import class_weights, l2_normalize, similarities
+from vlbench.analyses.base import Result
+from vlbench.analyses.scoring import class_weights, l2_normalize, similarities
+from vlbench.config import ParamsError
+from vlbench.datasets.wnids import HYPERNYM_GROUP, leaf_wnids
 from vlbench.errors import VlbenchError
+from vlbench.knowledge.hierarchy import build_hierarchy
+from vlbench.metrics import average_precision_per_class
+from vlbench.texts import read_text_set, text_set_names
 
 HIERARCHY_SET = "hierarchy"  # vlbench.knowledge.coarse_texts.HIERARCHY_SET
 GROUPS_SET = "groups"  # vlbench.knowledge.coarse_texts.GROUPS_SET
@@ -137,8 +143,6 @@ def hierarchy_scores(image_emb: np.ndarray, leaf_weights: np.ndarray, coarse_wei
 
 def average_precision(scores: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """(K,) non-interpolated AP per column (scikit-learn's definition; NaN without positives), in column blocks."""
-    from vlbench.metrics import average_precision_per_class
-
     return np.concatenate([average_precision_per_class(scores[:, lo:lo + CLASS_CHUNK], targets[:, lo:lo + CLASS_CHUNK])
                            for lo in range(0, scores.shape[1], CLASS_CHUNK)])
 
@@ -331,8 +335,6 @@ def check_names_in_texts(features, keys: Sequence[str], names: Sequence[str], wh
 
 def leaf_classes(meta, leaves: Sequence[str]) -> np.ndarray:
     """(L,) class index of every leaf wnid (classes that are leaves: a wnid and no `group: hypernym`)."""
-    from vlbench.knowledge.hierarchy import HYPERNYM_GROUP
-
     index = {c.wnid: c.index for c in meta.classes if c.wnid and c.group != HYPERNYM_GROUP}
     return np.array([index[w] for w in leaves], dtype=np.int64)
 
@@ -376,8 +378,6 @@ def group_index(meta, groups: Sequence[str], where: str) -> np.ndarray:
 
 
 def check_cfg(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    from vlbench.config import ParamsError
-
     mode = cfg.get("mode", "tree")
     if mode not in MODES:
         raise ParamsError(f"params.yaml: granularity.mode {mode!r} is not one of {list(MODES)}")
@@ -389,9 +389,6 @@ def check_cfg(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def run(inputs, cfg, seed: int):
     """The granularity analysis of one dataset: the parts its text sets allow (module docstring)."""
-    from vlbench.analyses.base import Result
-    from vlbench.texts import text_set_names
-
     params = check_cfg(cfg)
     available = text_set_names(inputs.texts_dir)
     if HIERARCHY_SET not in available and GROUPS_SET not in available:
@@ -416,8 +413,6 @@ def _class_weights(prompts, num_classes: int) -> np.ndarray:
 
 
 def _hierarchy_part(inputs, images, fine: np.ndarray, params: dict, result) -> None:
-    from vlbench.knowledge.hierarchy import build_hierarchy, leaf_wnids
-
     meta = inputs.meta
     tree = build_hierarchy(leaf_wnids(meta.classes), mode=params["mode"])
     index = index_hierarchy(tree)
@@ -462,8 +457,6 @@ def _frequency_part(inputs, corpus: str | None, res: HierarchyResult, index: Nod
     """Name counts in the corpus captions and their correlation with the propagation gaps (evaluated classes)."""
     if corpus is None:
         return {"summary": {"corpus": None}}
-    from vlbench.texts import read_text_set
-
     table, _ = read_text_set(inputs.texts_dir.parent / corpus / f"{CORPUS_SET}.parquet")
     captions = table.column("text").to_pylist()
     leaf_counts = mention_counts(captions, [class_names[i] for i in leaf_class])

@@ -37,7 +37,11 @@ from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits
 
 from vlbench import metrics
+from vlbench.datasets.canonical import DatasetError
 from vlbench.errors import VlbenchError
+from vlbench.features import embedding_array
+from vlbench.results import Result
+from vlbench.stats import metric_interval
 
 log = logging.getLogger(__name__)
 
@@ -389,8 +393,6 @@ def predictions_table(test_table, label_column: str, scores: np.ndarray):
     (-inf for classes the probe never saw): reports/linear_probe/<dataset>.predictions.parquet, for paired tests."""
     import pyarrow as pa
 
-    from vlbench.features import embedding_array
-
     return pa.table({"sample_id": test_table.column("sample_id"), label_column: test_table.column(label_column),
                      "predicted": pa.array(scores.argmax(axis=1), pa.int64()), "logits": embedding_array(scores)})
 
@@ -398,10 +400,6 @@ def predictions_table(test_table, label_column: str, scores: np.ndarray):
 def run(inputs, cfg, seed: int):
     """The linear_probe analysis: fit on `train_split`, choose C on `val_split` (carved from train when the
     dataset has none), score `test_split` with the dataset's metric."""
-    from vlbench.datasets.canonical import DatasetError
-    from vlbench.results import Result
-    from vlbench.stats import metric_interval
-
     meta = inputs.meta
     if meta.multi_label:
         raise DatasetError(f"dataset {meta.name!r} is multi-label; the linear probe takes single-label datasets")

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from vlbench.analyses.base import Result
 from vlbench.errors import VlbenchError
 
 POSITIVES = ("captions", "single_label", "multi_label", "narratives")
@@ -292,8 +293,6 @@ def negative_rows(kind: str, captions: Texts, altered: Texts | None, image_ids: 
 
 def run(inputs, cfg, seed: int):
     """The specificity analysis of one dataset (see the module docstring)."""
-    from vlbench.analyses.base import Result
-
     cfg = check_config(cfg, list(inputs.meta.splits))
     images = inputs.images(cfg["split"])
     image_ids = images.table.column("sample_id").to_numpy(zero_copy_only=False)

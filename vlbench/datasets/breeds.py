@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from vlbench.datasets import imagenet
@@ -45,28 +46,22 @@ from vlbench.datasets.canonical import (
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.download import fetch_files
 from vlbench.datasets.spec import check_flag, check_keys
+from vlbench.datasets.wnids import BREEDS_COMMIT, CLASS_INFO, breeds_file, parse_class_info
 
 KEYS = ("source", "breeds", "files", "skip_corrupt")
 ROOT = "n00001740"  # entity
 SEED = 2  # BREEDS' random_seed for every standard dataset
 TRAVERSE_DEPTH = 100  # ClassHierarchy.traverse's default depth, used by get_nodes_at_level
-COMMIT = "f83be509107e89f41dde0e4e8e7f8be051fbb891"
-BASE_URL = (f"https://raw.githubusercontent.com/MadryLab/BREEDS-Benchmarks/{COMMIT}"
-            f"/imagenet_class_hierarchy/modified/")
+COMMIT = BREEDS_COMMIT
 UPSTREAM = f"MadryLab/BREEDS-Benchmarks@{COMMIT[:8]} imagenet_class_hierarchy/modified; ILSVRC2012 validation"
 
 
-def _hierarchy_file(upstream: str, sha256: str) -> dict:
-    return {"file": f"BREEDS-{COMMIT[:8]}-{upstream}", "url": BASE_URL + upstream, "sha256": sha256}
-
-
 HIERARCHY_FILES = {
-    "class_hierarchy": _hierarchy_file(
+    "class_hierarchy": breeds_file(
         "class_hierarchy.txt", "039cfaddf9732855b93f7899ba4b5ba6d80f8dbe15cfaad566f575b6c8ce0216"),
-    "node_names": _hierarchy_file(
+    "node_names": breeds_file(
         "node_names.txt", "322af45711ed69a7b199f11225bd964c7dae71df3c586498bef2f7c9e031dedb"),
-    "class_info": _hierarchy_file(
-        "dataset_class_info.json", "be90503d57a001f95e094a81dc4de90772bfc58546ca58061d6474799829afd0"),
+    "class_info": CLASS_INFO,
 }
 FILES = {**HIERARCHY_FILES, **imagenet.FILES}
 
@@ -102,7 +97,7 @@ class Superclass:
 
 
 @dataclass
-class Hierarchy:
+class ClassHierarchy:
     """The BREEDS class hierarchy restricted to the ancestors of the dataset's classes (`ClassHierarchy`)."""
 
     leaves: list[tuple[int, str, str]]  # (ImageNet index, wnid, WordNet lemmas) as in dataset_class_info.json
@@ -112,7 +107,7 @@ class Hierarchy:
 
     @classmethod
     def from_files(cls, class_info: Path, class_hierarchy: Path, node_names: Path,
-                   root: str = ROOT) -> Hierarchy:
+                   root: str = ROOT) -> ClassHierarchy:
         leaves = parse_class_info(class_info)
         edges = parse_edges(class_hierarchy)
         names = parse_node_names(node_names)
@@ -120,7 +115,7 @@ class Hierarchy:
 
     @classmethod
     def build(cls, leaves: list[tuple[int, str, str]], edges: Iterable[tuple[str, str]], names: dict[str, str],
-              root: str = ROOT, where: str = "the class hierarchy") -> Hierarchy:
+              root: str = ROOT, where: str = "the class hierarchy") -> ClassHierarchy:
         children = ancestor_graph([wnid for _, wnid, _ in leaves], edges)
         if root not in children:
             raise DatasetError(f"{where}: the root {root!r} is not an ancestor of any dataset class")
@@ -208,11 +203,9 @@ def longest_levels(children: Mapping[str, set[str]], root: str, where: str) -> d
     return level
 
 
-def superclasses(hierarchy: Hierarchy, level: int, subclasses: int, ancestor: str | None = None,
+def superclasses(hierarchy: ClassHierarchy, level: int, subclasses: int, ancestor: str | None = None,
                  seed: int = SEED) -> list[Superclass]:
     """BREEDS' `get_superclasses(level, Nsubclasses=subclasses, split=None, ancestor, balanced=True, seed)`."""
-    import numpy as np
-
     nodes = hierarchy.nodes_at_level(level, ancestor)
     if not nodes:
         raise DatasetError(f"BREEDS: no hierarchy node at level {level}" + (f" below {ancestor!r}" if ancestor else ""))
@@ -227,23 +220,13 @@ def superclasses(hierarchy: Hierarchy, level: int, subclasses: int, ancestor: st
             for n, leaves in kept]
 
 
-def make(hierarchy: Hierarchy, breeds: str) -> list[Superclass]:
+def make(hierarchy: ClassHierarchy, breeds: str) -> list[Superclass]:
     """The superclasses of a standard BREEDS dataset (`make_entity13` / `make_living17`, split=None)."""
     recipe = RECIPES[breeds]
     return superclasses(hierarchy, recipe.level, recipe.subclasses, recipe.ancestor)
 
 
 # ----------------------------------------------------------------------------------------------- file parsing
-
-
-def parse_class_info(path: Path) -> list[tuple[int, str, str]]:
-    """dataset_class_info.json: a JSON list of `[index, wnid, "comma-separated lemmas"]`."""
-    try:
-        rows = json.loads(Path(path).read_text())
-        leaves = [(int(i), str(w), str(lemmas)) for i, w, lemmas in rows]
-    except (OSError, ValueError, TypeError) as err:
-        raise DatasetError(f"{path}: not a BREEDS dataset_class_info.json (a list of [index, wnid, names]): {err}")
-    return leaves
 
 
 def parse_edges(path: Path) -> list[tuple[str, str]]:
@@ -296,7 +279,7 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
     skip = check_flag(name, spec, "skip_corrupt")
     files = fetch_files(name, spec, FILES)
     paths = {role: path for role, (_, path) in files.items()}
-    hierarchy = Hierarchy.from_files(paths["class_info"], paths["class_hierarchy"], paths["node_names"])
+    hierarchy = ClassHierarchy.from_files(paths["class_info"], paths["class_hierarchy"], paths["node_names"])
     groups = make(hierarchy, breeds)
     _check_published_shape(name, breeds, groups)
     devkit = imagenet.read_devkit(name, paths["devkit"])
@@ -349,7 +332,7 @@ def _check_published_shape(name: str, breeds: str, groups: list[Superclass]) -> 
         )
 
 
-def _check_same_classes(name: str, hierarchy: Hierarchy, devkit: imagenet.Devkit, class_info: Path) -> None:
+def _check_same_classes(name: str, hierarchy: ClassHierarchy, devkit: imagenet.Devkit, class_info: Path) -> None:
     """The hierarchy's class list must be the devkit's classes in the standard order (BREEDS numbers classes so)."""
     expected = list(enumerate(devkit.wnids))
     found = [(i, wnid) for i, wnid, _ in hierarchy.leaves]

@@ -138,13 +138,13 @@ def coarse_labels(name: str, variant: Variant, root: Path) -> Coarse:
 
     cls = getattr(torchvision.datasets, variant.torchvision_class)
     folder = root / cls.base_folder
-    names = list(_unpickle(name, folder / cls.meta["filename"])["coarse_label_names"])
+    names = list(unpickle(name, folder / cls.meta["filename"])["coarse_label_names"])
     files = {"train": cls.train_list, "test": cls.test_list}
     per_split, pairs = {}, set()
     for split, listed in files.items():
         per_split[split] = []
         for filename, _ in listed:
-            batch = _unpickle(name, folder / filename)
+            batch = unpickle(name, folder / filename)
             per_split[split] += [int(c) for c in batch["coarse_labels"]]
             pairs |= {(int(f), int(c)) for f, c in zip(batch["fine_labels"], batch["coarse_labels"])}
     return Coarse(names=names, of_fine=_fine_to_coarse(name, folder, pairs, variant.classes, len(names)),
@@ -158,7 +158,7 @@ def _check_same_length(name: str, root: Path, loaded: dict[str, Any], coarse: Co
                                f"but {len(coarse.per_split[split])} coarse labels")
 
 
-def _unpickle(name: str, path: Path) -> dict:
+def unpickle(name: str, path: Path) -> dict:
     try:
         with open(path, "rb") as f:
             return pickle.load(f, encoding="latin1")

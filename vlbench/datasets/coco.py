@@ -142,7 +142,7 @@ def parse_spec(name: str, spec: Mapping) -> CocoSpec:
     return CocoSpec(
         images=resource(name, spec["images"]), annotations=resource(name, spec["annotations"]),
         narratives=resource(name, spec["narratives"]), coco_split=coco_split, split=str(split),
-        size=_positive(name, f"splits.{split}", size), classes=_positive(name, "classes", spec.get("classes")),
+        size=positive_int(name, f"splits.{split}", size), classes=positive_int(name, "classes", spec.get("classes")),
         metric=metric, skip_corrupt=check_flag(name, spec, "skip_corrupt"),
     )
 
@@ -192,7 +192,7 @@ def locate_images(name: str, archive: Path, folder: Path, files: Mapping[int, st
     missing = sorted(files[i] for i, path in found.items() if not path.is_file())
     if missing:
         raise DatasetError(f"dataset {name!r}: {len(missing)} image(s) of the annotations are not in "
-                           f"{archive.name} ({folder.name}/): {_preview(missing)}")
+                           f"{archive.name} ({folder.name}/): {preview(missing)}")
     return found
 
 
@@ -227,7 +227,7 @@ def _json_line(name: str, where: str, line: str) -> dict:
     return obj
 
 
-def _records(name: str, where: str, obj: dict, key: str, fields: dict[str, type]) -> Iterator[dict]:
+def json_records(name: str, where: str, obj: dict, key: str, fields: dict[str, type]) -> Iterator[dict]:
     """The objects of list `key`, each checked to have `fields` of the given types."""
     items = obj.get(key)
     if not isinstance(items, list):
@@ -242,7 +242,7 @@ def _records(name: str, where: str, obj: dict, key: str, fields: dict[str, type]
 
 def _categories(name: str, where: str, obj: dict) -> tuple[list[ClassInfo], dict[int, int]]:
     """Classes in category-id order and {category id: class index}."""
-    cats = sorted(_records(name, where, obj, "categories", {"id": int, "name": str, "supercategory": str}),
+    cats = sorted(json_records(name, where, obj, "categories", {"id": int, "name": str, "supercategory": str}),
                   key=lambda c: c["id"])
     ids = [c["id"] for c in cats]
     if len(set(ids)) != len(ids):
@@ -255,7 +255,7 @@ def _categories(name: str, where: str, obj: dict) -> tuple[list[ClassInfo], dict
 
 def _images(name: str, where: str, obj: dict) -> dict[int, str]:
     files: dict[int, str] = {}
-    for image in _records(name, where, obj, "images", {"id": int, "file_name": str}):
+    for image in json_records(name, where, obj, "images", {"id": int, "file_name": str}):
         file_name = image["file_name"]
         path = PurePosixPath(file_name)
         if len(path.parts) != 1 or file_name in (".", ".."):
@@ -271,7 +271,7 @@ def _images(name: str, where: str, obj: dict) -> dict[int, str]:
 
 def _labels(name: str, where: str, obj: dict, files: Mapping[int, str], index: Mapping[int, int]) -> dict[int, list[int]]:
     found: dict[int, set[int]] = defaultdict(set)
-    for ann in _records(name, where, obj, "annotations", {"image_id": int, "category_id": int}):
+    for ann in json_records(name, where, obj, "annotations", {"image_id": int, "category_id": int}):
         if ann["image_id"] not in files:
             raise DatasetError(f"dataset {name!r}: {where}: annotation {ann.get('id')} names image {ann['image_id']}, "
                                f"which is not in 'images'")
@@ -284,7 +284,7 @@ def _labels(name: str, where: str, obj: dict, files: Mapping[int, str], index: M
 
 def _captions(name: str, where: str, obj: dict, files: Mapping[int, str]) -> dict[int, list[str]]:
     """{image id: captions in annotation-id order}; every image of the instances file needs one."""
-    anns = sorted(_records(name, where, obj, "annotations", {"image_id": int, "id": int, "caption": str}),
+    anns = sorted(json_records(name, where, obj, "annotations", {"image_id": int, "id": int, "caption": str}),
                   key=lambda a: a["id"])
     found: dict[int, list[str]] = defaultdict(list)
     for ann in anns:
@@ -295,7 +295,7 @@ def _captions(name: str, where: str, obj: dict, files: Mapping[int, str]) -> dic
     without = sorted(files[i] for i in files if i not in found)
     if without:
         raise DatasetError(f"dataset {name!r}: {where}: {len(without)} image(s) of the instances file have no "
-                           f"caption: {_preview(without)}")
+                           f"caption: {preview(without)}")
     return dict(found)
 
 
@@ -315,7 +315,7 @@ def _text(name: str, where: str, obj: dict, key: str) -> str:
     return value.strip()
 
 
-def _positive(name: str, key: str, value: Any) -> int | None:
+def positive_int(name: str, key: str, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -323,7 +323,7 @@ def _positive(name: str, key: str, value: Any) -> int | None:
     return value
 
 
-def _preview(items: list, n: int = MAX_REPORTED) -> str:
+def preview(items: list, n: int = MAX_REPORTED) -> str:
     return ", ".join(str(i) for i in items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 

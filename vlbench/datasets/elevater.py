@@ -63,12 +63,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from vlbench.datasets.archives import UnsafeArchiveError, safe_name
 from vlbench.datasets.canonical import (
     ClassInfo,
     DatasetError,
     DatasetMeta,
     write_dataset,
 )
+from vlbench.datasets.download import ManualDownloadError, Resource, all_missing, fetch, forget_verification
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 
@@ -276,8 +278,6 @@ class _Files:
         self.records: list[dict] = []
 
     def get(self, file: str) -> Path:
-        from vlbench.datasets.download import Resource, fetch
-
         if file not in self.paths:
             info = self.spec.info
             urls = tuple(file_url(b, info["root_folder"], file) for b in self.spec.base_urls)
@@ -495,8 +495,6 @@ def _shown(items: list[str]) -> str:
 def _check_member_name(archive: Path, member: str, where: str) -> None:
     """The archives module's check: no absolute path, drive, NUL or '..' component (the member is then read by
     its exact name, as vision_datasets does)."""
-    from vlbench.datasets.archives import UnsafeArchiveError, safe_name
-
     try:
         safe_name(archive, member)
     except UnsafeArchiveError as err:
@@ -541,8 +539,6 @@ class _Zips:
         return self.open[zip_name]
 
     def _corrupt(self, zip_name: str, problem: str) -> DatasetError:
-        from vlbench.datasets.download import forget_verification
-
         path = self.files.get(zip_name)
         done = forget_verification(path)
         return DatasetError(f"dataset {self.spec.name!r}: ELEVATER archive {zip_name!r} ({path}) is corrupt, {problem}; {done}")
@@ -592,8 +588,6 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
 
 def _fetch_by_hand(spec: ElevaterSpec, files: _Files) -> None:
     """Every file the entry's splits need, or one error naming all those a person still has to bring."""
-    from vlbench.datasets.download import ManualDownloadError, all_missing
-
     wanted = [spec.info["labelmap"]] if spec.info.get("labelmap") else []
     for theirs in spec.splits.values():
         wanted += [spec.info["splits"][theirs]["index"], *spec.info["splits"][theirs]["files"]]

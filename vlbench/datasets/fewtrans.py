@@ -38,7 +38,9 @@ from typing import Any
 
 from vlbench.datasets.archives import extract
 from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, write_dataset
+from vlbench.datasets.cifar import unpickle
 from vlbench.datasets.download import fetch_files, resource
+from vlbench.datasets.imagenet import clip_classnames
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 
@@ -200,11 +202,9 @@ def read_cifar(name: str, spec: Mapping, paths: Mapping[str, Path]) -> Pools:
     earlier, as saving it does); classes = the sorted folder names, named as the folders are ("maple_tree"); each
     class's pool its file names sorted. Images are PNGs of the official 32x32 pixels (the code's converter resizes
     them to 84x84 with LANCZOS first: docs/datasets.md)."""
-    from vlbench.datasets.cifar import _unpickle
-
     folder = _root(name, spec, paths["archive"])
-    names = list(_unpickle(name, folder / "meta")["fine_label_names"])
-    batch = _unpickle(name, folder / "test")
+    names = list(unpickle(name, folder / "meta")["fine_label_names"])
+    batch = unpickle(name, folder / "test")
     files: dict[str, dict[str, Any]] = {n: {} for n in names}
     for pixels, label, filename in zip(batch["data"], batch["fine_labels"], batch["filenames"]):
         files[names[label]][filename] = pixels
@@ -247,8 +247,6 @@ def class_names(name: str, mode: str, keys: list[str]) -> list[ClassInfo]:
 
 
 def _imagenet(name: str, keys: list[str]) -> list[ClassInfo]:
-    from vlbench.datasets.imagenet import clip_classnames
-
     clip = clip_classnames()
     if len(keys) != len(clip) or any(not (k.startswith("n") and k[1:].isdigit()) for k in keys):
         raise DatasetError(f"dataset {name!r}: expected {len(clip)} class folders named by ImageNet wnids, found "

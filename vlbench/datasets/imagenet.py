@@ -30,9 +30,10 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from vlbench.datasets.archives import iter_members
 from vlbench.datasets.canonical import (
@@ -42,8 +43,9 @@ from vlbench.datasets.canonical import (
     write_dataset,
 )
 from vlbench.datasets.images import checked_rows
-from vlbench.datasets.download import fetch_files
+from vlbench.datasets.download import fetch, fetch_files, resource as make_resource
 from vlbench.datasets.spec import check_flag, check_keys
+from vlbench.datasets.wnids import CLASS_INFO, IMAGENET_CLASSES, parse_class_info
 
 KEYS = ("source", "files", "skip_corrupt")
 NUM_CLASSES = 1000
@@ -172,9 +174,18 @@ def catalogue_row(name: str, spec: dict) -> dict:
 def leaf_classes(name: str, spec: dict, cache: Path | None = None, mirror: Path | None = None
                  ) -> tuple[list[str], str]:
     """ImageNet-1k's wnids in class order, through the download layer (BREEDS' class list), before any prepare."""
-    from vlbench.knowledge.hierarchy import imagenet_wnids
-
     return imagenet_wnids(name, cache=cache, mirror=mirror), "ImageNet-1k class list (BREEDS copy)"
+
+
+def imagenet_wnids(dataset: str = "imagenet", resource: Mapping[str, Any] | None = None, *,
+                   cache: Path | None = None, mirror: Path | None = None, expected: int | None = IMAGENET_CLASSES,
+                   ) -> list[str]:
+    """ImageNet-1k's wnids in class-index order, from BREEDS' class list (`resource`: a download spec mapping,
+    default `CLASS_INFO`) fetched by the download layer: cache, then local mirror, then its URL, checksum verified.
+    `expected` is the number of classes the file must list."""
+    spec = dict(CLASS_INFO if resource is None else resource)
+    path = fetch(make_resource(dataset, spec), dataset, cache=cache, mirror=mirror, progress=False)
+    return [wnid for _, wnid, _ in parse_class_info(path, expected=expected)]
 
 
 def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:

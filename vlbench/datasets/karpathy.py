@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from vlbench.datasets.archives import extract, members, read_member
 from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, write_dataset
-from vlbench.datasets.coco import _positive, _preview, _records
+from vlbench.datasets.coco import positive_int, preview, json_records
 from vlbench.datasets.download import Resource, fetch, forget_verification, resource
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
@@ -122,7 +122,7 @@ def parse_spec(name: str, spec: Mapping) -> KarpathySpec:
     return KarpathySpec(
         annotations=resource(name, spec["annotations"]), member=member, images=resource(name, spec["images"]),
         image_folder=folder, karpathy_split=str(split), split=str(split),
-        size=_positive(name, f"splits.{split}", splits[split]), skip_corrupt=check_flag(name, spec, "skip_corrupt"))
+        size=positive_int(name, f"splits.{split}", splits[split]), skip_corrupt=check_flag(name, spec, "skip_corrupt"))
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -138,7 +138,7 @@ def read_split(name: str, cfg: KarpathySpec, archive: Path) -> tuple[list[Image]
         raise DatasetError(f"dataset {name!r}: {where} is not valid JSON ({err})") from err
     if not isinstance(obj, dict):
         raise DatasetError(f"dataset {name!r}: {where} must be a JSON object, got {type(obj).__name__}")
-    records = list(_records(name, where, obj, "images", {"filename": str, "split": str, "imgid": int,
+    records = list(json_records(name, where, obj, "images", {"filename": str, "split": str, "imgid": int,
                                                           "sentences": list}))
     sizes = dict(sorted(Counter(r["split"] for r in records).items()))
     chosen = [image(name, where, r, cfg.image_folder) for r in records if r["split"] == cfg.karpathy_split]
@@ -151,7 +151,7 @@ def read_split(name: str, cfg: KarpathySpec, archive: Path) -> tuple[list[Image]
     twice = sorted(f for f, n in seen.items() if n > 1)
     if twice:
         raise DatasetError(f"dataset {name!r}: {where}: image(s) listed twice in split {cfg.karpathy_split!r}: "
-                           f"{_preview(twice)}")
+                           f"{preview(twice)}")
     return chosen, sizes
 
 
@@ -161,7 +161,7 @@ def find_member(name: str, archive: Path, file_name: str) -> str:
     if len(found) != 1:
         what = "no member" if not found else f"{len(found)} members"
         raise DatasetError(f"dataset {name!r}: {archive.name} has {what} named {file_name!r}; its members: "
-                           f"{_preview(members(archive), 10)}")
+                           f"{preview(members(archive), 10)}")
     return found[0]
 
 
@@ -171,7 +171,7 @@ def image(name: str, where: str, record: Mapping[str, Any], folder: str | None) 
     if not isinstance(folder, str) or not _plain_path(folder) or not _plain_path(record["filename"]):
         raise DatasetError(f"dataset {name!r}: {label}: no usable folder (filepath {record.get('filepath')!r}) and "
                            f"file name; set prepare.image_folder")
-    captions = [s["raw"].strip() for s in _records(name, label, record, "sentences", {"raw": str})]
+    captions = [s["raw"].strip() for s in json_records(name, label, record, "sentences", {"raw": str})]
     if not captions or not all(captions):
         raise DatasetError(f"dataset {name!r}: {label}: every image needs sentences with a non-empty 'raw' caption")
     return Image(file=f"{folder}/{record['filename']}", imgid=record["imgid"], captions=captions)
@@ -183,7 +183,7 @@ def locate(name: str, archive: Path, root: Path, images: list[Image]) -> dict[st
     missing = sorted(f for f, path in found.items() if not path.is_file())
     if missing:
         raise DatasetError(f"dataset {name!r}: {len(missing)} image(s) of the split are not in {archive.name}: "
-                           f"{_preview(missing)}")
+                           f"{preview(missing)}")
     return found
 
 

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlbench.knowledge.hierarchy import HierarchyError, leaf_wnids
+from vlbench.config import prepared_dir
+from vlbench.datasets.registry import leaf_classes
+from vlbench.datasets.wnids import HierarchyError, leaf_wnids
 
 
 @dataclass(frozen=True)
@@ -25,9 +27,6 @@ def dataset_leaves(name: str, entry: Mapping[str, Any], prepared: Path | None = 
     data/prepared/<name>), else as its source lists them before prepare (`leaf_classes` of the source module, through
     vlbench.datasets.registry: the demo's class list, ImageNet's list through the download layer). Errors say which
     dataset and what to do."""
-    from vlbench.config import prepared_dir
-    from vlbench.datasets.registry import leaf_classes
-
     classes_json = (prepared or prepared_dir(name)) / "classes.json"
     if classes_json.is_file():
         return _with_wnids(name, leaf_wnids(_read_classes(classes_json)), str(classes_json))

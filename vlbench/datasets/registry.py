@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vlbench.config import ParamsError, compose, dataset_entry, prepared_dir
+from vlbench.config import ParamsError, compose, conf_dir, dataset_entry, prepared_dir
 from vlbench.datasets.canonical import DatasetError, DatasetMeta
 
 SOURCES = {
@@ -38,9 +38,9 @@ SOURCES = {
     "compositional": "vlbench.datasets.compositional:build",  # SugarCrepe, Winoground, ARO, the demo's swaps
     "wds": "vlbench.datasets.wds:build",  # DataComp / CLIP_benchmark webdataset shards (suite datacomp)
 }
-# FewTrans' base/novel class counts: the adapt analysis's table, read as data (importing the analysis would make
-# every prepare@ stage depend on it)
-FEWTRANS_SPLITS = Path(__file__).parents[1] / "analyses/adapt/fewtrans_splits.json"
+# FewTrans' base/novel class counts (the paper's App. B.1), data of the registry: its catalogue rows show them and the
+# adapt analysis's FewTrans protocol reads them from here
+FEWTRANS_SPLITS = Path(__file__).with_name("data") / "fewtrans_splits.json"
 # Spec keys that name the user's files: they must lie inside the entry's `input`, which DVC hashes.
 DATA_KEYS = {"imagefolder": ("root",), "manifest": ("path", "splits"), "vtab": ("root",)}
 
@@ -118,8 +118,6 @@ def base_novel(name: str) -> dict[str, int]:
 def entries(suite: str | None = None, config_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """{name: entry} of every registered dataset (conf/dataset/*.yaml), or of one suite."""
     from omegaconf import OmegaConf
-
-    from vlbench.config import conf_dir
 
     if suite is not None:
         params = compose([f"suite={suite}"], config_dir)

@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath
 from vlbench.datasets.archives import iter_members, read_member
 from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, write_dataset
 from vlbench.datasets.download import fetch_files, resource
+from vlbench.datasets.imagenet import clip_classnames
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 
@@ -58,8 +59,6 @@ class Shift:
 def read_v2(name: str, spec: Mapping, archive: Path) -> Shift:
     """ImageNetV2 (Recht et al. 2019), the tarball layout `<root>/<k>/<hash>.jpeg` with k = 0..999 the ImageNet-1k
     class index (modestyachts/ImageNetV2; CLIP_benchmark's imagenetv2.py takes the label from the folder name)."""
-    from vlbench.datasets.imagenet import clip_classnames
-
     names = clip_classnames()
     classes = [ClassInfo(index=i, name=n, key=str(i)) for i, n in enumerate(names)]
 
@@ -77,8 +76,6 @@ def read_hendrycks(name: str, spec: Mapping, archive: Path) -> Shift:
     """ImageNet-R / ImageNet-A (Hendrycks et al.), `<root>/<wnid>/<file>`: the class folders must be exactly the
     authors' 200 wnids (`subset`); classes in sorted-wnid order (ImageFolder's, and the order of the authors' mask over
     the 1,000 classes), named by CLIP's ImageNet names."""
-    from vlbench.datasets.imagenet import clip_classnames
-
     subset = subset_table(name, spec.get("subset"))
     names = clip_classnames()
     classes = [ClassInfo(index=k, name=names[i], wnid=w) for k, (w, i) in enumerate(zip(subset["wnids"],

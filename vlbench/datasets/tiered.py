@@ -65,7 +65,7 @@ def read_split_files(name: str, paths: dict[str, Path]) -> dict[str, tuple[str, 
 
 def category_names(name: str, categories: list[str]) -> dict[str, str]:
     """category wnid -> its WordNet 3.0 first lemma (underscores as spaces); the wnid appended where two clash."""
-    from vlbench.knowledge.wordnet import load_wordnet, synset_from_wnid
+    from vlbench.wordnet import load_wordnet, synset_from_wnid
 
     wn = load_wordnet()
     lemmas = {c: synset_from_wnid(wn, c).lemma_names()[0].replace("_", " ") for c in categories}

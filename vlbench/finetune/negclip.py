@@ -52,7 +52,7 @@ from vlbench.finetune.common import (
 )
 from vlbench.finetune.data import load_split
 from vlbench.models.loading import load_model
-from vlbench.models.toy import _make_optimizer
+from vlbench.models.toy import make_optimizer
 from vlbench.texts import read_text_set
 
 METHOD = "negclip"
@@ -100,7 +100,7 @@ def run(job: Job) -> Outcome:
         steps = s["max_steps"] or max(1, s["epochs"] * len(pairs) // s["batch_size"])
         loop = Loop("negclip", steps, pairs.batch, pairs.loss, cosine_with_warmup(s["lr"], s["warmup"], steps),
                     job.seed, clamp_scale)
-        log = train(model, _make_optimizer(model, s["lr"], s["weight_decay"]), loop, job.options, job.runtime,
+        log = train(model, make_optimizer(model, s["lr"], s["weight_decay"]), loop, job.options, job.runtime,
                     device)
     seconds = time.perf_counter() - started
     model.eval()

@@ -23,6 +23,9 @@ from typing import Any
 import pyarrow as pa
 
 from vlbench.datasets.canonical import DatasetError, DatasetMeta
+from vlbench.datasets.wnids import leaf_wnids
+from vlbench.knowledge.hierarchy import build_hierarchy
+from vlbench.texts import entry_templates, text_table
 
 HIERARCHY_SET = "hierarchy"
 GROUPS_SET = "groups"
@@ -32,8 +35,6 @@ HIERARCHY_MODES = ("tree", "dag")
 def coarse_text_sets(meta: DatasetMeta, cfg: Mapping[str, Any], wn=None) -> dict[str, pa.Table]:
     """The coarse-class text sets the entry's `texts` params (`cfg`) ask for: `hierarchy`, `groups`, both or none,
     with the entry's templates (`wn`: a WordNet reader, default `load_wordnet()`)."""
-    from vlbench.texts import entry_templates
-
     sets: dict[str, pa.Table] = {}
     if cfg.get("hierarchy") is None and cfg.get("groups") is None:
         return sets
@@ -58,8 +59,6 @@ def check_mode(dataset: str, mode: Any) -> str:
 
 def fill(templates: list[str], owners: list[str], names: list[str]) -> pa.Table:
     """Every template filled with every name, owner-major, as a `key`-owned text set."""
-    from vlbench.texts import text_table
-
     rows = [(owner, t.replace("{c}", name)) for owner, name in zip(owners, names) for t in templates]
     return text_table("key", [o for o, _ in rows], ["template"] * len(rows), [t for _, t in rows])
 
@@ -67,8 +66,6 @@ def fill(templates: list[str], owners: list[str], names: list[str]) -> pa.Table:
 def hierarchy_prompts(meta: DatasetMeta, templates: list[str], mode: str, wn=None) -> pa.Table:
     """Prompts for every coarse class of the WordNet hierarchy above the dataset's leaves (`wn`: a WordNet reader,
     default `load_wordnet()`)."""
-    from vlbench.knowledge.hierarchy import build_hierarchy, leaf_wnids
-
     leaves = leaf_wnids(meta.classes)
     if not leaves:
         raise DatasetError(f"dataset {meta.name!r}: texts.hierarchy needs classes with a WordNet id (`wnid` in "

@@ -39,6 +39,7 @@ from vlbench.knowledge.sources import (
     entry_status,
     lookup,
 )
+from vlbench.texts import text_table
 
 STYLES = ("elevater", "plain")
 AGGREGATIONS = ("and", "then")  # ELEVATER's KNOWLEDGE.AGGREGATION.MEHTOD: WIKI_AND_GPT3 (default), WIKI_THEN_GPT3
@@ -167,8 +168,6 @@ class ComposedTexts:
 
     def table(self):
         """The rows as a text set table (vlbench.texts)."""
-        from vlbench.texts import text_table
-
         return text_table("class_index", self.class_index, self.sources, self.texts)
 
     def report(self) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vlbench.config import prepared_dir
+from vlbench.datasets.registry import SOURCES
 from vlbench.knowledge.sources import (
     KnowledgeFile,
     KnowledgeTable,
@@ -78,8 +80,6 @@ def dataset_class_names(name: str, entry: Mapping[str, Any]) -> list[str] | None
     """The dataset's class names in class order: from its prepared classes.json, else without any download (its
     source module's `class_names(name, spec)` where it has one, ELEVATER's class list, a manifest's `classnames`
     list), else None (known once prepared)."""
-    from vlbench.config import prepared_dir
-
     classes_json = prepared_dir(name) / "classes.json"
     if classes_json.is_file():
         return [c["name"] for c in json.loads(classes_json.read_text())["classes"]]
@@ -96,8 +96,6 @@ def dataset_class_names(name: str, entry: Mapping[str, Any]) -> list[str] | None
 
 def _source_class_names(name: str, spec: Mapping[str, Any]) -> list[str] | None:
     """The class names a source module knows without data: its optional `class_names(name, spec)`."""
-    from vlbench.datasets.registry import SOURCES
-
     module_name = SOURCES.get(spec.get("source"), "").split(":")[0]
     if not module_name or importlib.util.find_spec(module_name) is None:
         return None

@@ -179,7 +179,7 @@ def records(vocabulary: str, wn) -> dict[str, object]:
 
 def render(wn=None) -> dict[str, bytes]:
     """{file name: bytes} of every demo file (JSON as Python's json.dumps writes it, like the upstream files)."""
-    from vlbench.knowledge.wordnet import load_wordnet
+    from vlbench.wordnet import load_wordnet
 
     wn = wn if wn is not None else load_wordnet()
     return {name: json.dumps(data).encode() for vocabulary in VOCABULARIES

@@ -21,34 +21,21 @@ other lemma that no node uses, else "<lemma> (<its tree parent's lemma>)", else 
 
 The core (`build_from_graph`) works on a plain parent table, so tests can hand-build a miniature
 hierarchy; `wordnet_graph` reads that table from WordNet. A registered dataset's leaf wnids come from
-`vlbench.datasets.leaves.dataset_leaves` (prepared classes.json, else what the dataset's source lists).
+`vlbench.datasets.leaves.dataset_leaves` (prepared classes.json, else what the dataset's source lists); the leaf
+checks and ImageNet-1k's class list live below both, in `vlbench.datasets.wnids`.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from vlbench.errors import VlbenchError
+from vlbench.datasets.wnids import HierarchyError, check_leaves
 
 MODES = ("tree", "dag")
-WNID = re.compile(r"^[nvasr]\d{8}$")
-HYPERNYM_GROUP = "hypernym"  # classes.json group of a class that lists a coarse concept, not a leaf
-
-# ImageNet-1k's 1000 wnids in class-index order come from BREEDS-Benchmarks' copy of the ILSVRC-2012 class list
-# (`dataset_class_info.json`, a JSON list of [index, wnid, "comma-separated WordNet lemmas"]), the very file
-# and cache name the `breeds` source fetches (vlbench.datasets.breeds.HIERARCHY_FILES["class_info"]).
-IMAGENET_CLASSES = 1000
-
-
-class HierarchyError(VlbenchError):
-    """A leaf set or a class list a hierarchy cannot be built from; the message names the dataset, file or wnid."""
-
 
 # ---------------------------------------------------------------------------------------------------------
 # The graph: what a hierarchy needs from WordNet
@@ -67,7 +54,7 @@ class Graph:
 def wordnet_graph(leaf_wnids: Iterable[str], wn=None) -> Graph:
     """The part of WordNet above `leaf_wnids`: every ancestor's parents and lemmas, read from `wn`
     (default `load_wordnet()`)."""
-    from vlbench.knowledge.wordnet import (
+    from vlbench.wordnet import (
         WnidError,
         load_wordnet,
         synset_from_wnid,
@@ -241,19 +228,6 @@ def build_hierarchy(leaf_wnids: Sequence[str], wn=None, *, mode: str = "tree") -
     return build_from_graph(leaves, wordnet_graph(leaves, wn), mode=mode)
 
 
-def check_leaves(leaf_wnids: Sequence[str]) -> tuple[str, ...]:
-    leaves = tuple(leaf_wnids)
-    if not leaves:
-        raise HierarchyError("no leaf wnids given: a hierarchy needs at least one WordNet id")
-    for i, wnid in enumerate(leaves):
-        if not isinstance(wnid, str) or not WNID.match(wnid):
-            raise HierarchyError(f"leaf {i}: {wnid!r} is not a WordNet id (a POS letter and 8 digits, e.g. 'n02084071')")
-    repeated = sorted(w for w, n in Counter(leaves).items() if n > 1)
-    if repeated:
-        raise HierarchyError(f"leaf wnids must be distinct; repeated: {', '.join(repeated)}")
-    return leaves
-
-
 def build_from_graph(leaf_wnids: Sequence[str], graph: Graph, *, mode: str = "tree") -> Hierarchy:
     """The hierarchy above `leaf_wnids` in `graph` (parents by wnid); see the module docstring."""
     if mode not in MODES:
@@ -343,61 +317,3 @@ def _first_lemma(wnid: str, lemmas: Mapping[str, Sequence[str]]) -> str:
     return lemma_text(names[0]) if names else wnid
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Where a dataset's leaves come from
-
-
-def leaf_wnids(classes: Iterable[Any]) -> list[str]:
-    """The leaf wnids of a class list (ClassInfo objects or classes.json dicts): every class with a wnid,
-    except classes marked `group: hypernym` (a dataset that lists coarse concepts as classes of their own)."""
-    out = []
-    for c in classes:
-        wnid, group = (c.get("wnid"), c.get("group")) if isinstance(c, Mapping) else (c.wnid, c.group)
-        if wnid and group != HYPERNYM_GROUP:
-            out.append(wnid)
-    return out
-
-
-def imagenet_wnids(dataset: str = "imagenet", resource: Mapping[str, Any] | None = None, *,
-                   cache: Path | None = None, mirror: Path | None = None, expected: int | None = IMAGENET_CLASSES,
-                   ) -> list[str]:
-    """ImageNet-1k's wnids in class-index order, from BREEDS' class list (`resource`: a download spec mapping,
-    default the breeds source's) fetched by the download layer: cache, then local mirror, then its URL,
-    checksum verified. `expected` is the number of classes the file must list."""
-    from vlbench.datasets.download import fetch
-    from vlbench.datasets.download import resource as make_resource
-
-    if resource is None:
-        from vlbench.datasets.breeds import HIERARCHY_FILES
-
-        resource = HIERARCHY_FILES["class_info"]
-    spec = dict(resource)
-    path = fetch(make_resource(dataset, spec), dataset, cache=cache, mirror=mirror, progress=False)
-    return parse_class_info(path, expected=expected)
-
-
-def parse_class_info(path: Path, expected: int | None = None) -> list[str]:
-    """wnids from a BREEDS `dataset_class_info.json`: a JSON list of [index, wnid, names], index == position."""
-    try:
-        rows = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise HierarchyError(f"{path}: not a readable JSON class list ({err})") from None
-    if not isinstance(rows, list):
-        raise HierarchyError(f"{path}: expected a JSON list of [index, wnid, names], got {type(rows).__name__}")
-    wnids = list(check_leaves_in(path, [_class_info_row(path, i, row) for i, row in enumerate(rows)]))
-    if expected is not None and len(wnids) != expected:
-        raise HierarchyError(f"{path}: {len(wnids)} classes, expected {expected}")
-    return wnids
-
-
-def _class_info_row(path: Path, i: int, row: Any) -> str:
-    if not (isinstance(row, list) and len(row) == 3 and row[0] == i and isinstance(row[1], str) and WNID.match(row[1])):
-        raise HierarchyError(f"{path}: entry {i} is {row!r}; expected [{i}, wnid, names]")
-    return row[1]
-
-
-def check_leaves_in(path: Path, wnids: list[str]) -> tuple[str, ...]:
-    try:
-        return check_leaves(wnids)
-    except HierarchyError as err:
-        raise HierarchyError(f"{path}: {err}") from None

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from vlbench.datasets.canonical import iter_batches, split_path
 from vlbench.errors import VlbenchError
 
 DEFAULTS: dict[str, Any] = {
@@ -178,7 +179,7 @@ def class_hypernyms(classes: Sequence[tuple[int, str | None]], wordnet=None) -> 
     with_wnid = [(i, w) for i, w in classes if w]
     if not with_wnid:
         return {}
-    from vlbench.knowledge.wordnet import (
+    from vlbench.wordnet import (
         hypernym_closure,
         load_wordnet,
         synset_from_wnid,
@@ -247,7 +248,7 @@ class WordNetNouns:
 
     def __init__(self, wordnet=None):
         if wordnet is None:
-            from vlbench.knowledge.wordnet import load_wordnet
+            from vlbench.wordnet import load_wordnet
 
             wordnet = load_wordnet()
         self.wn = wordnet
@@ -519,8 +520,6 @@ class Sample:
 def read_samples(meta, dataset_dir: Path) -> list[Sample]:
     """Every sample of every split: its labels (a single label as a list of one) and captions."""
     import pyarrow.parquet as pq
-
-    from vlbench.datasets.canonical import iter_batches, split_path
 
     samples = []
     for split in meta.splits:

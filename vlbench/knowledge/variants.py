@@ -47,6 +47,7 @@ from vlbench.knowledge.compose import (
     elevater_texts,
     menon_texts,
 )
+from vlbench.knowledge.hierarchy import longest_paths, wordnet_graph
 from vlbench.knowledge.llm import (
     AnswerCache,
     LLMError,
@@ -59,6 +60,7 @@ from vlbench.knowledge.llm import (
     styles,
 )
 from vlbench.knowledge.sources import (
+    KnowledgeError,
     KnowledgeFile,
     KnowledgeTable,
     entry_status,
@@ -165,14 +167,12 @@ def _lemma(name: str) -> str:
 def _choose_synset(wn, cls) -> tuple[Any, str, list[str]]:
     """(synset or None, how it was chosen, the candidates looked at) for one class: by wnid; else the first noun
     synset of its name (WordNet's most frequent sense), then of each alias in order."""
-    from vlbench.knowledge.wordnet import WnidError, synset_from_wnid
+    from vlbench.wordnet import WnidError, synset_from_wnid
 
     if cls.wnid:
         try:
             return synset_from_wnid(wn, cls.wnid), "wnid", []
         except WnidError as err:
-            from vlbench.knowledge.sources import KnowledgeError
-
             raise KnowledgeError(f"class {cls.index} ({cls.name!r}): {err}") from None
     for how, name in [("name", cls.name)] + [(f"alias {a!r}", a) for a in cls.aliases]:
         candidates = wn.synsets(_lemma(name), pos="n")
@@ -186,8 +186,7 @@ def wordnet_records(classes: Sequence, wn=None) -> list[dict[str, Any]]:
     `definition`, `path` (first lemma names from the class's synset up to `entity`, along its longest hypernym path
     with the tie rule of `vlbench.knowledge.hierarchy`) and `path_wnids`; `chosen_by` is "wnid", "name", "alias '...'"
     or "none" (no synset: the wn30 variants give the class its templates alone)."""
-    from vlbench.knowledge.hierarchy import longest_paths, wordnet_graph
-    from vlbench.knowledge.wordnet import load_wordnet, wnid_of
+    from vlbench.wordnet import load_wordnet, wnid_of
 
     wn = wn if wn is not None else load_wordnet()
     chosen = [_choose_synset(wn, c) for c in classes]
@@ -370,7 +369,7 @@ def build_knowledge(dataset: str, entry: Mapping[str, Any], meta, templates: Seq
             used = [files[s] for s in variant.sources]
         built.sets[name] = composed.table()
         if variant.kind == "wn30":
-            used = [{"file": WORDNET_FILE, "upstream": "WordNet 3.0 through vlbench.knowledge.wordnet"}]
+            used = [{"file": WORDNET_FILE, "upstream": "WordNet 3.0 through vlbench.wordnet"}]
         built.stamps[name] = {"knowledge": _stamp(name, order, variant, composed, len(names), used, options)}
     built.files = sorted({f["file"]: f for f in files.values()}.values(), key=lambda f: f["file"])
     return built

@@ -29,7 +29,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from vlbench.config import check_name
 from vlbench.datasets.canonical import DatasetError, DatasetMeta
+from vlbench.texts import check_templates, entry_templates, prompts, resolve_templates, text_table
 
 VOCABULARY_SET = "vocabulary"
 PROMPT_SET_PREFIX = "prompts_"
@@ -55,9 +57,6 @@ def vocabulary_text_sets(meta: DatasetMeta, cfg: Mapping[str, Any], wn=None) -> 
 
 
 def prompt_sets(meta: DatasetMeta, cfg: Mapping[str, Any]) -> dict[str, pa.Table]:
-    from vlbench.config import check_name
-    from vlbench.texts import entry_templates, prompts, resolve_templates
-
     spec = cfg["prompt_sets"]
     if not isinstance(spec, Mapping) or not spec:
         raise DatasetError(f"dataset {meta.name!r}: texts.prompt_sets must map set names to templates or a source; "
@@ -76,8 +75,6 @@ def prompt_sets(meta: DatasetMeta, cfg: Mapping[str, Any]) -> dict[str, pa.Table
 
 def vocabulary_set(dataset: str, spec: Any, wn=None) -> pa.Table:
     """The `vocabulary` text set of one entry's `texts.vocabulary` spec."""
-    from vlbench.texts import check_templates, text_table
-
     if not isinstance(spec, Mapping) or spec.get("source") not in SOURCES:
         raise DatasetError(f"dataset {dataset!r}: texts.vocabulary must be a mapping with source one of {list(SOURCES)}; "
                            f"got {spec!r}")
@@ -98,7 +95,7 @@ def _listed_words(dataset: str, spec: Mapping[str, Any]) -> list[str]:
 
 
 def _wordnet_candidates(dataset: str, spec: Mapping[str, Any], wn=None) -> list[str]:
-    from vlbench.knowledge.wordnet import LEXNAMES, load_wordnet
+    from vlbench.wordnet import LEXNAMES, load_wordnet
 
     lexnames = spec.get("lexnames")
     if lexnames is not None:
@@ -114,7 +111,7 @@ def wordnet_nouns(wn, lexnames: Sequence[str] | None = None) -> list[str]:
 
     Read straight from data.noun (offset, lexicographer file number, type, word count in hex, then word / lex_id
     pairs): walking `all_synsets` builds 82,115 Synset objects and takes 40 s here."""
-    from vlbench.knowledge.wordnet import LEXNAMES
+    from vlbench.wordnet import LEXNAMES
 
     wanted = None if lexnames is None else {LEXNAMES.index(x) for x in lexnames}
     words: set[str] = set()
@@ -140,7 +137,7 @@ def normalize_word(word: str) -> str:
 
 
 def _class_synsets(cls, wn) -> list:
-    from vlbench.knowledge.wordnet import WnidError, synset_from_wnid
+    from vlbench.wordnet import WnidError, synset_from_wnid
 
     if cls.wnid:
         try:
@@ -188,7 +185,7 @@ def relation_table(meta: DatasetMeta, wn) -> dict[str, tuple[str, str]]:
 def related_words(meta: DatasetMeta, words: Sequence[str], wn=None) -> list[tuple[str, str] | None]:
     """Per candidate word, (relation, class name) if it names or is related to a class (module docstring), else
     None (`wn`: a WordNet reader, default `load_wordnet()`)."""
-    from vlbench.knowledge.wordnet import load_wordnet
+    from vlbench.wordnet import load_wordnet
 
     table = relation_table(meta, wn or load_wordnet())
     return [table.get(normalize_word(w)) for w in words]

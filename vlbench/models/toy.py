@@ -34,6 +34,7 @@ import torch
 from vlbench import portable
 from vlbench.datasets.canonical import DatasetError, iter_batches, split_path
 from vlbench.io import atomic_path, sha256_file
+from vlbench.models import CONFIG_DIR, register_local_configs
 
 LOG_NAME = "train_log.csv"
 
@@ -59,7 +60,7 @@ def train_toy_clip(
     returns summary statistics. `max_pairs` uses only the first N images of the split (for tests).
 
     The pieces, in order: :func:`build_toy_model`, :func:`_load_corpus`, :class:`_Batches`,
-    :func:`_make_optimizer`, :func:`_train_loop` (one :func:`_train_step` per step), then
+    :func:`make_optimizer`, :func:`_train_loop` (one :func:`train_step` per step), then
     :func:`_write_checkpoint`, :func:`_write_train_log` and :func:`_summary`. Model init, corpus loading and
     training run in that order under one seeded, deterministic RNG scope, which is what makes the
     checkpoint bit-identical for a seed (on every x86-64 CPU with AVX2 under vlbench.portable, as stages run).
@@ -80,7 +81,7 @@ def train_toy_clip(
             )
         t_data = time.perf_counter() - t_start
         batches = _Batches(images, tokens, owner, pp, batch_size, seed)
-        optimizer = _make_optimizer(model, lr, weight_decay)
+        optimizer = make_optimizer(model, lr, weight_decay)
         t_train = time.perf_counter()
         log = _train_loop(model, optimizer, batches, _lr_schedule(lr, warmup_steps, steps), steps, grad_clip_norm,
                           _progress(steps, arch, progress))
@@ -98,8 +99,6 @@ def train_toy_clip(
 
 def _check_arch(arch: str) -> None:
     import open_clip
-
-    from vlbench.models import register_local_configs
 
     register_local_configs()
     if arch not in open_clip.list_models():
@@ -119,7 +118,7 @@ def build_toy_model(arch: str, seed: int):
     return open_clip.create_model(arch, pretrained=None, device="cpu")
 
 
-def _make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     """AdamW (betas 0.9/0.98, eps 1e-6) with weight decay on matrices only, not on biases, norms or logit_scale."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -145,7 +144,7 @@ def _train_loop(model, optimizer, batches: _Batches, schedule, steps: int, grad_
     for step in range(1, steps + 1):
         x, text = batches.next()
         cur_lr = schedule(step)
-        loss = _train_step(model, optimizer, loss_fn, x, text, cur_lr, grad_clip_norm, step)
+        loss = train_step(model, optimizer, loss_fn, x, text, cur_lr, grad_clip_norm, step)
         log.append((step, loss, cur_lr))
         if bar is not None:
             bar.update(1)
@@ -156,7 +155,7 @@ def _train_loop(model, optimizer, batches: _Batches, schedule, steps: int, grad_
     return log
 
 
-def _train_step(model, optimizer, loss_fn, x: torch.Tensor, text: torch.Tensor, lr: float,
+def train_step(model, optimizer, loss_fn, x: torch.Tensor, text: torch.Tensor, lr: float,
                 grad_clip_norm: float | None, step: int) -> float:
     """One AdamW step at learning rate `lr` on the batch (x, text); returns the loss before the step.
 
@@ -226,8 +225,6 @@ def _summary(model, arch: str, out_path: Path, log_path: Path, log: list[tuple[i
 
 
 def local_archs() -> list[str]:
-    from vlbench.models import CONFIG_DIR
-
     return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
 
 

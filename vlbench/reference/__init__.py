@@ -10,7 +10,7 @@ paper's name), "metric", "value" (vlbench units: fractions for accuracy-like met
 over `settings.datasets`, a list of registry names); an `adapt` row with `head` and `shots` settings names the key
 `elevater/<head>/<shots>/<params.elevater.report or last>`. A row's settings are the table's overlaid with its
 own (`Row.settings`); keys `model.<key>` and `params.<dotted path>` are checked against the run
-(vlbench.reference.compare), any other key is words for the reader. `load_tables` validates every file and names
+(vlbench.reference.verdicts), any other key is words for the reader. `load_tables` validates every file and names
 the file, row and key of any defect.
 """
 

@@ -3,7 +3,7 @@
 `TASKS` is the one table of the mapping (column of open_clip's `docs/openclip_results.csv` -> DataComp's task key
 in its `tasklist.yml` -> vlbench entry `wds-<key with '/' as '-'>` -> the analysis and metric key under which a
 `datacomp` run reports the task's main metric in reports/metrics.json). The reference tool
-(tools/openclip_reference.py), the comparison of the average (vlbench.reference.compare) and the placement below
+(tools/openclip_reference.py), the comparison of the average (vlbench.reference.verdicts) and the placement below
 read it; nothing else lists the 38.
 
 `place` puts a run's numbers among the published models of the table (vlbench/reference/openclip_population.json,

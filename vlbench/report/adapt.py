@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from vlbench.analyses.adapt.vtab import group_means
 from vlbench.io import atomic_path
+from vlbench.report.plots import PALETTE, render_svg
 
 MEAN = "mean"  # the pseudo-dataset of cross-dataset means under metrics["adapt"]
 SHOTS_FILE = "adapt_shots.svg"
@@ -37,8 +39,6 @@ def with_means(metrics: dict[str, Any]) -> dict[str, Any]:
 def with_vtab_groups(metrics: dict[str, Any], results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """`metrics` with VTAB's summary in metrics["adapt"]["mean"]: `vtab/<group>` (natural, specialized, structured:
     the mean of the group's task medians) and `vtab/mean` (over all tasks), from each result's VTAB group."""
-    from vlbench.analyses.adapt.vtab import group_means
-
     per_dataset = {d: v for d, v in (metrics.get("adapt") or {}).items() if d != MEAN}
     medians = {d: v["vtab/median"] for d, v in per_dataset.items() if "vtab/median" in v}
     if not medians:
@@ -69,8 +69,6 @@ def shot_rows(metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def shots_spec(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Lines with points: the test metric against shots (0 = zero-shot, ..., full), one panel per dataset."""
-    from vlbench.report.plots import PALETTE
-
     order = sorted({r["shots"] for r in rows if r["shots"] != "full"}, key=int) + ["full"]
     heads = sorted({r["head"] for r in rows})
     return {
@@ -100,8 +98,6 @@ def shots_spec(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def write_shots_plot(metrics: Mapping[str, Any], out_dir: Path) -> Path | None:
     """`<out_dir>/adapt_shots.svg`; None (and no file) when metrics.json has no elevater numbers."""
-    from vlbench.report.plots import render_svg
-
     rows = shot_rows(metrics)
     if not any(r["head"] != "zero-shot" for r in rows):
         return None

@@ -10,7 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from vlbench.analyses import ANALYSES
+from vlbench.config import get
 from vlbench.io import atomic_path, write_json
+from vlbench.reference import load_tables
+from vlbench.reference.verdicts import reference_report
+from vlbench.report.html import index_page
 from vlbench.results import PLOTS_DIR, REFERENCE_FILE, REPORTS, model_of, read_result, write_metrics
 
 INDEX_FILE = REPORTS / "index.html"
@@ -19,8 +23,6 @@ INDEX_FILE = REPORTS / "index.html"
 def report_datasets(params: Mapping[str, Any]) -> dict[str, list[str]]:
     """{analysis: [dataset, ...]} the suite reports, in table order; analyses without datasets left out. The
     dataset-level vocabularies (stage extensibility_sets@<name>) report under extensibility, each by its name."""
-    from vlbench.config import get
-
     datasets = {a: list(get(params, f"suite.{a}", list)) for a in ANALYSES}
     datasets["extensibility"] = datasets["extensibility"] + list(params["suite"].get("extensibility_sets") or {})
     return {a: d for a, d in datasets.items() if d}
@@ -70,8 +72,6 @@ def write_charts(results: Mapping[str, Mapping[str, Any]], metrics: Mapping[str,
 def write_report(datasets_by_analysis: Mapping[str, list[str]], run: Mapping[str, Any] | None = None
                  ) -> dict[str, Any]:
     """Everything `report` writes; `run`: what the page says about reproducing it ({"model", "suite"})."""
-    from vlbench.report.html import index_page
-
     results = read_results(datasets_by_analysis)
     metrics, model = headline(results)
     write_metrics(metrics, model, headline_numbers(metrics))
@@ -87,7 +87,4 @@ def write_report(datasets_by_analysis: Mapping[str, list[str]], run: Mapping[str
 def reference(results: Mapping[str, Mapping[str, Any]], metrics: Mapping[str, Any],
               model: Mapping[str, Any]) -> dict[str, Any]:
     """reports/reference.json: every headline number that has a published one, with its verdict."""
-    from vlbench.reference import load_tables
-    from vlbench.reference.compare import reference_report
-
     return reference_report(load_tables(), metrics, model, results)

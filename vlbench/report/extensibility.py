@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vlbench.io import atomic_path
+from vlbench.report.plots import PALETTE, render_svg
 
 STEPS_FILE = "extensibility_steps.svg"
 DROPS_FILE = "extensibility_drops.svg"
@@ -103,8 +104,6 @@ def _frame(title: str, rows: list[dict[str, Any]], spec: dict[str, Any], notes: 
 
 def steps_spec(rows: list[dict[str, Any]], notes: list[str] | None = None) -> dict[str, Any]:
     """Sampled values as lines, the exact expectations as open diamonds on top."""
-    from vlbench.report.plots import PALETTE
-
     curves = list(dict.fromkeys(r["curve"] for r in rows))
     color = {"field": "curve", "type": "nominal", "title": None,
              "scale": {"domain": curves, "range": list(PALETTE[:len(curves)])},
@@ -126,8 +125,6 @@ def steps_spec(rows: list[dict[str, Any]], notes: list[str] | None = None) -> di
 
 
 def drops_spec(rows: list[dict[str, Any]], notes: list[str] | None = None) -> dict[str, Any]:
-    from vlbench.report.plots import PALETTE
-
     series = list(dict.fromkeys(r["series"] for r in rows))
     return _frame("extensibility: per-group drop from Acc-C", rows, {
         "width": 260, "height": {"step": 9},
@@ -146,8 +143,6 @@ def drops_spec(rows: list[dict[str, Any]], notes: list[str] | None = None) -> di
 
 
 def _write(path: Path, spec: dict[str, Any]) -> Path:
-    from vlbench.report.plots import render_svg
-
     svg = render_svg(spec)
     with atomic_path(path) as tmp:
         tmp.write_text(svg if svg.endswith("\n") else svg + "\n", encoding="utf-8")

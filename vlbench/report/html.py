@@ -19,6 +19,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from vlbench.analyses import ANALYSES
+from vlbench.reference.datacomp import AVERAGE, TASKS, place, run_numbers
+
 STYLE = """
 body { font-family: "DejaVu Sans", "Liberation Sans", Arial, sans-serif; margin: 2em auto; max-width: 1200px;
        color: #222; padding: 0 1em; }
@@ -98,8 +101,6 @@ def headline_rows(metrics: Mapping[str, Any], results: Mapping[str, Mapping[str,
                   ) -> list[tuple[str, str, str, Any, dict[str, Any] | None]]:
     """[(analysis, dataset, metric, value, interval or None)]: per analysis of `metrics` and dataset, the keys that
     match its table entry's `headline` patterns, in pattern order; `mean` rows (adapt) have no result, no interval."""
-    from vlbench.analyses import ANALYSES
-
     rows = []
     for analysis, per_dataset in metrics.items():
         patterns = ANALYSES[analysis].headline if analysis in ANALYSES else ("*",)
@@ -355,8 +356,6 @@ def _rank_text(cell: Mapping[str, Any]) -> str:
 def _placement_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Where the run's DataComp tasks and their average rank among open_clip's published models; nothing when the
     run has none of the 38 (vlbench.reference.datacomp)."""
-    from vlbench.reference.datacomp import AVERAGE, TASKS, place, run_numbers
-
     numbers = run_numbers(metrics, results)
     if not numbers:
         return []
@@ -395,8 +394,6 @@ def inline_svg(svg: str, scope: str) -> str:
 
 
 def _analysis_section(analysis: str, charts: Sequence[Path]) -> list[str]:
-    from vlbench.analyses import ANALYSES
-
     entry = ANALYSES.get(analysis)
     title, explain = (entry.title, entry.explain) if entry else (analysis, "")
     out = [f'<h2 id="{_e(analysis)}">{_e(title)}</h2>', f"<p>{_e(explain)}</p>" if explain else ""]

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from vlbench.analyses.adapt.common import AdaptError, ProtocolResult
+from vlbench.results import Result
 
 PROTOCOLS = ("elevater", "vtab", "fewtrans")
 # The tables each protocol writes as reports/adapt/<dataset>.<table>.parquet; dvc.yaml's adapt block lists them all.
@@ -49,8 +50,6 @@ def placeholder_table(protocol: str) -> pa.Table:
 
 
 def run(inputs, cfg: Mapping[str, Any], seed: int):
-    from vlbench.results import Result
-
     metrics: dict[str, float] = {}
     counts: dict[str, int] = {"classes": len(inputs.meta.classes)}
     details: dict[str, Any] = {}

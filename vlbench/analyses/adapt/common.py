@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from vlbench import metrics
 from vlbench.errors import VlbenchError
 
 # batch x d x (K x C) below which training uses one CPU thread: on this 2-core machine, shared with other jobs, one
@@ -89,13 +90,6 @@ def cpu_threads(on, work: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def torch_generator(seed: int):
-    """A CPU `torch.Generator` seeded with `seed` (CPU so that draws are the same on every machine)."""
-    import torch
-
-    return torch.Generator().manual_seed(int(seed))
 
 
 def pytorch_linear_init(dim: int, num_classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -246,8 +240,6 @@ def score_heads(scores: np.ndarray, labels: np.ndarray, metric: str, convention:
     A head whose scores are not all finite (it diverged) scores 0. `accuracy` and `mean_per_class` are
     computed for all heads at once (ties to the lower class index, as `vlbench.metrics`); other metrics go
     through `vlbench.metrics.compute` head by head."""
-    from vlbench import metrics
-
     scores = np.asarray(scores)
     finite = np.isfinite(scores).all(axis=(1, 2))
     out = np.zeros(scores.shape[0])

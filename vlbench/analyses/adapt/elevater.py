@@ -41,6 +41,7 @@ from vlbench.analyses.adapt.common import (
     softmax_np,
 )
 from vlbench.analyses.adapt.common import device as pick_device
+from vlbench.analyses.scoring import class_weights, knowledge_variant, label_matrix
 from vlbench.features import (
     PRE_PROJECTION,
     PROJECTION,
@@ -563,8 +564,6 @@ def load_pool(inputs, s: Settings) -> Pool:
     train, test = inputs.images(s.train_split), inputs.images(s.test_split)
     column = train.table.column(meta.label_column).to_pylist()
     labels = [list(v) for v in column] if meta.multi_label else [[int(v)] for v in column]
-    from vlbench.analyses.zeroshot import label_matrix
-
     return Pool(train.embeddings.astype(np.float32), labels, test.embeddings.astype(np.float32),
                 label_matrix(test.table, meta), len(meta.classes), meta.metric, meta.multi_label,
                 test.table.column("sample_id").to_pylist())
@@ -620,8 +619,6 @@ def head_init(inputs, pool: Pool, s: Settings, seed: int, projection: Projection
 def knowledge_classifiers(inputs, pool: Pool, s: Settings) -> dict[str, np.ndarray]:
     """{variant: class weights [C, d]} of the `knowledge` variants embedded for the dataset (stage embed_knowledge;
     the dataset must be in suite.knowledge), in the order of `s.knowledge`; none when no head of KNOWLEDGE_HEADS runs."""
-    from vlbench.analyses.zeroshot import knowledge_variant
-
     if not set(KNOWLEDGE_HEADS) & set(s.heads) or not hasattr(inputs, "knowledge_sets"):
         return {}
     present = set(inputs.knowledge_sets())
@@ -668,8 +665,6 @@ def logit_scale_factor(name: str, num_classes: int, inputs=None, split: str | No
 
 def text_classifier(inputs, pool: Pool) -> np.ndarray:
     """[C, d]: the `prompts` set's template prompts, each normalised, averaged per class, renormalised."""
-    from vlbench.analyses.zeroshot import class_weights
-
     texts = inputs.texts("prompts")
     templates = np.array([src == "template" for src in texts.table.column("source").to_pylist()])
     w = class_weights(texts.embeddings[templates], texts.table.column("class_index").to_numpy()[templates],

@@ -29,14 +29,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from vlbench.analyses.adapt import fewtrans_dag as dag
-from vlbench.analyses.adapt.common import AdaptError, ProtocolResult
+from vlbench.analyses.adapt.common import AdaptError, ProtocolResult, cpu_threads, device as pick_device
+from vlbench.analyses.adapt.vtab import exp_shifted, flush_denormals
+from vlbench.analyses.scoring import class_weights
+from vlbench.datasets.registry import FEWTRANS_SPLITS
+from vlbench.metrics import mean_confidence_interval
+from vlbench.stats import episodes_interval
 
 METHODS = ("zeroshot", "prototype", "linear")
 NOVEL_METHODS = ("zeroshot",)  # methods that can score classes without support images
@@ -44,7 +48,7 @@ COMBINES = ("sum", "vote")
 EPOCH_MODES = ("grid", "snapshots")
 CLASS_SPLIT_SEED = 22  # FewTrans' dataset_spec.SEED for its base/novel class split
 LOG_WEIGHT = math.log(2.0)  # Meta-Dataset's MIN/MAX_LOG_WEIGHT = -/+ 0.69314718055994529
-SPLITS_FILE = Path(__file__).with_name("fewtrans_splits.json")  # per dataset: base and novel class counts, as data
+SPLITS_FILE = FEWTRANS_SPLITS  # per dataset: base and novel class counts, as data (the dataset registry's)
 EPOCH_SEARCH = (1, 2, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100)  # App. A: the search space of E*
 CHUNK = 64  # episodes per batched linear-head computation (runtime only: results do not depend on it)
 
@@ -424,10 +428,6 @@ def train_linear_heads(episodes: list[Episode], x: np.ndarray, lin: Mapping[str,
     `member_plan`-shaped plan to train instead of the ensemble's (e.g. `centre_grid`'s single heads)."""
     import torch
 
-    from vlbench.analyses.adapt.common import cpu_threads
-    from vlbench.analyses.adapt.common import device as pick_device
-    from vlbench.analyses.adapt.vtab import exp_shifted, flush_denormals
-
     dev = pick_device(device)
     lrs, steps, scored = plan if plan is not None else member_plan(lin)
     xs, ys, sm = (torch.as_tensor(a, device=dev) for a in _pad(episodes, x, "support"))
@@ -563,8 +563,6 @@ def load_pool(inputs, splits: list[str]) -> Pool:
 
 def text_weights(inputs, text_set: str) -> np.ndarray:
     """(C, d) class weights from the text set's template rows, as the zeroshot analysis builds them."""
-    from vlbench.analyses.zeroshot import class_weights
-
     texts = inputs.texts(text_set)
     keep = np.array([src == "template" for src in texts.table.column("source").to_pylist()], dtype=bool)
     index = texts.table.column("class_index").to_numpy()[keep]
@@ -625,8 +623,6 @@ def episodes_table(pairs, pool: Pool, acc: Mapping, methods: list[str]):
 def summarise(acc: Mapping) -> tuple[dict[str, float], dict[str, Any]]:
     """Metrics `fewtrans/<split>/<method>` (mean accuracy) and details with the 95% interval
     (1.96 * std / sqrt(episodes), std with ddof=1)."""
-    from vlbench.metrics import mean_confidence_interval
-
     metrics, details = {}, {}
     for (split, method), values in acc.items():
         mean, half = mean_confidence_interval(values, 0.95, ddof=1)
@@ -637,8 +633,6 @@ def summarise(acc: Mapping) -> tuple[dict[str, float], dict[str, Any]]:
 
 def evaluate(inputs, cfg: Mapping[str, Any], seed: int, device: str | None = None) -> ProtocolResult:
     """The FewTrans protocol on one dataset: sample the episodes, score every method, summarise."""
-    from vlbench.stats import episodes_interval
-
     s = settings(cfg)
     meta = inputs.meta
     pool = load_pool(inputs, list(s["splits"]))

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vlbench.analyses.adapt.common import AdaptError
+from vlbench.knowledge.hierarchy import HierarchyError, wordnet_graph
 
 MAX_SPANNING_LEAVES = 392  # MAX_SPANNING_LEAVES_ELIGIBLE
 MODES = ("dag",)
@@ -195,8 +196,6 @@ def class_wnids(meta, key: str = "adapt.fewtrans.hierarchy") -> list[str]:
 
 def wordnet_parents(wnids: Sequence[str], dataset: str) -> Mapping[str, Sequence[str]]:
     """The hypernym table above `wnids`, from the repository's offline WordNet (`wordnet_graph`)."""
-    from vlbench.knowledge.hierarchy import HierarchyError, wordnet_graph
-
     try:
         return wordnet_graph(wnids).parents
     except HierarchyError as err:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from vlbench.analyses.adapt.common import AdaptError, ProtocolResult
+from vlbench.analyses.adapt.common import AdaptError, ProtocolResult, cpu_threads, device as pick_device
 from vlbench.features import (
     PRE_PROJECTION,
     Features,
@@ -159,9 +159,6 @@ def train_heads(x: np.ndarray, y: np.ndarray, num_classes: int, lrs: np.ndarray,
     cross-entropy. The bias is the weight of a constant feature 1 (the same updates, one product fewer).
     Returns (weight (R, A, d, C), bias (R, A, C)) as torch tensors."""
     import torch
-
-    from vlbench.analyses.adapt.common import cpu_threads
-    from vlbench.analyses.adapt.common import device as pick_device
 
     dev = pick_device(device)
     r, a, total = lrs.shape
@@ -314,8 +311,6 @@ def train_runs(data: Mapping[str, Split], num_classes: int, s: Mapping[str, Any]
     loop (2R streams, every setting also trained on the 1,000: launches, not arithmetic, bound a GPU step), A' = A;
     on the CPU the final loop trains the chosen setting only (A' = 1, less arithmetic). Streams and results are
     the same either way."""
-    from vlbench.analyses.adapt.common import device as pick_device
-
     plan, runs, both = sweep_plan(s), s["runs"], data["train800val200"]
     n800, n1000 = len(data["sweep"].y), len(both.y)  # the sweep's rows are the first of train800val200's
     sweep_rngs, final_rngs = run_rngs(seed, runs, "sweep"), run_rngs(seed, runs, "final")

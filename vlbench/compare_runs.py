@@ -28,6 +28,8 @@ import numpy as np
 from vlbench import stats
 from vlbench.analyses import ANALYSES, SampleTable
 from vlbench.errors import VlbenchError
+from vlbench.io import atomic_path
+from vlbench.report.html import render_comparison
 
 REPORTS = "reports"
 ALPHA = 0.05  # a winner beats every other experiment with p below this
@@ -260,14 +262,8 @@ def format_table(data: Mapping[str, Any]) -> str:
     return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *lines])
 
 
-def write_page(data: Mapping[str, Any], out: Path) -> Path | None:
-    """<out>/index.html by vlbench.report.html.render_comparison, atomically; None where that module is missing."""
-    from vlbench.io import atomic_path
-
-    try:
-        from vlbench.report.html import render_comparison
-    except ImportError:
-        return None
+def write_page(data: Mapping[str, Any], out: Path) -> Path:
+    """<out>/index.html by vlbench.report.html.render_comparison, atomically."""
     path = Path(out) / "index.html"
     with atomic_path(path) as tmp:
         Path(tmp).write_text(render_comparison(dict(data)), encoding="utf-8")

@@ -28,6 +28,8 @@ import numpy as np
 from vlbench import portable
 from vlbench.config import NAME, ParamsError
 from vlbench.errors import VlbenchError
+from vlbench.features import StaleFeaturesError, embedding_array, features_schema, read_features
+from vlbench.io import atomic_dir
 
 FILTERS = ("word", "exact_word", "substring")
 MODALITIES = ("image", "text")
@@ -601,8 +603,6 @@ def weights_fingerprint(prompts_fingerprint: Mapping[str, Any], corpus: Corpus, 
 def weights_table(class_names: Sequence[str], run: RetrievalRun):
     import pyarrow as pa
 
-    from vlbench.features import embedding_array
-
     return pa.table({
         "class_index": pa.array(range(len(class_names)), pa.int64()),
         "name": pa.array(list(class_names), pa.string()),
@@ -644,9 +644,6 @@ def write_outputs(out_dir: Path, class_names: Sequence[str], corpus: Corpus, run
     index.faiss for an approximate index."""
     import pyarrow.parquet as pq
 
-    from vlbench.features import features_schema
-    from vlbench.io import atomic_dir
-
     table = weights_table(class_names, run)
     rows = table.drop(["embedding"]).schema
     schema = features_schema(rows, run.weights.shape[1], fingerprint)
@@ -684,8 +681,6 @@ def read_repe_class_weights(features_dir: str | Path, identity: Mapping[str, Any
     query_source, retrieved, passed, kept, fallback; embeddings (C, d), L2-normalised), refused
     (`StaleFeaturesError`) unless made by the model `identity` names for `dataset` and, when given, from the text
     set `prompts_set` (retrieve.prompts) of version `prompts_version`."""
-    from vlbench.features import StaleFeaturesError, read_features
-
     expect = {**identity, "dataset": dataset, "text_set": TEXT_SET, "prompts_version": prompts_version}
     found = read_features(weights_path(features_dir), expect)
     made_from = found.fingerprint.get("prompts_set", DEFAULT_PROMPTS)

@@ -1,0 +1,147 @@
+"""The package's import graph, read statically (ast over every vlbench/ and stages/ module, imports inside functions
+included): no cycle between modules, and no private name (`_x`) imported from another module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("vlbench", "stages")
+
+
+def project_modules(root: Path = ROOT) -> dict[str, Path]:
+    """{dotted module name: file} of every module of the project's packages (a package is its __init__.py)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imported(module: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[tuple[str, str | None]]:
+    """(target module as written, the name taken from it or None) for each name an import statement binds."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, None) for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        package = package[:len(package) - (node.level - 1)]
+        base = ".".join(package + ([node.module] if node.module else []))
+    return [(base, alias.name) for alias in node.names]
+
+
+def imports(modules: dict[str, Path]) -> list[tuple[str, str, str | None, int]]:
+    """(importer, project module imported, name taken from it or None, line) for every import of a project module."""
+    found = []
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target, name in _imported(module, path, node):
+                if name and f"{target}.{name}" in modules:  # `from package import submodule`
+                    target, name = f"{target}.{name}", None
+                while target not in modules and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in modules and target != module:
+                    found.append((module, target, name, node.lineno))
+    return found
+
+
+def import_cycles(modules: dict[str, Path]) -> list[list[str]]:
+    """One cycle (a list of modules, the first repeated at the end) per strongly connected group of modules."""
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for importer, target, _, _ in imports(modules):
+        graph[importer].add(target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_cycle_in(graph, group) for group in groups]
+
+
+def _cycle_in(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """A shortest cycle through the group's first module (breadth first inside the group)."""
+    start = min(group)
+    paths = {start: [start]}
+    todo = [start]
+    while todo:
+        v = todo.pop(0)
+        for w in sorted(graph[v] & group):
+            if w == start:
+                return paths[v] + [start]
+            if w not in paths:
+                paths[w] = paths[v] + [w]
+                todo.append(w)
+    raise AssertionError(f"no cycle through {start}")  # a strongly connected group always has one
+
+
+def private_imports(modules: dict[str, Path]) -> list[str]:
+    return [f"{modules[importer].relative_to(ROOT)}:{line}: imports {name} from {target}"
+            for importer, target, name, line in imports(modules)
+            if name and name.startswith("_") and not name.startswith("__")]
+
+
+def test_no_import_cycle_between_modules():
+    cycles = [" -> ".join(cycle) for cycle in import_cycles(project_modules())]
+    assert not cycles, "import cycles (function-level imports included): " + "; ".join(cycles)
+
+
+def test_no_private_name_is_imported_from_another_module():
+    found = private_imports(project_modules())
+    assert not found, "private names imported across modules (make them public or move them): " + "; ".join(found)
+
+
+@pytest.fixture
+def tiny_package(tmp_path):
+    """A package of four modules: a -> b (inside a function) -> c -> a, and d taking a private name from c."""
+    pkg = tmp_path / "vlbench"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from vlbench import b\n")
+    (pkg / "b.py").write_text("from . import c\n")
+    (pkg / "c.py").write_text("import vlbench.a\n_hidden = 1\n")
+    (pkg / "d.py").write_text("from vlbench.c import _hidden, __doc__\n")
+    return tmp_path
+
+
+def test_the_checks_find_a_cycle_through_a_function_level_import_and_a_private_import(tiny_package):
+    modules = project_modules(tiny_package)
+    assert import_cycles(modules) == [["vlbench.a", "vlbench.b", "vlbench.c", "vlbench.a"]]
+    assert [(i, t, n) for i, t, n, _ in imports(modules) if i == "vlbench.d"] == [
+        ("vlbench.d", "vlbench.c", "_hidden"), ("vlbench.d", "vlbench.c", "__doc__")]
+
+
+def test_the_dataset_sources_import_nothing_from_the_layers_above_them():
+    """vlbench.datasets (the sources, their leaf wnids and ImageNet-1k's class list) sits below the knowledge, the
+    analyses and the reports; WordNet is read through vlbench.wordnet, below all of them."""
+    above = ("vlbench.knowledge", "vlbench.analyses", "vlbench.report", "vlbench.finetune")
+    found = [f"{importer} -> {target} (line {line})" for importer, target, _, line in imports(project_modules())
+             if importer.startswith("vlbench.datasets") and target.startswith(above)]
+    assert not found, "dataset modules import from layers above them: " + "; ".join(found)
