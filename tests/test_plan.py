@@ -32,14 +32,21 @@ def repo(tmp_path_factory) -> Path:
 
 
 def snapshot(repo: Path) -> dict[str, str]:
-    """Every file of the copy with its hash, but git's and DVC's scratch folder (.dvc/tmp: `dvc status` locks there)."""
+    """Every file of the copy with its hash, but git's and DVC's scratch folder (.dvc/tmp: `dvc status` locks there) and
+    the listings of folder dependencies DVC keeps in its cache (`.dir` objects: `dvc status` writes them as it hashes a
+    folder it has not seen, e.g. data/prepared/<d>)."""
     skip = (repo / ".git", repo / ".dvc/tmp")
     return {str(p.relative_to(repo)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(repo.rglob("*"))
-            if p.is_file() and not any(p.is_relative_to(s) for s in skip)}
+            if p.is_file() and not any(p.is_relative_to(s) for s in skip)
+            and not (p.is_relative_to(repo / ".dvc/cache") and p.suffix == ".dir")}
 
 
 def dvc_status(repo: Path) -> set[str]:
     return set(json.loads(run(repo, *DVC, "status", "--json").stdout))
+
+
+def stage(plan: dict, name: str) -> dict:
+    return next(row for row in plan["stages"] if row["name"] == name)
 
 
 def would_run(plan: dict) -> set[str]:
@@ -89,24 +96,24 @@ def test_cached_locally_and_on_a_remote_as_dvc_sees_them(repo, tmp_path, monkeyp
     params = compose([], repo / "conf")
     run(repo, *DVC, "remote", "add", "-d", "store", str(tmp_path / "store"))
     try:
-        row = make_plan(params, warmup=False)["stages"][0]
+        row = stage(make_plan(params, warmup=False), "prepare@hierarchy")
         assert row == {"name": "prepare@hierarchy", "status": "up to date", "cached": {"local": True, "remote": False},
                        "after": [], "images": None, "texts": None}
         run(repo, *DVC, "push", "prepare@hierarchy")
         shutil.rmtree(repo / "data/prepared/hierarchy")  # stale for `dvc status`, but `dvc repro` restores it
         plan = make_plan(params, warmup=False)
-        assert plan["stages"][0]["status"] == "stale" and "prepare@hierarchy" in dvc_status(repo)
-        assert plan["stages"][0]["cached"] == {"local": True, "remote": True}
+        assert stage(plan, "prepare@hierarchy")["status"] == "stale" and "prepare@hierarchy" in dvc_status(repo)
+        assert stage(plan, "prepare@hierarchy")["cached"] == {"local": True, "remote": True}
         assert plan["remote"] == {"name": "store", "reason": None}
         # prepare@shapes: never run with these inputs, so no outputs to look for on the remote
-        assert plan["stages"][1]["cached"] == {"local": False, "remote": None}
+        assert stage(plan, "prepare@shapes")["cached"] == {"local": False, "remote": None}
         run(repo, *DVC, "remote", "add", "-d", "dead", "s3://bucket/cache")
         run(repo, *DVC, "remote", "modify", "dead", "endpointurl", "http://127.0.0.1:9")
         monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
         plan = make_plan(params, warmup=False)
-        assert plan["stages"][0]["cached"] == {"local": True, "remote": None}
+        assert stage(plan, "prepare@hierarchy")["cached"] == {"local": True, "remote": None}
         assert plan["remote"]["reason"].startswith("remote 'dead' cannot be reached: ")
     finally:
         run(repo, *DVC, "checkout", "prepare@hierarchy")
