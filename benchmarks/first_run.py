@@ -11,8 +11,9 @@ CPU seconds, not wall. Prints a Markdown table and writes the raw log beside it 
     python benchmarks/first_run.py --workdir /tmp/first-run --setup    # install included (the clone's own .venv)
     python benchmarks/first_run.py --table /tmp/first-run               # the table of an earlier run again
 
-`--reuse data/models/toy --from /work/main` copies an earlier run's toy model (its outputs match dvc.lock, so DVC skips
-pretrain@toy) to time the other stages without training again.
+`--reuse pretrain@toy train_plot@toy --from /work/main` copies those stages' outputs from an earlier run and commits them
+to the clone's DVC cache (`dvc commit`: they match dvc.lock, so DVC skips the stages; outputs missing from the cache
+would make DVC run them) to time the other stages without training again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -28,6 +28,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import yaml
 
 SHIM = """#!/bin/bash
 start=$(date +%s.%N)
@@ -97,6 +99,17 @@ def timed(cmd: list[str], cwd: Path, env: dict, out: Path, log: Path) -> None:
         sys.exit(f"{' '.join(cmd)} failed ({rc}); see {log}")
 
 
+def reuse(work: Path, source: Path, stages: list[str], venv: Path, env: dict) -> None:
+    """Copy `stages`' outputs (dvc.lock's paths) from `source` into the clone and commit them to its DVC cache."""
+    lock = yaml.safe_load((work / "dvc.lock").read_text())["stages"]
+    for stage in stages:
+        for out in lock[stage].get("outs", []):
+            src, dst = source / out["path"], work / out["path"]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    subprocess.run([str(venv / "bin" / "dvc"), "commit", "-f", "-q", *stages], cwd=work, env=env, check=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", type=Path, help="the clone to make (must not exist)")
@@ -104,16 +117,14 @@ def main() -> None:
     p.add_argument("--venv", type=Path, help="an installed environment to use (default: the clone's .venv)")
     p.add_argument("--setup", action="store_true", help="run and time `make setup` in the clone first")
     p.add_argument("--table", type=Path, help="only print the table of an earlier run in this workdir")
-    p.add_argument("--reuse", nargs="*", default=[], help="outputs (paths in the repository) to copy from --from")
-    p.add_argument("--from", dest="source", type=Path, help="the checkout that holds the --reuse outputs")
+    p.add_argument("--reuse", nargs="*", default=[], help="stages whose outputs to copy from --from instead of running")
+    p.add_argument("--from", dest="source", type=Path, help="the checkout that holds the --reuse stages' outputs")
     args = p.parse_args()
     if args.table:
         print(table(args.table))
         return
     work = args.workdir.resolve()
     subprocess.run(["git", "clone", "-q", args.repo, str(work)], check=True)
-    for path in args.reuse:
-        shutil.copytree(args.source / path, work / path)
     venv = (args.venv or work / ".venv").resolve()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     stop = threading.Event()
@@ -125,6 +136,8 @@ def main() -> None:
     shim = shim_dir / "python"
     shim.write_text(SHIM)
     shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    if args.reuse:
+        reuse(work, args.source, args.reuse, venv, env)
     log = Path(f"{work}.stages.log")
     log.unlink(missing_ok=True)
     env |= {"PATH": f"{shim_dir}:{venv}/bin:{env['PATH']}", "FIRST_RUN_LOG": str(log),
