@@ -11,8 +11,8 @@ export GOMP_SPINCOUNT ?= 10000
 
 .PHONY: setup setup-dev wordnet test repro clean-venv
 
-# `make repro` needs the package alone; `make test` adds the dev extras (pytest, moto, dvc-s3, Ray: about a fifth of
-# the install's time, none of it used by the demo; docs/benchmarks.md, "First run: where the time goes")
+# `make repro` needs the package alone; `make test` adds the dev extras (pytest, moto, dvc-s3, Ray: 42 packages, about
+# an eighth of the install's CPU, none used by the demo; docs/benchmarks.md, "First run: where the time goes")
 setup: $(STAMP) wordnet
 setup-dev: $(DEV_STAMP) wordnet
 
