@@ -93,3 +93,26 @@ def test_the_named_pieces_compose_into_exactly_train_toy_clip(corpus, tmp_path):
     got = model.state_dict()
     assert list(got) == list(expected)
     assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_training_without_the_nan_fill_gives_the_weights_of_training_with_it(corpus, tmp_path):
+    """_deterministic turns off deterministic mode's NaN fill of new tensors (about 5% of a step's CPU): no kernel of
+    training reads memory it did not write, so the weights are the same bytes as with the fill, and the caller's
+    setting is restored."""
+    steps, seed = 3, SETTINGS["seed"]
+    fill_before = torch.utils.deterministic.fill_uninitialized_memory
+    train_toy_clip(corpus, "vlbench-toy", tmp_path / "ckpt.pt", **{**SETTINGS, "steps": steps})
+    assert torch.utils.deterministic.fill_uninitialized_memory == fill_before
+    with toy._deterministic(seed), torch.random.fork_rng(devices=[]):
+        assert torch.utils.deterministic.fill_uninitialized_memory is False
+        torch.utils.deterministic.fill_uninitialized_memory = True  # deterministic mode's default
+        model = toy.build_toy_model("vlbench-toy", seed)
+        pp = dict(model.visual.preprocess_cfg)
+        images, tokens, owner = toy._load_corpus(corpus, "vlbench-toy", pp, None)
+        batches = toy._Batches(images, tokens, owner, pp, SETTINGS["batch_size"], seed)
+        optimizer = toy._make_optimizer(model, SETTINGS["lr"], SETTINGS["weight_decay"])
+        toy._train_loop(model, optimizer, batches, toy._lr_schedule(SETTINGS["lr"], SETTINGS["warmup_steps"], steps),
+                        steps, 1.0)
+    assert torch.utils.deterministic.fill_uninitialized_memory == fill_before
+    expected = torch.load(tmp_path / "ckpt.pt")
+    assert all(torch.equal(model.state_dict()[k], expected[k]) for k in expected)

@@ -343,12 +343,18 @@ def _lr_schedule(base_lr: float, warmup: int, total: int):
 @contextlib.contextmanager
 def _deterministic(seed: int):
     """Seeded, deterministic kernels and a fixed thread count (vlbench.portable.THREADS: a parallel reduction splits
-    by thread) for the duration of training; the caller's settings are restored."""
+    by thread) for the duration of training; the caller's settings are restored.
+
+    Deterministic mode also fills every new tensor with NaN before a kernel writes it (`fill_uninitialized_memory`, a
+    guard against kernels that read memory they did not write); training reads none (the weights are the same bytes
+    without it), so it is off here: the fills cost about 5% of a step's CPU (docs/benchmarks.md, "First run")."""
     previous = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
     threads = torch.get_num_threads()
     py_state, np_state = random.getstate(), np.random.get_state()
     torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
     if portable.enabled():
         torch.set_num_threads(portable.THREADS)
     random.seed(seed)
@@ -358,6 +364,7 @@ def _deterministic(seed: int):
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(previous, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
         random.setstate(py_state)
         np.random.set_state(np_state)
 
