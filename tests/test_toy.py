@@ -110,7 +110,7 @@ def test_training_without_the_nan_fill_gives_the_weights_of_training_with_it(cor
         pp = dict(model.visual.preprocess_cfg)
         images, tokens, owner = toy._load_corpus(corpus, "vlbench-toy", pp, None)
         batches = toy._Batches(images, tokens, owner, pp, SETTINGS["batch_size"], seed)
-        optimizer = toy._make_optimizer(model, SETTINGS["lr"], SETTINGS["weight_decay"])
+        optimizer = toy.make_optimizer(model, SETTINGS["lr"], SETTINGS["weight_decay"])
         toy._train_loop(model, optimizer, batches, toy._lr_schedule(SETTINGS["lr"], SETTINGS["warmup_steps"], steps),
                         steps, 1.0)
     assert torch.utils.deterministic.fill_uninitialized_memory == fill_before
