@@ -182,7 +182,7 @@ def test_each_metric_is_paired_by_the_table_its_analysis_declares(tmp_path, monk
     metric no table declares: paired where declared, else unpaired with the reason; never an ArrowInvalid."""
     import fsspec
 
-    from vlbench.compare import Experiment, compare
+    from vlbench.compare_runs import Experiment, compare
 
     monkeypatch.chdir(tmp_path)
     rng = np.random.default_rng(0)

@@ -309,7 +309,7 @@ def reference(paper: str | None, as_json: bool) -> None:
 def compare_cmd(revs: tuple[str, ...], as_json: bool, out: str) -> None:
     """Compare the results of git revisions or DVC experiments (read through DVC, never checked out): every metric
     with its interval, the paired significance of each difference, the winner."""
-    from vlbench.compare import compare, format_table, open_revision, write_page
+    from vlbench.compare_runs import compare, format_table, open_revision, write_page
 
     if len(revs) < 2 or len(set(revs)) < len(revs):
         raise click.UsageError(f"give at least two different revisions, got {list(revs)}")
