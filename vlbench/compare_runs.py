@@ -217,6 +217,11 @@ def _estimators(declared: SampleTable, tables: list, fields: Mapping[str, str], 
         return [("mean", stats.Ratio(hits, size))]
     if declared.statistic == "scores":
         return _score_estimators(tables, declared, measure)
+    if declared.statistic == "t" and declared.per is None:
+        value = np.stack([_column(t, declared.value.format(**fields)) for t in tables])
+        if any(v is None for v in value.ravel()):
+            return []
+        return [("mean", stats.UnitMeans(value.astype(np.float64)))]
     measures = [measure] if measure else ["accuracy", "mean_per_class"]
     correct = np.stack([_correct(t, declared) for t in tables])
     labels = _column(first, declared.label) if declared.label and declared.label in first.column_names else None
@@ -226,9 +231,6 @@ def _estimators(declared: SampleTable, tables: list, fields: Mapping[str, str], 
         k = np.unique(runs).size
         return [("accuracy", stats.MedianOfRuns(correct[:, order].reshape(len(tables), k, -1)))]
     if declared.statistic == "t":
-        if declared.per is None:
-            value = np.stack([_column(t, declared.value.format(**fields)) for t in tables])
-            return [("mean", stats.UnitMeans(value.astype(np.float64)))]
         units = _column(first, declared.per)
         ids = np.unique(units)
         return [(m, stats.UnitMeans(np.array([[_per_unit(c[units == u], None if labels is None else labels[units == u],
