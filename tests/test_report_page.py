@@ -349,12 +349,12 @@ out.textContent = JSON.stringify({boxes, cells, winners}); document.body.appendC
 </script>"""
 
 
-def render(page: Path, workdir: Path) -> tuple[dict, list[str]]:
+def render(page: Path, workdir: Path, probe: str = PROBE) -> tuple[dict, list[str]]:
     """Chromium opens a copy of `page` (the probe script added at its end) from the file system: (what the probe
     measured, the URLs of the requests the page made). A page's requests are told from the browser's own (update
     checks) by their network isolation key, the page's file:// origin; host resolution is off, so none leaves."""
     probed = workdir / page.name
-    probed.write_text(page.read_text().replace("</body>", PROBE + "\n</body>"))
+    probed.write_text(page.read_text().replace("</body>", probe + "\n</body>"))
     net = workdir / "net.json"
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
            "--disable-background-networking", "--disable-component-update", f"--user-data-dir={workdir / 'profile'}",
