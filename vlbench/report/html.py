@@ -247,6 +247,9 @@ def index_page(*, model: Mapping[str, Any], metrics: Mapping[str, Any], results:
 # the comparison page (`vlbench compare`)
 
 
+TEST_NAMES = {"mcnemar": "McNemar", "bootstrap": "bootstrap SE", "t": "paired t", "normal": "normal"}
+
+
 def _difference_text(d: Mapping[str, Any]) -> str:
     """b - a with its interval and p-values: the test's raw p and its p adjusted over the comparison (paired: McNemar's
     exact test, the bootstrap, or a t-test over episodes or seeds), or, only with --unpaired, from the two
@@ -254,9 +257,10 @@ def _difference_text(d: Mapping[str, Any]) -> str:
     if d.get("p") is None:
         p = ['<span class="muted">not tested</span>']
     elif d.get("paired"):
-        p = [f"p<sub>{_e(d.get('test') or 'bootstrap')}</sub> = {number(d.get('p'))}",
-             f"adjusted {number(d.get('p_adjusted'))}"]
-        p += [f"p<sub>bootstrap</sub> = {number(d.get('p_bootstrap'))}"] if d.get("p_bootstrap") is not None else []
+        test = TEST_NAMES.get(d.get("test"), d.get("test") or "")
+        p = [f"p<sub>{_e(test)}</sub> = {number(d.get('p'))}", f"adjusted {number(d.get('p_adjusted'))}"]
+        p += ([f"p<sub>percentile bootstrap</sub> = {number(d.get('p_bootstrap'))}"]
+              if d.get("p_bootstrap") is not None and d.get("test") != "mcnemar" else [])
         unit = f" {_e(d['unit'])}s" if d.get("unit") else ""
         p += [f"n = {_e(d['n'])}{unit}, paired"] if d.get("n") is not None else ["paired"]
     else:
