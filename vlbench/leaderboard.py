@@ -32,8 +32,8 @@ def column_id(analysis: str, dataset: str, metric: str) -> str:
 def _by_analysis(results: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for (analysis, dataset), doc in results.items():
-        if analysis in ANALYSES:
-            out.setdefault(analysis, {})[dataset] = doc
+        if analysis in ANALYSES:  # a result without a fingerprint (a hand-made one) names no model
+            out.setdefault(analysis, {})[dataset] = {"fingerprint": {}, **doc}
     return out
 
 
@@ -128,7 +128,7 @@ def build(experiments: Sequence[Any], rows: Sequence[Mapping[str, Any]],
     for e in experiments:
         cells[e.name], metrics, model = experiment_cells(e.results)
         models[e.name] = model.get("model")
-        verdicts[e.name] = _verdicts(metrics, model, _by_analysis(e.results), tables) if model else {}
+        verdicts[e.name] = _verdicts(metrics, model, _by_analysis(e.results), tables) if model.get("model") else {}
     columns = sorted({k for c in cells.values() for k in c}, key=_order)
     for key in columns:
         values = {n: c[key]["value"] for n, c in cells.items() if key in c}
