@@ -117,13 +117,11 @@ def open_revision(rev: str, repo: str | Path = ".") -> Experiment:
 # ------------------------------------------------------------------------------------------------- comparing
 
 
-def declared_table(analysis: str, metric: str) -> tuple[SampleTable | None, str]:
-    """The first per-sample table `analysis` declares for `metric`, or (None, why there is none)."""
+def declared_tables(analysis: str, metric: str) -> tuple[list[SampleTable], str]:
+    """The per-sample tables `analysis` declares for `metric`, in its order, or ([], why there is none)."""
     entry = ANALYSES.get(analysis)
-    for declared in entry.tables if entry else ():
-        if any(fnmatchcase(metric, pattern) for pattern in declared.metrics):
-            return declared, ""
-    return None, f"{analysis} declares no per-sample table for {metric!r}"
+    found = [t for t in (entry.tables if entry else ()) if any(fnmatchcase(metric, p) for p in t.metrics)]
+    return found, "" if found else f"{analysis} declares no per-sample table for {metric!r}"
 
 
 def select_fields(declared: SampleTable, metric: str) -> dict[str, str] | None:
@@ -266,17 +264,28 @@ REPRODUCES = 1e-6  # the paired numbers must give each result file's number to w
 
 def row_statistic(experiments: Sequence[Experiment], analysis: str, dataset: str,
                   metric: str) -> tuple[Paired | None, dict[str, str]]:
-    """(the paired statistic over the experiments that kept the declared table, {experiment: why it is not paired})
-    for one metric; refuses (CompareError) tables whose units differ between runs."""
+    """(the paired statistic over the experiments that kept a declared table, {experiment: why it is not paired}) for
+    one metric, from the first declared table that pairs it; refuses (CompareError) tables whose units differ
+    between runs."""
     names = [e.name for e in experiments]
-    declared, reason = declared_table(analysis, metric)
-    if declared is not None and declared.statistic is None:
-        reason = f"{analysis}'s {declared.name} table (unit: {declared.unit}): {declared.unpaired}"
-    fields = None if declared is None else select_fields(declared, metric)
-    if declared is not None and fields is None:
-        reason = f"{metric!r} is not a key of the form {declared.select!r}"
-    if reason:
-        return None, dict.fromkeys(names, reason)
+    tables, reason = declared_tables(analysis, metric)
+    reasons: dict[str, str] = dict.fromkeys(names, reason)
+    for declared in tables:
+        paired, reasons = _pair_on(declared, experiments, analysis, dataset, metric)
+        if paired is not None:
+            return paired, reasons
+    return None, reasons
+
+
+def _pair_on(declared: SampleTable, experiments: Sequence[Experiment], analysis: str, dataset: str,
+             metric: str) -> tuple[Paired | None, dict[str, str]]:
+    names = [e.name for e in experiments]
+    fields = select_fields(declared, metric)
+    if declared.statistic is None:
+        return None, dict.fromkeys(names, f"{analysis}'s {declared.name} table (unit: {declared.unit}): "
+                                          f"{declared.unpaired}")
+    if fields is None:
+        return None, dict.fromkeys(names, f"{metric!r} is not a key of the form {declared.select!r}")
     measure = declared.measure or (metric if metric in (*stats.SAMPLE_METRICS, "worst_group_accuracy")
                                    or declared.statistic == "scores" else None)
     where = f"{REPORTS}/{analysis}/{dataset}.{declared.name}.parquet"
@@ -300,12 +309,14 @@ def row_statistic(experiments: Sequence[Experiment], analysis: str, dataset: str
                          if e.name in have])
     found = []
     for m, estimator in _estimators(declared, tables, fields, measure):
+        if estimator.t_test and estimator.units < 2:
+            return None, dict.fromkeys(names, f"{where}: one {declared.unit} only; a paired t-interval needs two")
         point = estimator.point()
         if np.allclose(point, reported, rtol=0, atol=REPRODUCES if declared.statistic != "scores" else 1e-4):
             return Paired(have, estimator, declared.unit), reasons
         found.append(f"{m}: {np.round(point, 6).tolist()}")
     return None, dict.fromkeys(names, f"{where} does not reproduce {metric!r} ({np.round(reported, 6).tolist()} in "
-                                      f"the result files; the table gives {'; '.join(found)})")
+                                      f"the result files; the table gives {'; '.join(found) or 'no number'})")
 
 
 def _number(x: float | None) -> float | None:

@@ -42,7 +42,9 @@ class SampleTable:
     - "median": the median over the `per` column's runs of each run's accuracy, resampling the shared test rows.
     - None: no paired test (`unpaired` says why; the difference is compared from the two intervals only with
       `vlbench compare --unpaired`).
-    The paired numbers must reproduce each run's result file, or the table does not pair that metric."""
+    The paired numbers must reproduce each run's result file, or the table does not pair that metric; an analysis may
+    declare several tables for a metric: the first that pairs it is used (ELEVATER: over seeds, or with one seed over
+    its images)."""
 
     name: str
     unit: str
@@ -66,7 +68,9 @@ class SampleTable:
         """The columns compare reads for a metric whose `select` fields are `fields` (nothing else, so a table may
         carry more): the key, the selecting columns, and what the statistic and `measure` need."""
         fields = fields or {}
-        value = self.value.format(**fields) if self.value else None
+        value = self.value if self.value and "{" not in self.value else None
+        if self.value and fields:
+            value = self.value.format(**fields)
         needs: list[str | None] = []
         if self.statistic in ("correct", "t", "median"):
             needs += [self.correct] if self.correct else [self.predicted, self.label]
@@ -191,10 +195,10 @@ ANALYSES = {a.name: a for a in (
              explain="Heads trained on few labelled images per class: ELEVATER's linear probes at 5, 20, 50 shots and "
                      "the full training set (the mean over seeds of the test metric), the VTAB-1k median, and "
                      "FewTrans's mean accuracy over episodes; `mean` is the mean over datasets (the ELEVATER score).",
-             tables=(SampleTable("elevater_predictions", "image", ("elevater/*/full/*",),
-                                 ("head", "shots", "seed", "sample_id"), select="elevater/{head}/{shots}/{report}"),
-                     SampleTable("elevater_predictions", "seed", ("elevater/*",), ("head", "shots", "seed", "sample_id"),
+             tables=(SampleTable("elevater_predictions", "seed", ("elevater/*",), ("head", "shots", "seed", "sample_id"),
                                  "t", select="elevater/{head}/{shots}/{report}", per="seed"),
+                     SampleTable("elevater_predictions", "image", ("elevater/*",),  # one seed (`full`): its images
+                                 ("head", "shots", "seed", "sample_id"), select="elevater/{head}/{shots}/{report}"),
                      SampleTable("vtab_predictions", "image", ("vtab/median",), ("run", "sample_id"), "median",
                                  measure="accuracy", per="run"),
                      SampleTable("episodes", "episode", ("fewtrans/*",), ("split", "episode"), "t", label=None,
