@@ -248,7 +248,7 @@ def _estimators(declared: SampleTable, tables: list, fields: Mapping[str, str], 
 def _score_estimators(tables: list, declared: SampleTable, metric: str):
     from vlbench.metrics import CONVENTIONS, multilabel_indicator, topk_correct
 
-    scores = [np.stack(_column(t, declared.scores)).astype(np.float64) for t in tables]
+    scores = [np.stack(_column(t, declared.scores)) for t in tables]
     raw = tables[0].column(declared.label).to_pylist()
     if metric in stats.GROUP_TOPK:
         labels = np.asarray(raw, dtype=np.int64)
@@ -256,7 +256,16 @@ def _score_estimators(tables: list, declared: SampleTable, metric: str):
         return [(metric, stats.PerClass(correct, _column(tables[0], declared.groups).astype(str), "min"))]
     labels = (multilabel_indicator(raw, scores[0].shape[1]) if raw and isinstance(raw[0], list)
               else np.asarray(raw, dtype=np.int64))
-    return [(metric, stats.WholeSet(metric, scores, labels, convention)) for convention in CONVENTIONS]
+    # the scores as kept, under each convention, or their row-wise softmax in float32 (ELEVATER's probabilities)
+    probabilities = [_softmax(s) for s in scores]
+    return [*((f"{metric} ({c})", stats.WholeSet(metric, scores, labels, c)) for c in CONVENTIONS),
+            (f"{metric} (softmax, elevater)", stats.WholeSet(metric, probabilities, labels, "elevater"))]
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits, dtype=np.float32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
 
 
 REPRODUCES = 1e-6  # the paired numbers must give each result file's number to within this
