@@ -111,6 +111,11 @@ config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yam
     tables: tuple[SampleTable, ...] = ()
     reads: tuple[str, ...] = ("prepared", "texts", "features")
 
+    @property
+    def table_names(self) -> tuple[str, ...]:
+        """The names of the tables it writes, each once (several declarations may pair metrics on one table)."""
+        return tuple(dict.fromkeys(t.name for t in self.tables))
+
     def main_metric(self, values: Mapping[str, object]) -> str | None:
         """The one number of a dataset's metrics that stands for the analysis (reports/headline.json, what `dvc exp
         show` lists): the first numeric key matching `headline`, in pattern order."""
