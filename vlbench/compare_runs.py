@@ -158,6 +158,9 @@ def _align(tables: list, declared: SampleTable, names: list[str], where: str) ->
     differ (another split or dataset version), naming the table and the runs."""
     first = tables[0]
     ids = _strings(first, declared.key)
+    if len(set(ids)) != ids.size:
+        raise CompareError(f"{where}: {names[0]}'s rows repeat a {'/'.join(declared.key)}: a paired test needs each "
+                           f"{declared.unit} once")
     out = [first]
     order_first = np.argsort(ids, kind="stable")
     for name, table in zip(names[1:], tables[1:]):
@@ -167,7 +170,7 @@ def _align(tables: list, declared: SampleTable, names: list[str], where: str) ->
         other = _strings(table, declared.key)
         order = np.argsort(other, kind="stable")
         same = other.size == ids.size and np.array_equal(other[order], ids[order_first])
-        if not same or np.unique(ids).size != ids.size:
+        if not same:
             only = sorted(map(str, set(ids) ^ set(other)))[:3]
             raise CompareError(f"{where}: {names[0]} and {name} scored different {declared.unit}s "
                                f"({'/'.join(declared.key)} differ: {ids.size} against {other.size}, e.g. "
@@ -175,7 +178,7 @@ def _align(tables: list, declared: SampleTable, names: list[str], where: str) ->
         position = np.empty(ids.size, np.int64)
         position[order_first] = order
         out.append(table.take(position))
-    if declared.label and declared.label in first.column_names and declared.label != declared.groups:
+    if declared.label and declared.label in first.column_names:
         labels = first.column(declared.label)
         for name, table in zip(names[1:], out[1:]):
             if not table.column(declared.label).equals(labels):
