@@ -177,7 +177,8 @@ def test_multilabel_map_pairs_the_logits_with_the_same_resampled_images(tmp_path
     close(diff, loop_interval(d, n, resamples=1000), share=0.15)
 
 
-def test_fewtrans_episodes_take_a_paired_t_interval(tmp_path):
+@pytest.mark.parametrize("analysis", ["adapt", "finetune"])  # FewTrans's episodes, and its fine-tuning methods'
+def test_fewtrans_episodes_take_a_paired_t_interval(tmp_path, analysis):
     rng = np.random.default_rng(4)
     episodes = 30
     acc = {"a": rng.random(episodes) * 0.3 + 0.5}
@@ -186,9 +187,9 @@ def test_fewtrans_episodes_take_a_paired_t_interval(tmp_path):
     for name in "ab":
         table = pa.table({"episode": np.arange(episodes), "split": ["novel"] * episodes, "linear": acc[name],
                           "zeroshot": [None] * episodes})
-        runs.append(experiment(tmp_path, name, {("adapt", "f", "episodes"): table},
-                               {("adapt", "f"): {"fewtrans/novel/linear": float(acc[name].mean())}}))
-    (diff,) = row(compare(runs), "adapt", "fewtrans/novel/linear")["differences"]
+        runs.append(experiment(tmp_path, name, {(analysis, "f", "episodes"): table},
+                               {(analysis, "f"): {"fewtrans/novel/linear": float(acc[name].mean())}}))
+    (diff,) = row(compare(runs), analysis, "fewtrans/novel/linear")["differences"]
     expected = sps.ttest_rel(acc["b"], acc["a"])
     low, high = expected.confidence_interval(0.95)
     assert (diff["paired"], diff["unit"], diff["n"], diff["test"]) == (True, "episode", episodes, "t")

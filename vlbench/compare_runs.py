@@ -118,9 +118,12 @@ def open_revision(rev: str, repo: str | Path = ".") -> Experiment:
 
 
 def declared_tables(analysis: str, metric: str) -> tuple[list[SampleTable], str]:
-    """The per-sample tables `analysis` declares for `metric`, in its order, or ([], why there is none)."""
-    entry = ANALYSES.get(analysis)
-    found = [t for t in (entry.tables if entry else ()) if any(fnmatchcase(metric, p) for p in t.metrics)]
+    """The per-sample tables `analysis` (an ANALYSES row, or `finetune`: vlbench.finetune.SAMPLE_TABLES) declares for
+    `metric`, in its order, or ([], why there is none)."""
+    from vlbench.finetune import SAMPLE_TABLES
+
+    declared = {**{name: a.tables for name, a in ANALYSES.items()}, "finetune": SAMPLE_TABLES}.get(analysis, ())
+    found = [t for t in declared if any(fnmatchcase(metric, p) for p in t.metrics)]
     return found, "" if found else f"{analysis} declares no per-sample table for {metric!r}"
 
 
