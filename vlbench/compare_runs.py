@@ -206,7 +206,8 @@ def _per_unit(correct: np.ndarray, labels, measure: str) -> float:
     return float(np.mean([correct[labels == c].mean() for c in np.unique(labels)]))
 
 
-def _estimators(declared: SampleTable, tables: list, fields: Mapping[str, str], measure: str | None):
+def _estimators(declared: SampleTable, tables: list, fields: Mapping[str, str], measure: str | None,
+                reported: np.ndarray):
     """[(measure, estimator)] candidates for the statistic on the aligned tables (one per experiment)."""
     first = tables[0]
     if declared.statistic == "mean":
@@ -220,7 +221,7 @@ def _estimators(declared: SampleTable, tables: list, fields: Mapping[str, str], 
         hits = np.stack([np.bincount(cluster, weights=v, minlength=size.size) for v in value])
         return [("mean", stats.Ratio(hits, size))]
     if declared.statistic == "scores":
-        return _score_estimators(tables, declared, measure)
+        return _score_estimators(tables, declared, measure, reported)
     if declared.statistic == "t" and declared.per is None:
         value = np.stack([_column(t, declared.value.format(**fields)) for t in tables])
         if any(v is None for v in value.ravel()):
@@ -251,7 +252,11 @@ def _estimators(declared: SampleTable, tables: list, fields: Mapping[str, str], 
     return out
 
 
-def _score_estimators(tables: list, declared: SampleTable, metric: str):
+def _score_estimators(tables: list, declared: SampleTable, metric: str, reported: np.ndarray):
+    """A whole-set metric recomputed from each run's scores: the scores as kept under each convention, or their
+    row-wise softmax in float32 under ELEVATER's (`zeroshot.scoring: elevater`), for each run the first that gives its
+    result file's number (two runs may have scored differently; they are still resampled together)."""
+    from vlbench import metrics as metric_functions
     from vlbench.metrics import CONVENTIONS, multilabel_indicator, topk_correct
 
     scores = [np.stack(_column(t, declared.scores)) for t in tables]
@@ -262,10 +267,15 @@ def _score_estimators(tables: list, declared: SampleTable, metric: str):
         return [(metric, stats.PerClass(correct, _column(tables[0], declared.groups).astype(str), "min"))]
     labels = (multilabel_indicator(raw, scores[0].shape[1]) if raw and isinstance(raw[0], list)
               else np.asarray(raw, dtype=np.int64))
-    # the scores as kept, under each convention, or their row-wise softmax in float32 (ELEVATER's probabilities)
-    probabilities = [_softmax(s) for s in scores]
-    return [*((f"{metric} ({c})", stats.WholeSet(metric, scores, labels, c)) for c in CONVENTIONS),
-            (f"{metric} (softmax, elevater)", stats.WholeSet(metric, probabilities, labels, "elevater"))]
+    chosen = []
+    for s, want in zip(scores, reported):
+        candidates = [*((s, c) for c in CONVENTIONS), (_softmax(s), "elevater")]
+        found = next(((x, c) for x, c in candidates
+                      if abs(metric_functions.compute(metric, x, labels, c) - want) <= SCORES_REPRODUCE), None)
+        if found is None:
+            return []
+        chosen.append(found)
+    return [(metric, stats.WholeSet(metric, [x for x, _ in chosen], labels, [c for _, c in chosen]))]
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -275,6 +285,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 REPRODUCES = 1e-6  # the paired numbers must give each result file's number to within this
+SCORES_REPRODUCE = 1e-4  # ... and those recomputed from float32 scores (logits) to within this
 
 
 def row_statistic(experiments: Sequence[Experiment], analysis: str, dataset: str,
@@ -323,11 +334,11 @@ def _pair_on(declared: SampleTable, experiments: Sequence[Experiment], analysis:
     reported = np.array([float(e.results[(analysis, dataset)]["metrics"][metric]) for e in experiments
                          if e.name in have])
     found = []
-    for m, estimator in _estimators(declared, tables, fields, measure):
+    for m, estimator in _estimators(declared, tables, fields, measure, reported):
         if estimator.t_test and estimator.units < 2:
             return None, dict.fromkeys(names, f"{where}: one {declared.unit} only; a paired t-interval needs two")
         point = estimator.point()
-        if np.allclose(point, reported, rtol=0, atol=REPRODUCES if declared.statistic != "scores" else 1e-4):
+        if np.allclose(point, reported, rtol=0, atol=REPRODUCES if declared.statistic != "scores" else SCORES_REPRODUCE):
             return Paired(have, estimator, declared.unit), reasons
         found.append(f"{m}: {np.round(point, 6).tolist()}")
     return None, dict.fromkeys(names, f"{where} does not reproduce {metric!r} ({np.round(reported, 6).tolist()} in "

@@ -565,23 +565,25 @@ class WholeSet:
     resampled, `chunk` resamples at a time as multiplicities, the same multiplicities for every system, the metric
     recomputed on each (`WHOLE_SET_METRICS`)."""
 
-    def __init__(self, metric: str, scores, labels, convention: str = "default", chunk: int = 100):
+    def __init__(self, metric: str, scores, labels, convention="default", chunk: int = 100):
         if metric not in WHOLE_SET_METRICS:
             raise StatsError(f"no whole-set bootstrap for {metric!r}; known: {', '.join(WHOLE_SET_METRICS)}")
         self.metric, self.scores, self.labels = metric, [np.asarray(s) for s in scores], np.asarray(labels)
-        self.convention, self.chunk, self.binary, self.units = convention, chunk, None, self.scores[0].shape[0]
+        # one convention for all systems, or one each (systems that scored their numbers differently)
+        self.conventions = [convention] * len(self.scores) if isinstance(convention, str) else list(convention)
+        self.chunk, self.binary, self.units = chunk, None, self.scores[0].shape[0]
 
     def point(self) -> np.ndarray:
         from vlbench import metrics
 
-        return np.array([metrics.compute(self.metric, s, self.labels, self.convention) for s in self.scores])
+        return np.array([metrics.compute(self.metric, s, self.labels, c) for s, c in zip(self.scores, self.conventions)])
 
     def replicates(self, resamples: int, rng: np.random.Generator) -> np.ndarray:
         out = []
         for start in range(0, resamples, self.chunk):
             weights = resample_counts(rng, self.units, min(self.chunk, resamples - start))
-            out.append(np.stack([WHOLE_SET_METRICS[self.metric](s, self.labels, weights, self.convention)
-                                 for s in self.scores], axis=1))
+            out.append(np.stack([WHOLE_SET_METRICS[self.metric](s, self.labels, weights, c)
+                                 for s, c in zip(self.scores, self.conventions)], axis=1))
         return np.concatenate(out)
 
 
