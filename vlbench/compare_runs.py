@@ -44,6 +44,7 @@ class Experiment:
     rev: str  # the commit it resolves to
     results: dict[tuple[str, str], dict[str, Any]]  # (analysis, dataset) -> result JSON
     fs: Any = field(repr=False, default=None)  # its DVCFileSystem, for per-sample tables
+    model: dict[str, Any] = field(default_factory=dict)  # its reports/model.json, where the report stage wrote one
     unavailable: list[str] = field(default_factory=list)  # per-sample tables in neither the cache nor the remote
     _tables: dict[tuple, tuple[Any, str]] = field(default_factory=dict, repr=False)
 
@@ -111,7 +112,8 @@ def open_revision(rev: str, repo: str | Path = ".") -> Experiment:
             results[(analysis, dataset)] = doc
     if not results:
         raise CompareError(f"revision {rev!r} ({commit[:10]}) has no result files under {REPORTS}/")
-    return Experiment(rev, commit, results, fs)
+    model = json.loads(fs.read_text(f"/{REPORTS}/model.json")) if fs.exists(f"/{REPORTS}/model.json") else {}
+    return Experiment(rev, commit, results, fs, model=model if isinstance(model, dict) else {})
 
 
 # ------------------------------------------------------------------------------------------------- comparing
@@ -320,7 +322,7 @@ def _pair_on(declared: SampleTable, experiments: Sequence[Experiment], analysis:
     reasons = {n: why for n, (table, why) in read.items() if table is None}
     have = [n for n in names if n not in reasons]
     if len(have) < 2:
-        return None, {n: reasons.get(n) or next(iter(reasons.values())) for n in names}
+        return None, {n: reasons.get(n) or f"only {n} kept {where}" for n in names}
     tables = []
     for n in have:
         table = read[n][0]

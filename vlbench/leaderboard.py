@@ -127,6 +127,7 @@ def build(experiments: Sequence[Any], rows: Sequence[Mapping[str, Any]],
     cells, verdicts, models = {}, {}, {}
     for e in experiments:
         cells[e.name], metrics, model = experiment_cells(e.results)
+        model = getattr(e, "model", None) or model  # reports/model.json, else the first result's fingerprint
         models[e.name] = model.get("model")
         verdicts[e.name] = _verdicts(metrics, model, _by_analysis(e.results), tables) if model.get("model") else {}
     columns = sorted({k for c in cells.values() for k in c}, key=_order)
