@@ -398,3 +398,14 @@ def test_two_experiments_get_a_leaderboard_only_when_asked(tmp_path):
     assert "leaderboard" not in compare(runs)
     board = compare(runs, leaderboard=True)["leaderboard"]
     assert [r["experiment"] for r in board["rows"]] == ["a", "b"]
+
+
+def test_a_number_only_one_run_has_is_listed_without_differences(tmp_path):
+    """A dataset one experiment ran and the other did not (vlbench's own-data flow): its row, no difference, no
+    winner (it ended in StopIteration)."""
+    table = pa.table({"sample_id": ["s0", "s1"], "label": [0, 1], "predicted": [0, 0]})
+    runs = [experiment(tmp_path, "a", {("zeroshot", "mine", "predictions"): table},
+                       {("zeroshot", "mine"): {"accuracy": 0.5}}),
+            experiment(tmp_path, "b", {}, {("zeroshot", "other"): {"accuracy": 0.4}})]
+    found = row(compare(runs), "zeroshot", "accuracy")
+    assert (found["dataset"], list(found["values"]), found["differences"], found["winner"]) == ("mine", ["a"], [], None)
