@@ -6,10 +6,14 @@ per-sample tables from the DVC cache or the remote. A revision is anything git r
 commit) or an experiment name as `dvc exp show` gives it.
 
 A difference is paired where the analysis declares a per-sample table for the metric (its `ANALYSES` row,
-`vlbench.analyses.SampleTable`: the table, the unit that pairs two runs, the statistic) and both revisions kept it:
-paired bootstrap of b - a over the units, and for accuracy the exact McNemar test. Otherwise it is a normal
-approximation from the two intervals (`paired: false`, with the reason in `unpaired_reason`). Two revisions whose
-tables hold different units (another split, another dataset version) are refused, naming the table.
+`vlbench.analyses.SampleTable`: the table, the unit that pairs runs, the statistic) and the revisions kept it: the
+units are resampled jointly for every revision that kept it (`vlbench.stats`, "Many systems on the same units"), so
+each pairwise difference is a paired bootstrap (McNemar's exact test where a unit's outcome is 0/1, a paired
+t-interval over episodes or seeds) and each replicate can be ranked (the leaderboard, `vlbench.leaderboard`). The
+p-values are adjusted over the whole comparison (Holm, Benjamini-Hochberg or none) before a winner is called. A
+difference that cannot be paired says why in `unpaired_reason` and is tested only with `unpaired` (a normal
+approximation from the two intervals). Two revisions whose tables hold different units (another split, another
+dataset version) are refused, naming the table. docs/protocols.md, "Paired comparisons".
 """
 
 from __future__ import annotations
@@ -233,8 +237,8 @@ def _estimators(declared: SampleTable, tables: list, fields: Mapping[str, str], 
     correct = np.stack([_correct(t, declared) for t in tables])
     labels = _column(first, declared.label) if declared.label and declared.label in first.column_names else None
     if declared.statistic == "median":
-        runs = _column(first, declared.per)
-        order = np.lexsort((np.arange(runs.size), runs))
+        runs = _column(first, declared.per)  # each run's rows in one order of the other key columns
+        order = np.lexsort((_strings(first, [k for k in declared.key if k != declared.per]), runs))
         k = np.unique(runs).size
         return [("accuracy", stats.MedianOfRuns(correct[:, order].reshape(len(tables), k, -1)))]
     if declared.statistic == "t":
