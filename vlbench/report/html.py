@@ -29,8 +29,6 @@ th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .interval { color: #555; font-size: .9em; } .muted { color: #666; }
 .winner { background: #e3f4e8; font-weight: bold; }
-table.sortable th { cursor: pointer; } tr.published td { background: #f7f7f7; color: #444; }
-th[data-dir="desc"]::after { content: " \\25BC"; } th[data-dir="asc"]::after { content: " \\25B2"; }
 .reproduced { color: #1b7a3a; } .off { color: #a11d1d; font-weight: bold; }
 figure { margin: 1em 0; overflow-x: auto; } figure svg { max-width: none; }
 code, pre { background: #f6f6f6; padding: .1em .3em; } pre { padding: .6em; overflow-x: auto; }
@@ -288,6 +286,10 @@ def comparison_rows(data: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
+LEADERBOARD_STYLE = """<style>
+table.sortable th { cursor: pointer; } tr.published td { background: #f7f7f7; color: #444; }
+th[data-dir="desc"]::after { content: " \\25BC"; } th[data-dir="asc"]::after { content: " \\25B2"; }
+</style>"""
 SORT_SCRIPT = """<script>
 // click a header of the leaderboard to sort its rows by that column (again: the other way); empty cells last
 document.querySelectorAll('table.sortable').forEach(table => {
@@ -387,4 +389,6 @@ def render_comparison(data: Mapping[str, Any]) -> str:
         "(better than every other experiment at adjusted p &lt; 0.05) is highlighted.</p>",
         _table(head, comparison_rows(data))]
     page = _page("vlbench compare: " + ", ".join(str(x["name"]) for x in experiments), body)
-    return page.replace("</body>", SORT_SCRIPT + "\n</body>") if data.get("leaderboard") else page
+    if not data.get("leaderboard"):
+        return page
+    return page.replace("</head>", LEADERBOARD_STYLE + "\n</head>").replace("</body>", SORT_SCRIPT + "\n</body>")
