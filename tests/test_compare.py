@@ -108,18 +108,27 @@ def test_compare_two_commits_pairs_per_sample_results_and_names_the_winner(repo)
     a, b = predictions(0.60) == LABELS, predictions(0.70) == LABELS
     expected = stats.paired_difference("accuracy", a, b)
     assert (diff["a"], diff["b"], diff["n"], diff["paired"]) == ("HEAD~1", "HEAD", N, True)
-    assert diff["delta"] == pytest.approx(0.10) and diff["low"] == expected.low and diff["high"] == expected.high
-    assert diff["p_mcnemar"] == pytest.approx(sps.binomtest(int(np.sum(a & ~b)), int(np.sum(a != b))).pvalue)
-    assert diff["p_bootstrap"] < 0.05 and zs["winner"] == "HEAD"
+    assert diff["delta"] == pytest.approx(0.10)
+    assert diff["low"] == pytest.approx(expected.low, abs=1e-9) and diff["high"] == pytest.approx(expected.high, abs=1e-9)
+    p_exact = sps.binomtest(int(np.sum(a & ~b)), int(np.sum(a != b))).pvalue
+    assert diff["p_mcnemar"] == pytest.approx(p_exact) and (diff["test"], diff["p"]) == ("mcnemar", diff["p_mcnemar"])
+    # two tests in the comparison (zeroshot's paired one; linear probe's is untested without --unpaired): Holm
+    assert data["correction"] == {"method": "holm", "alpha": 0.05, "tests": 1, "unpaired": False}
+    assert diff["p_adjusted"] == pytest.approx(p_exact) and zs["winner"] == "HEAD"
     lp = rows[("linear_probe", "accuracy")]
-    (unpaired,) = lp["differences"]
-    assert unpaired["paired"] is False and unpaired["p_mcnemar"] is None and unpaired["p_bootstrap"] > 0.05
+    (untested,) = lp["differences"]
+    assert untested["paired"] is False and untested["p"] is None and untested["p_adjusted"] is None
+    assert "--unpaired" in untested["unpaired_reason"] and untested["delta"] == pytest.approx(0.01)
     assert lp["winner"] is None and lp["values"]["HEAD"] == {"value": 0.76, "low": 0.71, "high": 0.81}
+    data = json.loads(cli("HEAD~1", "HEAD", "--json", "--out", "cmp", "--unpaired").stdout)
+    (unpaired,) = next(r for r in data["rows"] if r["analysis"] == "linear_probe")["differences"]
+    assert unpaired["paired"] is False and unpaired["p_mcnemar"] is None and unpaired["test"] == "normal"
+    assert unpaired["p"] == unpaired["p_bootstrap"] > 0.05 and data["correction"]["tests"] == 2
     table = cli("HEAD~1", "HEAD", "--out", "cmp")
     header, *lines = table.stdout.splitlines()
     assert header.split()[:3] == ["analysis/dataset/metric", "HEAD~1", "HEAD"]
     zs_line = next(line for line in lines if line.startswith("zeroshot/d/accuracy"))
-    assert "HEAD-HEAD~1 +0.1000 p=" in zs_line and zs_line.rstrip().endswith("HEAD")
+    assert "HEAD-HEAD~1 +0.1000 p=" in zs_line and "(mcnemar)" in zs_line and zs_line.rstrip().endswith("HEAD")
     assert (repo / "cmp/index.html").is_file() and f"wrote {Path('cmp/index.html')}" in table.stderr
 
 
@@ -131,7 +140,7 @@ def test_unknown_revision_and_different_samples_are_one_line_errors(repo):
     proc = cli("HEAD", "no-such-rev")
     assert proc.exit_code == 1 and "unknown revision 'no-such-rev'" in proc.stderr
     proc = cli("HEAD~1", "HEAD")
-    assert proc.exit_code == 1 and "reports/zeroshot/d.predictions.parquet: " in proc.stderr
+    assert proc.exit_code == 1 and "reports/zeroshot/d.predictions.parquet: HEAD~1 and HEAD " in proc.stderr
     assert "scored different images (sample_id differ: 400 against 400, e.g. [" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -171,11 +180,15 @@ def test_per_sample_files_missing_from_cache_and_remote_fall_back_to_unpaired_wi
     assert "note: HEAD~1: 1 per-sample file(s) in neither the DVC cache nor the remote" in proc.stderr
     (diff,) = json.loads(proc.stdout)["rows"][0]["differences"]
     assert diff["paired"] is False and diff["p_mcnemar"] is None and diff["delta"] == pytest.approx(0.1)
+    assert diff["p"] is None and "in neither the DVC cache nor the remote" in diff["unpaired_reason"]  # never silently
+    (diff,) = json.loads(cli("HEAD~1", "HEAD", "--json", "--unpaired").stdout)["rows"][0]["differences"]
+    assert diff["paired"] is False and diff["test"] == "normal" and diff["p"] is not None
 
 
 def test_each_metric_is_paired_by_the_table_its_analysis_declares(tmp_path, monkeypatch):
-    """Robustness's `correct` column, compositionality's per-category trials, multi-label zero-shot (`labels`) and a
-    metric no table declares: paired where declared, else unpaired with the reason; never an ArrowInvalid."""
+    """Robustness's `correct` column, compositionality's per-category trials and their mean over categories,
+    multi-label zero-shot without logits and a metric no table declares: paired where declared, else untested with
+    the reason; never an ArrowInvalid."""
     import fsspec
 
     from vlbench.compare_runs import Experiment, compare
@@ -189,36 +202,46 @@ def test_each_metric_is_paired_by_the_table_its_analysis_declares(tmp_path, monk
         for sub in ("robustness", "compositionality", "zeroshot"):
             (folder / sub).mkdir(parents=True)
         pq.write_table(pa.table({"sample_id": [f"s{k}" for k in range(40)], "label": LABELS[:40],
-                                         "predicted_reference_class": LABELS[:40], "correct": correct[name][0]}),
-                               folder / "robustness/shift.predictions.parquet")
+                                 "predicted_reference_class": LABELS[:40], "correct": correct[name][0]}),
+                       folder / "robustness/shift.predictions.parquet")
         pq.write_table(pa.table({"item": [f"i{k}" for k in range(40)], "sample_id": ["s0"] * 40,
-                                         "category": ["swap"] * 20 + ["replace"] * 20, "correct": correct[name][1]}),
-                               folder / "compositionality/c.trials.parquet")
+                                 "category": ["swap"] * 20 + ["replace"] * 20, "correct": correct[name][1]}),
+                       folder / "compositionality/c.trials.parquet")
         pq.write_table(pa.table({"sample_id": ["s0"], "labels": [[0, 1]], "predicted": [0]}),
-                               folder / "zeroshot/h.predictions.parquet")
+                       folder / "zeroshot/h.predictions.parquet")
+        c = correct[name][1]
         docs[name] = {("robustness", "shift"): {"metrics": {"accuracy": float(correct[name][0].mean()),
                                                             "effective_robustness": 0.1 * i}},
-                      ("compositionality", "c"): {"metrics": {"swap": float(correct[name][1][:20].mean()),
-                                                              "mean": 0.5}},
+                      ("compositionality", "c"): {"metrics": {"swap": float(c[:20].mean()),
+                                                              "mean": float((c[:20].mean() + c[20:].mean()) / 2),
+                                                              "text": 0.5}},
                       ("zeroshot", "h"): {"metrics": {"map_11point": 0.3, "accuracy": 0.2}}}
     fs = fsspec.filesystem("dir", path=str(tmp_path / "a")), fsspec.filesystem("dir", path=str(tmp_path / "b"))
     data = compare([Experiment("a", "1" * 40, docs["a"], fs[0]), Experiment("b", "2" * 40, docs["b"], fs[1])])
     rows = {(r["analysis"], r["metric"]): r["differences"][0] for r in data["rows"]}
     robust = rows[("robustness", "accuracy")]
     expected = stats.paired_difference("accuracy", correct["a"][0], correct["b"][0], LABELS[:40])
-    assert (robust["paired"], robust["unit"], robust["n"]) == (True, "image", 40)
-    assert (robust["low"], robust["high"], robust["p_mcnemar"]) == (expected.low, expected.high, expected.p_mcnemar)
+    assert (robust["paired"], robust["unit"], robust["n"], robust["test"]) == (True, "image", 40, "mcnemar")
+    assert (robust["low"], robust["high"]) == pytest.approx((expected.low, expected.high), abs=1e-9)
+    assert robust["p_mcnemar"] == pytest.approx(expected.p_mcnemar)
     swap = rows[("compositionality", "swap")]
     expected = stats.paired_difference("accuracy", correct["a"][1][:20], correct["b"][1][:20])
-    assert (swap["paired"], swap["unit"], swap["n"], swap["p_mcnemar"]) == (True, "trial", 20, expected.p_mcnemar)
+    assert (swap["paired"], swap["unit"], swap["n"]) == (True, "trial", 20)
+    assert swap["p_mcnemar"] == pytest.approx(expected.p_mcnemar)
     assert swap["delta"] == pytest.approx(correct["b"][1][:20].mean() - correct["a"][1][:20].mean())
-    reasons = {key: rows[key]["unpaired_reason"] for key in (("compositionality", "mean"), ("zeroshot", "map_11point"),
+    mean = rows[("compositionality", "mean")]  # the mean over categories: mean-per-class with category as class
+    expected = stats.paired_difference("mean_per_class", correct["a"][1], correct["b"][1], np.repeat([1, 0], 20))
+    assert (mean["paired"], mean["n"], mean["test"]) == (True, 40, "bootstrap")
+    assert (mean["low"], mean["high"]) == pytest.approx((expected.low, expected.high), abs=0.03)
+    reasons = {key: rows[key]["unpaired_reason"] for key in (("compositionality", "text"), ("zeroshot", "map_11point"),
                                                              ("robustness", "effective_robustness"),
                                                              ("zeroshot", "accuracy"))}
-    assert reasons == {
-        ("compositionality", "mean"): "reports/compositionality/c.trials.parquet has no rows whose category is 'mean': "
-                                      "not the accuracy of one group",
-        ("zeroshot", "map_11point"): "zeroshot declares no per-sample table for 'map_11point'",
+    assert {k: v.removesuffix(" (vlbench compare --unpaired compares it from the two intervals)")
+            for k, v in reasons.items()} == {
+        ("compositionality", "text"): "reports/compositionality/c.trials.parquet has no rows for 'text' "
+                                      "({'category': 'text'})",
+        ("zeroshot", "map_11point"): "a's reports/zeroshot/h.predictions.parquet lacks the column(s) ['logits'] its "
+                                     "analysis declares",
         ("robustness", "effective_robustness"): "robustness declares no per-sample table for 'effective_robustness'",
         ("zeroshot", "accuracy"): "a's reports/zeroshot/h.predictions.parquet lacks the column(s) ['label'] its "
                                   "analysis declares"}

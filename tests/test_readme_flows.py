@@ -148,31 +148,38 @@ def test_compare_two_commits_pairs_every_declared_metric_on_the_demo_outputs(dem
     heads = [run(demo, "git", "rev-parse", r).stdout.strip() for r in ("HEAD~1", "HEAD")]
     assert [e["rev"] for e in data["experiments"]] == heads
     found = rows(data)
-    paired = {("zeroshot", "shapes", "accuracy"): ("image", 36), ("linear_probe", "shapes", "accuracy"): ("image", 36),
-              ("robustness", "shapes_outline", "accuracy"): ("image", 24),
-              ("compositionality", "compositional", "swap_att"): ("trial", 12)}
-    for key, (unit, n) in paired.items():
+    paired = {("zeroshot", "shapes", "accuracy"): ("image", 36, "mcnemar"),
+              ("linear_probe", "shapes", "accuracy"): ("image", 36, "mcnemar"),
+              ("robustness", "shapes_outline", "accuracy"): ("image", 24, "mcnemar"),
+              ("compositionality", "compositional", "swap_att"): ("trial", 12, "mcnemar"),
+              ("compositionality", "compositional", "mean"): ("trial", 36, "bootstrap"),  # over its categories
+              ("retrieval", "captions", "i2t_r1"): ("image", 24, "mcnemar"),
+              ("retrieval", "captions", "t2i_r1"): ("image", 24, "bootstrap"),  # captions clustered by image
+              ("adapt", "shapes", "elevater/random_2p/2/last"): ("image", 36, "mcnemar")}  # one seed: its images
+    for key, (unit, n, test) in paired.items():
         d = found[key]["differences"][0]
-        assert (d["paired"], d["unit"], d["n"], d["unpaired_reason"]) == (True, unit, n, None), key
+        assert (d["paired"], d["unit"], d["n"], d["test"], d["unpaired_reason"]) == (True, unit, n, test, None), key
         values = found[key]["values"]
         assert d["delta"] == pytest.approx(values["HEAD"]["value"] - values["HEAD~1"]["value"])
-        assert 0 <= d["p_bootstrap"] <= 1 and d["low"] <= d["delta"] <= d["high"]
+        assert 0 <= d["p"] <= d["p_adjusted"] <= 1 and d["low"] <= d["delta"] <= d["high"]
     assert found[("zeroshot", "shapes", "accuracy")]["differences"][0]["p_mcnemar"] == 1.0  # same predictions
-    unpaired = {("zeroshot", "hierarchy", "map_11point"): "zeroshot declares no per-sample table for 'map_11point'",
-                ("compositionality", "compositional", "mean"): "no rows whose category is 'mean'",
-                ("retrieval", "captions", "i2t_r1"): "retrieval's i2t_ranks table (unit: query): recall@k",
-                ("adapt", "shapes", "elevater/random_2p/2/last"): "adapt's elevater_predictions table (unit: seed)",
-                ("robustness", "shapes_outline", "effective_robustness"): "robustness declares no per-sample table"}
+    episodes = found[("adapt", "shapes", "fewtrans/base/prototype")]["differences"][0]
+    assert (episodes["paired"], episodes["unit"], episodes["test"]) == (True, "episode", "t")
+    # HEAD~1 scored the multi-label dataset on logits, HEAD on their softmax with ELEVATER's conventions
+    assert found[("zeroshot", "hierarchy", "map_11point")]["differences"][0]["paired"] is True
+    unpaired = {("robustness", "shapes_outline", "effective_robustness"): "robustness declares no per-sample table"}
     for key, reason in unpaired.items():
         d = found[key]["differences"][0]
-        assert d["paired"] is False and reason in d["unpaired_reason"], (key, d)
+        assert d["paired"] is False and d["p"] is None and reason in d["unpaired_reason"], (key, d)
+    assert data["correction"]["method"] == "holm" and "leaderboard" not in data
 
 
 def test_compare_prints_a_table_and_writes_its_page_outside_git(demo):
     proc = vlbench(demo, "compare", "HEAD~1", "HEAD")
     line = next(x for x in proc.stdout.splitlines() if x.startswith("zeroshot/shapes/accuracy "))
-    assert "HEAD-HEAD~1 +0.0000" in line and "(unpaired)" not in line
-    assert "(unpaired)" in next(x for x in proc.stdout.splitlines() if x.startswith("zeroshot/hierarchy/map_11point"))
+    assert "HEAD-HEAD~1 +0.0000" in line and "(unpaired)" not in line and "(mcnemar)" in line
+    effective = next(x for x in proc.stdout.splitlines() if x.startswith("robustness/shapes_outline/effective_rob"))
+    assert "(not tested: unpaired)" in effective
     page = (demo / "reports/compare/index.html").read_text()  # the page: the unit paired, or why not
     assert "n = 36 images, paired" in page and "declares no per-sample table for" in page
     assert run(demo, "git", "status", "--porcelain").stdout == ""  # reports/compare/ is git-ignored
@@ -216,6 +223,33 @@ def test_compare_refuses_runs_on_different_samples_by_name(demo):
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
     assert ("Error: reports/robustness/shapes_outline.predictions.parquet: HEAD and fewer scored different images "
             "(sample_id differ: 24 against 20, e.g. [") in proc.stderr
+
+
+def test_a_sweep_of_three_experiments_gets_a_leaderboard(demo):
+    """README: `dvc exp run -n wide -S model=toy-wide-smoke` beside the two commits, then `vlbench compare HEAD~1 HEAD
+    wide` (three experiments: a leaderboard, ranks with bootstrap rank intervals) and its page."""
+    try:
+        run(demo, *DVC, "exp", "run", "-n", "wide", "-S", "model=toy-wide-smoke")
+        data = json.loads(vlbench(demo, "compare", "HEAD~1", "HEAD", "wide", "--json").stdout)
+        text = vlbench(demo, "compare", "HEAD~1", "HEAD", "wide", "--correction", "bh").stdout
+    finally:
+        restore(demo)
+    board = data["leaderboard"]
+    assert [(r["experiment"], r["model"]) for r in board["rows"]] == [
+        ("HEAD~1", "toy-smoke"), ("HEAD", "toy-smoke"), ("wide", "toy-wide-smoke")]
+    ids = [c["id"] for c in board["columns"]]
+    assert {"zeroshot/shapes/accuracy", "linear_probe/shapes/accuracy", "retrieval/captions/i2t_r1"} <= set(ids)
+    assert any(i.startswith("adapt/shapes/") for i in ids)
+    for r in board["rows"]:
+        assert set(r["cells"]) == set(ids)  # every experiment has every column
+    zs = {r["experiment"]: r["cells"]["zeroshot/shapes/accuracy"] for r in board["rows"]}
+    assert all(c["rank_low"] <= c["rank_by_value"] <= c["rank_high"] and c["rank"] <= c["rank_by_value"]
+               for c in zs.values())
+    assert zs["HEAD"]["value"] == zs["HEAD~1"]["value"] and zs["HEAD"]["rank"] == zs["HEAD~1"]["rank"]  # a tie
+    assert board["published"] == [] and not any("verdict" in c for r in board["rows"] for c in r["cells"].values())
+    assert text.splitlines()[0].split()[:2] == ["experiment", "model"] and "\nwide " in text
+    page = (demo / "reports/compare/index.html").read_text()
+    assert '<table class="sortable leaderboard">' in page and "<script>" in page
 
 
 # ---------------------------------------------------------------------------------------- plan and reference

@@ -544,17 +544,20 @@ COMPARISON = {
          "values": {"base": {"value": 0.768, "low": 0.741, "high": 0.793},
                     "exp-<b>&": {"value": 0.801, "low": 0.776, "high": 0.825}},
          "differences": [{"a": "base", "b": "exp-<b>&", "delta": 0.033, "low": 0.011, "high": 0.055,
-                          "p_bootstrap": 0.0042, "p_mcnemar": 0.0061, "n": 1000, "paired": True}],
+                          "p_bootstrap": 0.0042, "p_mcnemar": 0.0061, "n": 1000, "paired": True,
+                          "test": "mcnemar", "p": 0.0061, "p_adjusted": 0.0122}],
          "winner": "exp-<b>&"},
         {"analysis": "granularity", "dataset": "hierarchy", "metric": "leaf_map",
          "values": {"base": {"value": 0.3859, "low": None, "high": None}, "exp-<b>&": {"value": 0.3901}},
          "differences": [{"a": "base", "b": "exp-<b>&", "delta": 0.0042, "low": -0.01, "high": 0.019,
-                          "p_bootstrap": 0.47, "p_mcnemar": None, "n": 400, "paired": True}],
+                          "p_bootstrap": 0.47, "p_mcnemar": None, "n": 400, "paired": True,
+                          "test": "bootstrap", "p": 0.46, "p_adjusted": 0.46}],
          "winner": None},
         {"analysis": "adapt", "dataset": "shapes", "metric": "vtab/median",  # no per-sample results: unpaired
          "values": {"base": {"value": 0.4, "low": 0.38, "high": 0.42}},
          "differences": [{"a": "base", "b": "exp-<b>&", "delta": -0.01, "low": None, "high": None,
-                          "p_bootstrap": None, "p_mcnemar": None, "n": 0, "paired": False}],
+                          "p_bootstrap": None, "p_mcnemar": None, "n": 0, "paired": False, "test": None, "p": None,
+                          "p_adjusted": None, "unpaired_reason": "adapt declares no <table>"}],
          "winner": None},
     ],
 }
@@ -569,12 +572,13 @@ def test_comparison_page_rows_intervals_p_values_and_winner():
                             "winner"]
     first, second, third = page.rows[1:4]
     assert first[:5] == ["zeroshot", "shapes", "accuracy", "0.7680 [0.7410, 0.7930]", "0.8010 [0.7760, 0.8250]"]
-    assert first[5] == ("exp-<b>& − base: 0.0330 [0.0110, 0.0550], pbootstrap = 0.0042, pMcNemar = 0.0061, "
+    assert first[5] == ("exp-<b>& − base: 0.0330 [0.0110, 0.0550], pMcNemar = 0.0061, adjusted 0.0122, "
                         "n = 1000, paired")
     assert first[6] == "exp-<b>&" and page.cell_classes[1][4] == "num winner" and page.cell_classes[1][3] == "num"
     assert second[3:5] == ["0.3859", "0.3901"] and "McNemar" not in second[5] and second[6] == "none"
-    assert second[5] == "exp-<b>& − base: 0.0042 [-0.0100, 0.0190], pbootstrap = 0.4700, n = 400, paired"
-    assert third[5] == "exp-<b>& − base: -0.0100 [n/a, n/a], p = n/a, unpaired (from the two intervals)"
+    assert second[5] == ("exp-<b>& − base: 0.0042 [-0.0100, 0.0190], pbootstrap SE = 0.4600, adjusted 0.4600, "
+                         "ppercentile bootstrap = 0.4700, n = 400, paired")
+    assert third[5] == "exp-<b>& − base: -0.0100 [n/a, n/a], not tested, adapt declares no <table>"
     assert third[3:5] == ["0.4000 [0.3800, 0.4200]", "n/a"]
     assert "winner" not in " ".join(page.cell_classes[2])
     assert "HEAD~1" in text and "refs/exps/ab/cd" in text
@@ -639,12 +643,12 @@ out.textContent = JSON.stringify({boxes, cells, winners, matrix, folds}); docume
 </script>"""
 
 
-def render(page: Path, workdir: Path) -> tuple[dict, list[str]]:
+def render(page: Path, workdir: Path, probe: str = PROBE) -> tuple[dict, list[str]]:
     """Chromium opens a copy of `page` (the probe script added at its end) from the file system: (what the probe
     measured, the URLs of the requests the page made). A page's requests are told from the browser's own (update
     checks) by their network isolation key, the page's file:// origin; host resolution is off, so none leaves."""
     probed = workdir / page.name
-    probed.write_text(page.read_text().replace("</body>", PROBE + "\n</body>"))
+    probed.write_text(page.read_text().replace("</body>", probe + "\n</body>"))
     net = workdir / "net.json"
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
            "--disable-background-networking", "--disable-component-update", f"--user-data-dir={workdir / 'profile'}",

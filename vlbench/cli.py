@@ -29,6 +29,7 @@ from vlbench.errors import VlbenchError
 from vlbench.io import atomic_path
 from vlbench.knowledge.coverage import coverage_report, format_report
 from vlbench.knowledge.hierarchy import build_hierarchy
+from vlbench.leaderboard import format_leaderboard
 from vlbench.pipeline import refresh_dvc_yaml
 from vlbench.plan import make_plan, summary
 from vlbench.reference import load_tables
@@ -298,11 +299,22 @@ def reference(paper: str | None, as_json: bool) -> None:
 @click.argument("revs", nargs=-1, required=True, metavar="REV REV ...")
 @click.option("--json", "as_json", is_flag=True,
               help='machine-readable: {"experiments": [{"name", "rev"}], "rows": [{"analysis", "dataset", "metric", '
-                   '"values", "differences", "winner"}]}')
+                   '"values", "differences", "winner"}], "correction", "leaderboard"?}')
 @click.option("--out", default="reports/compare", show_default=True, help="folder of the comparison page (index.html)")
-def compare_cmd(revs: tuple[str, ...], as_json: bool, out: str) -> None:
+@click.option("--correction", type=click.Choice(["holm", "bh", "none"]), default="holm", show_default=True,
+              help="adjust the p-values over every difference of the comparison: Holm (family-wise), "
+                   "Benjamini-Hochberg (false discovery rate) or none; a winner is called on the adjusted ones")
+@click.option("--unpaired", is_flag=True,
+              help="compare what cannot be paired (no per-sample table, or a table missing from the cache and the "
+                   "remote) from the two intervals (a normal approximation); without it such a difference has no p")
+@click.option("--leaderboard/--no-leaderboard", default=None,
+              help="one row per experiment, one column per analysis x dataset, ranks with bootstrap rank intervals "
+                   "and the published models beside them [default: on for more than two revisions]")
+def compare_cmd(revs: tuple[str, ...], as_json: bool, out: str, correction: str, unpaired: bool,
+                leaderboard: bool | None) -> None:
     """Compare the results of git revisions or DVC experiments (read through DVC, never checked out): every metric
-    with its interval, the paired significance of each difference, the winner."""
+    with its interval, the paired significance of each difference (adjusted for the number of differences), the
+    winner; with more than two revisions (or --leaderboard) a leaderboard."""
     if len(revs) < 2 or len(set(revs)) < len(revs):
         raise click.UsageError(f"give at least two different revisions, got {list(revs)}")
     if Path(out).exists() and not Path(out).is_dir():
@@ -310,13 +322,19 @@ def compare_cmd(revs: tuple[str, ...], as_json: bool, out: str) -> None:
                                  param_hint="--out")
     try:
         experiments = [open_revision(rev) for rev in revs]
-        data = compare(experiments)
+        data = compare(experiments, correction=correction, unpaired=unpaired, leaderboard=leaderboard)
     except VlbenchError as err:
         raise click.ClickException(str(err)) from err
     for e in (e for e in experiments if e.unavailable):
         click.echo(f"note: {e.name}: {len(e.unavailable)} per-sample file(s) in neither the DVC cache nor the remote "
-                   f"(e.g. {e.unavailable[0]}; dvc pull): their differences are unpaired", err=True)
-    click.echo(json.dumps(data, indent=2) if as_json else format_table(data))
+                   f"(e.g. {e.unavailable[0]}; dvc pull): their differences are unpaired"
+                   + ("" if unpaired else " and untested (--unpaired compares them from the intervals)"), err=True)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        if "leaderboard" in data:
+            click.echo(format_leaderboard(data["leaderboard"]) + "\n")
+        click.echo(format_table(data))
     click.echo(f"wrote {write_page(data, Path(out))}", err=True)
 
 

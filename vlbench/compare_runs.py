@@ -6,16 +6,21 @@ per-sample tables from the DVC cache or the remote. A revision is anything git r
 commit) or an experiment name as `dvc exp show` gives it.
 
 A difference is paired where the analysis declares a per-sample table for the metric (its `ANALYSES` row,
-`vlbench.analyses.SampleTable`: the table, the unit that pairs two runs, the statistic) and both revisions kept it:
-paired bootstrap of b - a over the units, and for accuracy the exact McNemar test. Otherwise it is a normal
-approximation from the two intervals (`paired: false`, with the reason in `unpaired_reason`). Two revisions whose
-tables hold different units (another split, another dataset version) are refused, naming the table.
+`vlbench.analyses.SampleTable`: the table, the unit that pairs runs, the statistic) and the revisions kept it: the
+units are resampled jointly for every revision that kept it (`vlbench.stats`, "Many systems on the same units"), so
+each pairwise difference is a paired bootstrap (McNemar's exact test where a unit's outcome is 0/1, a paired
+t-interval over episodes or seeds) and each replicate can be ranked (the leaderboard, `vlbench.leaderboard`). The
+p-values are adjusted over the whole comparison (Holm, Benjamini-Hochberg or none) before a winner is called. A
+difference that cannot be paired says why in `unpaired_reason` and is tested only with `unpaired` (a normal
+approximation from the two intervals). Two revisions whose tables hold different units (another split, another
+dataset version) are refused, naming the table. docs/protocols.md, "Paired comparisons".
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 from fnmatch import fnmatchcase
 from collections.abc import Mapping, Sequence
@@ -45,24 +50,29 @@ class Experiment:
     rev: str  # the commit it resolves to
     results: dict[tuple[str, str], dict[str, Any]]  # (analysis, dataset) -> result JSON
     fs: Any = field(repr=False, default=None)  # its DVCFileSystem, for per-sample tables
+    model: dict[str, Any] = field(default_factory=dict)  # its reports/model.json, where the report stage wrote one
     unavailable: list[str] = field(default_factory=list)  # per-sample tables in neither the cache nor the remote
-    _tables: dict[str, tuple[Any, str]] = field(default_factory=dict, repr=False)
+    _tables: dict[tuple, tuple[Any, str]] = field(default_factory=dict, repr=False)
 
-    def table(self, analysis: str, dataset: str, declared: SampleTable) -> tuple[Any, str]:
-        """(the declared columns of reports/<analysis>/<dataset>.<table>.parquet as a pyarrow table, "") or (None, why
-        not): the revision has no such file, neither the DVC cache nor the remote holds it (also listed in
-        `unavailable`), or it lacks a declared column."""
+    def table(self, analysis: str, dataset: str, declared: SampleTable, columns: Sequence[str],
+              optional: Sequence[str] = ()) -> tuple[Any, str]:
+        """(the `columns` of reports/<analysis>/<dataset>.<table>.parquet, and those of `optional` it has, as a pyarrow
+        table, "") or (None, why not): the revision has no such file, neither the DVC cache nor the remote holds it
+        (also listed in `unavailable`), or it lacks a column the statistic needs."""
         path = f"{REPORTS}/{analysis}/{dataset}.{declared.name}.parquet"
-        if path not in self._tables:
-            self._tables[path] = self._read(path, declared.columns())
-        return self._tables[path]
+        wanted = (path, tuple(columns), tuple(optional))
+        if wanted not in self._tables:
+            self._tables[wanted] = self._read(path, list(columns), list(optional))
+        return self._tables[wanted]
 
-    def _read(self, path: str, columns: list[str]) -> tuple[Any, str]:
+    def _read(self, path: str, columns: list[str], optional: list[str]) -> tuple[Any, str]:
         import pyarrow.parquet as pq
         from dvc.exceptions import DvcException
 
         if self.fs is None or not self.fs.exists(path):
             return None, f"{self.name} has no {path}"
+        if path in self.unavailable:
+            return None, f"{self.name}'s {path} is in neither the DVC cache nor the remote (dvc pull)"
         try:
             with self.fs.open(path, "rb") as f:
                 found = pq.read_schema(f).names
@@ -70,7 +80,8 @@ class Experiment:
                 if missing:
                     return None, f"{self.name}'s {path} lacks the column(s) {missing} its analysis declares"
                 f.seek(0)
-                return pq.read_table(f, columns=columns), ""
+                return pq.read_table(f, columns=list(dict.fromkeys(
+                    [*columns, *(c for c in optional if c in found)]))), ""
         except (FileNotFoundError, DvcException):
             self.unavailable.append(path)
             return None, f"{self.name}'s {path} is in neither the DVC cache nor the remote (dvc pull)"
@@ -107,103 +118,312 @@ def open_revision(rev: str, repo: str | Path = ".") -> Experiment:
             results[(analysis, dataset)] = doc
     if not results:
         raise CompareError(f"revision {rev!r} ({commit[:10]}) has no result files under {REPORTS}/")
-    return Experiment(rev, commit, results, fs)
+    model = json.loads(fs.read_text(f"/{REPORTS}/model.json")) if fs.exists(f"/{REPORTS}/model.json") else {}
+    return Experiment(rev, commit, results, fs, model=model if isinstance(model, dict) else {})
 
 
 # ------------------------------------------------------------------------------------------------- comparing
 
 
-def declared_table(analysis: str, metric: str) -> tuple[SampleTable | None, str]:
-    """The first per-sample table `analysis` declares for `metric`, or (None, why there is none)."""
-    entry = ANALYSES.get(analysis)
-    for declared in entry.tables if entry else ():
-        if any(fnmatchcase(metric, pattern) for pattern in declared.metrics):
-            return declared, ""
-    return None, f"{analysis} declares no per-sample table for {metric!r}"
+def declared_tables(analysis: str, metric: str) -> tuple[list[SampleTable], str]:
+    """The per-sample tables `analysis` (an ANALYSES row, or `finetune`: vlbench.finetune.SAMPLE_TABLES) declares for
+    `metric`, in its order, or ([], why there is none)."""
+    from vlbench.finetune import SAMPLE_TABLES
+
+    declared = {**{name: a.tables for name, a in ANALYSES.items()}, "finetune": SAMPLE_TABLES}.get(analysis, ())
+    found = [t for t in declared if any(fnmatchcase(metric, p) for p in t.metrics)]
+    return found, "" if found else f"{analysis} declares no per-sample table for {metric!r}"
 
 
-def _keys(table, declared: SampleTable) -> list:
-    columns = [table.column(k).to_pylist() for k in declared.key]
-    return columns[0] if len(columns) == 1 else list(zip(*columns))
+def select_fields(declared: SampleTable, metric: str) -> dict[str, str] | None:
+    """The fields of `declared.select` in the metric key ("{positive}_vs_{negative}" on "captions_vs_random":
+    {"positive": "captions", "negative": "random"}), {} without a template, None where the key does not fit it."""
+    if not declared.select:
+        return {}
+    parts = re.split(r"\{(\w+)\}", declared.select)
+    pattern = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>.+?)" for i, p in enumerate(parts))
+    found = re.fullmatch(pattern, metric)
+    return found.groupdict() if found else None
+
+
+@dataclass
+class Paired:
+    """The paired statistic of one row over the experiments that kept its table (`names`, in the order given)."""
+
+    names: list[str]
+    estimator: Any
+    unit: str
+
+
+def _strings(table, columns: Sequence[str]) -> np.ndarray:
+    """One string per row naming it by `columns` (joined with an unprintable separator)."""
+    import pyarrow.compute as pc
+
+    parts = [pc.cast(table.column(c), "string") for c in columns]
+    joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "\x1f")
+    return np.asarray(joined.to_numpy(zero_copy_only=False), dtype=object)
+
+
+def _align(tables: list, declared: SampleTable, names: list[str], where: str) -> list:
+    """The tables with their rows in the first one's order (by the declared key); refuses tables whose rows or labels
+    differ (another split or dataset version), naming the table and the runs."""
+    first = tables[0]
+    ids = _strings(first, declared.key)
+    if len(set(ids)) != ids.size:
+        raise CompareError(f"{where}: {names[0]}'s rows repeat a {'/'.join(declared.key)}: a paired test needs each "
+                           f"{declared.unit} once")
+    out = [first]
+    order_first = np.argsort(ids, kind="stable")
+    for name, table in zip(names[1:], tables[1:]):
+        if table.select(declared.key).equals(first.select(declared.key)):
+            out.append(table)
+            continue
+        other = _strings(table, declared.key)
+        order = np.argsort(other, kind="stable")
+        same = other.size == ids.size and np.array_equal(other[order], ids[order_first])
+        if not same:
+            only = sorted(map(str, set(ids) ^ set(other)))[:3]
+            raise CompareError(f"{where}: {names[0]} and {name} scored different {declared.unit}s "
+                               f"({'/'.join(declared.key)} differ: {ids.size} against {other.size}, e.g. "
+                               f"{[o.replace(chr(31), '/') for o in only]}); a paired test needs the same test set")
+        position = np.empty(ids.size, np.int64)
+        position[order_first] = order
+        out.append(table.take(position))
+    if declared.label and declared.label in first.column_names:
+        labels = first.column(declared.label)
+        for name, table in zip(names[1:], out[1:]):
+            if not table.column(declared.label).equals(labels):
+                raise CompareError(f"{where}: {names[0]} and {name} label the same {declared.unit}s differently "
+                                   f"(another dataset version)")
+    return out
+
+
+def _column(table, name: str) -> np.ndarray:
+    return table.column(name).to_numpy(zero_copy_only=False)
 
 
 def _correct(table, declared: SampleTable) -> np.ndarray:
     if declared.correct:
-        return table.column(declared.correct).to_numpy(zero_copy_only=False).astype(bool)
-    return table.column(declared.predicted).to_numpy() == table.column(declared.label).to_numpy()
+        return _column(table, declared.correct).astype(bool)
+    return _column(table, declared.predicted) == _column(table, declared.label)
 
 
-def aligned_correctness(table_a, table_b, declared: SampleTable, where: str) -> tuple[np.ndarray, np.ndarray, Any]:
-    """(correct_a, correct_b, labels or None) over the same units, matched by the declared key; refuses tables whose
-    units or labels differ (another split or dataset version), naming the table."""
-    ids_a, ids_b = _keys(table_a, declared), _keys(table_b, declared)
-    if len(set(ids_a)) != len(ids_a) or len(set(ids_b)) != len(ids_b) or set(ids_a) != set(ids_b):
-        only = sorted(map(str, set(ids_a) ^ set(ids_b)))[:3]
-        raise CompareError(f"{where} scored different {declared.unit}s ({'/'.join(declared.key)} differ: "
-                           f"{len(ids_a)} against {len(ids_b)}, e.g. {only}); a paired test needs the same test set")
-    position = {sid: i for i, sid in enumerate(ids_b)}
-    order_b = np.array([position[sid] for sid in ids_a], dtype=np.int64)
-    table_b = table_b.take(order_b)
-    labels = None
-    if declared.label:
-        labels = table_a.column(declared.label).to_numpy()
-        if not np.array_equal(labels, table_b.column(declared.label).to_numpy()):
-            raise CompareError(f"{where} label the same {declared.unit}s differently (another dataset version)")
-    return _correct(table_a, declared), _correct(table_b, declared), labels
+def _per_unit(correct: np.ndarray, labels, measure: str) -> float:
+    if measure == "accuracy":
+        return float(correct.mean())
+    return float(np.mean([correct[labels == c].mean() for c in np.unique(labels)]))
 
 
-def paired_units(a: Experiment, b: Experiment, analysis: str, dataset: str, metric: str):
-    """(declared table, correct_a, correct_b, labels, the stats metric) for a paired test of `metric`, or the reason
-    it is not paired as a string."""
-    declared, reason = declared_table(analysis, metric)
-    if declared is None:
-        return reason
+def _estimators(declared: SampleTable, tables: list, fields: Mapping[str, str], measure: str | None,
+                reported: np.ndarray):
+    """[(measure, estimator)] candidates for the statistic on the aligned tables (one per experiment)."""
+    first = tables[0]
+    if declared.statistic == "mean":
+        value = np.stack([_column(t, declared.value.format(**fields)).astype(np.float64) for t in tables])
+        if declared.at_most:
+            value = (value <= int(fields[declared.at_most])).astype(np.float64)
+        if declared.cluster is None:
+            return [("mean", stats.Ratio(value))]
+        _, cluster = np.unique(_column(first, declared.cluster).astype(str), return_inverse=True)
+        size = np.bincount(cluster)
+        hits = np.stack([np.bincount(cluster, weights=v, minlength=size.size) for v in value])
+        return [("mean", stats.Ratio(hits, size))]
+    if declared.statistic == "scores":
+        return _score_estimators(tables, declared, measure, reported)
+    if declared.statistic == "t" and declared.per is None:
+        value = np.stack([_column(t, declared.value.format(**fields)) for t in tables])
+        if any(v is None for v in value.ravel()):
+            return []
+        return [("mean", stats.UnitMeans(value.astype(np.float64)))]
+    measures = [measure] if measure else ["accuracy", "mean_per_class"]
+    correct = np.stack([_correct(t, declared) for t in tables])
+    labels = _column(first, declared.label) if declared.label and declared.label in first.column_names else None
+    if declared.statistic == "median":
+        runs = _column(first, declared.per)  # each run's rows in one order of the other key columns
+        order = np.lexsort((_strings(first, [k for k in declared.key if k != declared.per]), runs))
+        k = np.unique(runs).size
+        return [("accuracy", stats.MedianOfRuns(correct[:, order].reshape(len(tables), k, -1)))]
+    if declared.statistic == "t":
+        units = _column(first, declared.per)
+        ids = np.unique(units)
+        return [(m, stats.UnitMeans(np.array([[_per_unit(c[units == u], None if labels is None else labels[units == u],
+                                                          m) for u in ids] for c in correct])))
+                for m in measures if m == "accuracy" or labels is not None]
+    out = []
+    for m in measures:
+        if m == "accuracy":
+            out.append((m, stats.Ratio(correct.astype(np.float64))))
+        elif m == "mean_per_class" and labels is not None:
+            out.append((m, stats.PerClass(correct, labels)))
+        elif m == "worst_group_accuracy":
+            out.append((m, stats.PerClass(correct, _column(first, declared.groups).astype(str), "min")))
+    return out
+
+
+def _score_estimators(tables: list, declared: SampleTable, metric: str, reported: np.ndarray):
+    """A whole-set metric recomputed from each run's scores: the scores as kept under each convention, or their
+    row-wise softmax in float32 under ELEVATER's (`zeroshot.scoring: elevater`), for each run the first that gives its
+    result file's number (two runs may have scored differently; they are still resampled together)."""
+    from vlbench import metrics as metric_functions
+    from vlbench.metrics import CONVENTIONS, multilabel_indicator, topk_correct
+
+    scores = [np.stack(_column(t, declared.scores)) for t in tables]
+    raw = tables[0].column(declared.label).to_pylist()
+    if metric in stats.GROUP_TOPK:
+        labels = np.asarray(raw, dtype=np.int64)
+        correct = np.stack([topk_correct(s, labels, stats.GROUP_TOPK[metric]) for s in scores])
+        return [(metric, stats.PerClass(correct, _column(tables[0], declared.groups).astype(str), "min"))]
+    labels = (multilabel_indicator(raw, scores[0].shape[1]) if raw and isinstance(raw[0], list)
+              else np.asarray(raw, dtype=np.int64))
+    chosen = []
+    for s, want in zip(scores, reported):
+        candidates = [*((s, c) for c in CONVENTIONS), (_softmax(s), "elevater")]
+        found = next(((x, c) for x, c in candidates
+                      if abs(metric_functions.compute(metric, x, labels, c) - want) <= SCORES_REPRODUCE), None)
+        if found is None:
+            return []
+        chosen.append(found)
+    return [(metric, stats.WholeSet(metric, [x for x, _ in chosen], labels, [c for _, c in chosen]))]
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits, dtype=np.float32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+REPRODUCES = 1e-6  # the paired numbers must give each result file's number to within this
+SCORES_REPRODUCE = 1e-4  # ... and those recomputed from float32 scores (logits) to within this
+
+
+def row_statistic(experiments: Sequence[Experiment], analysis: str, dataset: str,
+                  metric: str) -> tuple[Paired | None, dict[str, str]]:
+    """(the paired statistic over the experiments that kept a declared table, {experiment: why it is not paired}) for
+    one metric, from the first declared table that pairs it; refuses (CompareError) tables whose units differ
+    between runs."""
+    names = [e.name for e in experiments]
+    tables, reason = declared_tables(analysis, metric)
+    reasons: dict[str, str] = dict.fromkeys(names, reason)
+    for declared in tables:
+        paired, reasons = _pair_on(declared, experiments, analysis, dataset, metric)
+        if paired is not None:
+            return paired, reasons
+    return None, reasons
+
+
+def _pair_on(declared: SampleTable, experiments: Sequence[Experiment], analysis: str, dataset: str,
+             metric: str) -> tuple[Paired | None, dict[str, str]]:
+    names = [e.name for e in experiments]
+    fields = select_fields(declared, metric)
     if declared.statistic is None:
-        return f"{analysis}'s {declared.name} table (unit: {declared.unit}): {declared.unpaired}"
-    (table_a, why_a), (table_b, why_b) = (e.table(analysis, dataset, declared) for e in (a, b))
-    if table_a is None or table_b is None:
-        return why_a or why_b
+        return None, dict.fromkeys(names, f"{analysis}'s {declared.name} table (unit: {declared.unit}): "
+                                          f"{declared.unpaired}")
+    if fields is None:
+        return None, dict.fromkeys(names, f"{metric!r} is not a key of the form {declared.select!r}")
+    measure = declared.measure or (metric if metric in (*stats.SAMPLE_METRICS, "worst_group_accuracy")
+                                   or declared.statistic == "scores" else None)
     where = f"{REPORTS}/{analysis}/{dataset}.{declared.name}.parquet"
-    correct_a, correct_b, labels = aligned_correctness(table_a, table_b, declared, f"{where}: {a.name} and {b.name}")
-    if declared.group:  # the metric is the accuracy of one group of rows
-        rows = np.asarray(table_a.column(declared.group).to_pylist(), dtype=object) == metric
-        if not rows.any():
-            return f"{where} has no rows whose {declared.group} is {metric!r}: not the accuracy of one group"
-        return (declared, correct_a[rows], correct_b[rows], None if labels is None else labels[rows], "accuracy")
-    if metric not in stats.SAMPLE_METRICS:
-        return f"{metric!r} is not computed from per-{declared.unit} correctness"
-    return declared, correct_a, correct_b, labels, metric
+    read = {e.name: e.table(analysis, dataset, declared, declared.columns(fields, measure), list(fields))
+            for e in experiments}
+    reasons = {n: why for n, (table, why) in read.items() if table is None}
+    have = [n for n in names if n not in reasons]
+    if len(have) < 2:
+        return None, {n: reasons.get(n) or f"only {n} kept {where}" for n in names}
+    tables = []
+    for n in have:
+        table = read[n][0]
+        for f, text in fields.items():
+            if f in table.column_names:
+                table = table.filter(_column(table, f).astype(str) == text)
+        if table.num_rows == 0:
+            return None, dict.fromkeys(names, f"{where} has no rows for {metric!r} ({fields})")
+        tables.append(table)
+    tables = _align(tables, declared, have, where)
+    reported = np.array([float(e.results[(analysis, dataset)]["metrics"][metric]) for e in experiments
+                         if e.name in have])
+    found = []
+    for m, estimator in _estimators(declared, tables, fields, measure, reported):
+        if estimator.t_test and estimator.units < 2:
+            return None, dict.fromkeys(names, f"{where}: one {declared.unit} only; a paired t-interval needs two")
+        point = estimator.point()
+        if np.allclose(point, reported, rtol=0, atol=REPRODUCES if declared.statistic != "scores" else SCORES_REPRODUCE):
+            return Paired(have, estimator, declared.unit), reasons
+        found.append(f"{m}: {np.round(point, 6).tolist()}")
+    return None, dict.fromkeys(names, f"{where} does not reproduce {metric!r} ({np.round(reported, 6).tolist()} in "
+                                      f"the result files; the table gives {'; '.join(found) or 'no number'})")
 
 
 def _number(x: float | None) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
 
-def difference(a: Experiment, b: Experiment, analysis: str, dataset: str, metric: str) -> dict[str, Any]:
-    """One entry of a row's `differences`: b - a, paired over the unit the analysis declares for the metric, else
-    from the two intervals with the reason in `unpaired_reason`."""
-    doc_a, doc_b = a.results[(analysis, dataset)], b.results[(analysis, dataset)]
-    paired = paired_units(a, b, analysis, dataset, metric)
-    unit = reason = None
-    if isinstance(paired, str):
-        reason = paired
-        d = stats.unpaired_difference(doc_a["metrics"][metric], doc_a.get("intervals", {}).get(metric),
-                                      doc_b["metrics"][metric], doc_b.get("intervals", {}).get(metric))
-    else:
-        declared, correct_a, correct_b, labels, stat = paired
-        unit = declared.unit
-        d = stats.paired_difference(stat, correct_a, correct_b, labels)
-    return {"a": a.name, "b": b.name, "delta": float(d.delta), "low": _number(d.low), "high": _number(d.high),
-            "p_bootstrap": _number(d.p_bootstrap), "p_mcnemar": _number(d.p_mcnemar), "n": d.n, "paired": d.paired,
-            "unit": unit, "unpaired_reason": reason}
+def _entry(a: str, b: str, delta: float, d: stats.Difference | None, unit: str | None, test: str | None,
+           p: float | None, reason: str | None) -> dict[str, Any]:
+    return {"a": a, "b": b, "delta": float(delta), "low": _number(d.low) if d else None,
+            "high": _number(d.high) if d else None,
+            "p_bootstrap": _number(d.p_bootstrap) if d and test in ("bootstrap", "mcnemar", "normal") else None,
+            "p_mcnemar": _number(d.p_mcnemar) if d else None, "n": d.n if d else 0, "paired": bool(d and d.paired),
+            "unit": unit, "unpaired_reason": reason, "test": test, "p": _number(p), "p_adjusted": None}
 
 
-def winner(names: Sequence[str], differences: Sequence[Mapping[str, Any]]) -> str | None:
-    """The experiment better (higher) than every other with p_bootstrap < ALPHA, else None."""
+def _paired_entries(paired: Paired, resamples: int) -> tuple[dict[tuple[str, str], dict[str, Any]], np.ndarray]:
+    point, diffs, reps = stats.pairwise_differences(paired.estimator, resamples)
+    out = {}
+    for (i, j), d in diffs.items():
+        if paired.estimator.t_test:
+            test, p = "t", d.p_bootstrap
+            d = stats.Difference(d.delta, d.low, d.high, float("nan"), None, d.n, True)
+        elif d.p_mcnemar is not None:
+            test, p = "mcnemar", d.p_mcnemar
+        else:
+            test, p = "bootstrap", stats.bootstrap_se_p(d.delta, reps[:, j] - reps[:, i])
+        out[paired.names[i], paired.names[j]] = _entry(paired.names[i], paired.names[j], d.delta, d, paired.unit,
+                                                       test, p, None)
+    return out, reps
+
+
+def differences(have: Sequence[Experiment], analysis: str, dataset: str, metric: str, unpaired: bool = False,
+                resamples: int = stats.RESAMPLES) -> tuple[list[dict[str, Any]], Paired | None, np.ndarray | None]:
+    """Every pair's entry of a row's `differences` (b - a, in the order given), the paired statistic and its joint
+    replicates (R, experiments paired) where there is one. A pair without a paired test gets its reason and, only
+    with `unpaired`, the normal approximation from the two intervals."""
+    paired, reasons = row_statistic(have, analysis, dataset, metric)
+    entries, reps = _paired_entries(paired, resamples) if paired else ({}, None)
+    out = []
+    for i, a in enumerate(have):
+        for b in have[i + 1:]:
+            if (a.name, b.name) in entries:
+                out.append(entries[a.name, b.name])
+                continue
+            doc_a, doc_b = a.results[(analysis, dataset)], b.results[(analysis, dataset)]
+            va, vb = float(doc_a["metrics"][metric]), float(doc_b["metrics"][metric])
+            reason = reasons.get(a.name) or reasons.get(b.name) or "not paired"
+            if unpaired:
+                d = stats.unpaired_difference(va, doc_a.get("intervals", {}).get(metric),
+                                              vb, doc_b.get("intervals", {}).get(metric))
+                out.append(_entry(a.name, b.name, vb - va, d, None, "normal", d.p_bootstrap, reason))
+            else:
+                out.append(_entry(a.name, b.name, vb - va, None, None, None, None,
+                                  reason + " (vlbench compare --unpaired compares it from the two intervals)"))
+    return out, paired, reps
+
+
+def correct_rows(rows: Sequence[dict[str, Any]], method: str = "holm") -> int:
+    """Adjust every difference's `p` over all the differences of the comparison (`stats.adjust_p`), in place; the
+    number of tests."""
+    entries = [d for r in rows for d in r["differences"]]
+    p = np.array([np.nan if d["p"] is None else d["p"] for d in entries], dtype=np.float64)
+    for d, q in zip(entries, stats.adjust_p(p, method)):
+        d["p_adjusted"] = _number(float(q))
+    return int(np.isfinite(p).sum())
+
+
+def winner(names: Sequence[str], differences: Sequence[Mapping[str, Any]], alpha: float = ALPHA) -> str | None:
+    """The experiment better (higher) than every other with an adjusted p below `alpha`, else None."""
     for name in names:
         beats = 0
         for d in differences:
-            if name not in (d["a"], d["b"]) or d["p_bootstrap"] is None or d["p_bootstrap"] >= ALPHA:
+            if name not in (d["a"], d["b"]) or d.get("p_adjusted") is None or d["p_adjusted"] >= alpha:
                 continue
             beats += (d["delta"] > 0) == (d["b"] == name)
         if beats == len(names) - 1 and len(names) > 1:
@@ -211,27 +431,43 @@ def winner(names: Sequence[str], differences: Sequence[Mapping[str, Any]]) -> st
     return None
 
 
-def compare(experiments: Sequence[Experiment]) -> dict[str, Any]:
-    """The comparison as `vlbench compare --json` prints it (README, "Intervals and comparisons")."""
+def compare(experiments: Sequence[Experiment], correction: str = "holm", unpaired: bool = False,
+            leaderboard: bool | None = None, resamples: int = stats.RESAMPLES) -> dict[str, Any]:
+    """The comparison as `vlbench compare --json` prints it (README, "Intervals and comparisons"): every row's values
+    and pairwise differences, p-values adjusted over all of them (`correction`), each row's winner; with
+    `leaderboard` (default: more than two experiments) the leaderboard (vlbench.leaderboard)."""
+    if correction not in stats.CORRECTIONS:
+        raise CompareError(f"--correction {correction!r}: one of {', '.join(stats.CORRECTIONS)}")
     keys = sorted({k for e in experiments for k in e.results})
-    rows = []
+    rows, replicates = [], {}
     for analysis, dataset in keys:
         present = [e for e in experiments if (analysis, dataset) in e.results]
         metrics = sorted({m for e in present for m, v in e.results[(analysis, dataset)]["metrics"].items()
-                          if not isinstance(v, str)})
+                          if isinstance(v, (int, float)) and not isinstance(v, bool)})
         for metric in metrics:
-            have = [e for e in present if metric in e.results[(analysis, dataset)]["metrics"]]
+            have = [e for e in present if isinstance(e.results[(analysis, dataset)]["metrics"].get(metric),
+                                                     (int, float))]
             values = {}
             for e in have:
                 doc = e.results[(analysis, dataset)]
                 interval = doc.get("intervals", {}).get(metric) or {}
                 values[e.name] = {"value": float(doc["metrics"][metric]), "low": interval.get("low"),
                                   "high": interval.get("high")}
-            diffs = [difference(a, b, analysis, dataset, metric)
-                     for i, a in enumerate(have) for b in have[i + 1:]]
+            diffs, paired, reps = differences(have, analysis, dataset, metric, unpaired, resamples)
+            if paired is not None:
+                replicates[(analysis, dataset, metric)] = (paired.names, reps)
             rows.append({"analysis": analysis, "dataset": dataset, "metric": metric, "values": values,
-                         "differences": diffs, "winner": winner([e.name for e in have], diffs)})
-    return {"experiments": [{"name": e.name, "rev": e.rev} for e in experiments], "rows": rows}
+                         "differences": diffs, "winner": None})
+    tests = correct_rows(rows, correction)
+    for row in rows:
+        row["winner"] = winner(list(row["values"]), row["differences"])
+    data = {"experiments": [{"name": e.name, "rev": e.rev} for e in experiments], "rows": rows,
+            "correction": {"method": correction, "alpha": ALPHA, "tests": tests, "unpaired": unpaired}}
+    if leaderboard or (leaderboard is None and len(experiments) > 2):
+        from vlbench.leaderboard import build
+
+        data["leaderboard"] = build(experiments, rows, replicates)
+    return data
 
 
 # ---------------------------------------------------------------------------------------------------- output
@@ -246,14 +482,16 @@ def _value(v: Mapping[str, Any] | None) -> str:
 
 
 def _significance(d: Mapping[str, Any]) -> str:
-    p = d["p_bootstrap"]
-    shown = "p=?" if p is None else f"p={p:.3g}" + ("*" if p < ALPHA else "")
-    return f"{d['b']}-{d['a']} {d['delta']:+.4f} {shown}" + ("" if d["paired"] else " (unpaired)")
+    p, adjusted = d.get("p"), d.get("p_adjusted")
+    if p is None:
+        return f"{d['b']}-{d['a']} {d['delta']:+.4f} (not tested: unpaired)"
+    shown = f"p={p:.3g} adj={adjusted:.3g}" + ("*" if adjusted is not None and adjusted < ALPHA else "")
+    return f"{d['b']}-{d['a']} {d['delta']:+.4f} {shown} ({d['test']})" + ("" if d["paired"] else " (unpaired)")
 
 
 def format_table(data: Mapping[str, Any]) -> str:
-    """One line per analysis x dataset x metric: each experiment's value [interval], each difference with its p
-    (* below ALPHA), the winner."""
+    """One line per analysis x dataset x metric: each experiment's value [interval], each difference with its raw and
+    adjusted p (* where the adjusted one is below ALPHA) and its test, the winner."""
     names = [e["name"] for e in data["experiments"]]
     head = ["analysis/dataset/metric", *names, "differences", "winner"]
     lines = [[f"{r['analysis']}/{r['dataset']}/{r['metric']}", *(_value(r["values"].get(n)) for n in names),

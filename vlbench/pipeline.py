@@ -168,7 +168,7 @@ def code_stage() -> dict:
 def analysis_stage(name: str, root: Path = ROOT) -> dict:
     a = ANALYSES[name]
     outs = [{f"reports/{name}/${{item}}.json": {"cache": False}},
-            *(f"reports/{name}/${{item}}.{t.name}.parquet" for t in a.tables)]
+            *(f"reports/{name}/${{item}}.{table}.parquet" for table in a.table_names)]
     return {"foreach": f"${{suite.{name}}}",
             "do": {"cmd": f"python -m stages.analysis --analysis {name} --dataset ${{item}}",
                    "deps": [f"{CODE_DIR.as_posix()}/analyses.txt", *settings_file(name, root),

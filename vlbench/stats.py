@@ -269,6 +269,16 @@ def mcnemar_exact(correct_a, correct_b) -> float:
     return float(min(1.0, 2.0 * math.exp(top) * np.exp(log_pmf - top).sum()))
 
 
+def mcnemar_counts(only_a, only_b) -> np.ndarray:
+    """`mcnemar_exact` from the discordant counts (arrays of any shape, vectorised): min(1, 2 P(X <= min(k, m - k))),
+    X ~ Binomial(m, 1/2); 1 where m = 0."""
+    from scipy.special import bdtr  # the binomial CDF (scipy.stats costs seconds to import)
+
+    only_a, only_b = np.asarray(only_a), np.asarray(only_b)
+    m = only_a + only_b
+    return np.where(m == 0, 1.0, np.minimum(1.0, 2.0 * bdtr(np.minimum(only_a, only_b), m, 0.5)))
+
+
 def bootstrap_p(deltas: np.ndarray) -> float:
     """Two-sided p-value of "no difference" from bootstrap replicates of a difference: twice the smaller tail mass at
     zero, each tail counted with the observed resample added, (#{d <= 0} + 1) / (B + 1), capped at 1; p < 1 - level
@@ -403,3 +413,276 @@ def episodes_interval(values) -> Interval:
     """The few-shot convention: mean +- 1.96 * std / sqrt(episodes) (vlbench.metrics.mean_confidence_interval)."""
     mean, half = mean_confidence_interval(values, LEVEL)
     return Interval(mean - half, mean + half, LEVEL, "episodes")
+
+
+# --------------------------------------------------------------------------------- many systems on the same units
+#
+# `vlbench compare` resamples the units of a table once for all the systems it compares (the same resampled units for
+# every system: the replicates are joint), so that each pairwise difference is a paired bootstrap and each
+# replicate can be ranked (rank intervals). An estimator holds the per-unit numbers of E systems on n units and gives
+# `point()` (E,) and `replicates(resamples, rng)` (R, E). Units that carry the same numbers for every system (and the
+# same class, group, weight) are one code: a resample depends only on how many times it drew each code, a
+# Multinomial(n, code frequencies) draw, which costs O(resamples x codes) instead of O(resamples x n).
+
+
+def _codes(columns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(unique rows of the (n, m) array `columns` in lexicographic order, their counts, each unit's code). Columns
+    are factorised one by one and combined into one integer per unit while their cardinalities allow (0/1 columns
+    of ten systems: 1,024 values), which is much faster than a row-wise unique."""
+    key, radix = np.zeros(columns.shape[0], np.int64), 1
+    for j in range(columns.shape[1]):
+        values, inverse = np.unique(columns[:, j], return_inverse=True)
+        if radix * values.size >= 2 ** 62:
+            rows, inverse, counts = np.unique(columns, axis=0, return_inverse=True, return_counts=True)
+            return rows, counts, inverse.ravel()
+        key, radix = key * values.size + inverse.ravel(), radix * values.size
+    _, first, codes, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+    return columns[first], counts, codes.ravel()
+
+
+def _draws(counts: np.ndarray, codes: np.ndarray, resamples: int, rng: np.random.Generator, chunk: int = 200):
+    """Chunks (r, K) of code multiplicities of `resamples` resamples of the n units (each drawn with replacement):
+    Multinomial(n, counts / n) draws where the codes are few (O(r K)), else n unit indices per resample counted by
+    code (O(r n)), whichever is cheaper; both have the same distribution."""
+    n, k = int(counts.sum()), counts.size
+    for start in range(0, resamples, chunk):
+        r = min(chunk, resamples - start)
+        if 4 * k <= n:
+            yield rng.multinomial(n, counts / n, size=r).astype(np.float64)
+        else:
+            drawn = codes[rng.integers(0, n, (r, n))] + (np.arange(r) * k)[:, None]
+            yield np.bincount(drawn.ravel(), minlength=r * k).reshape(r, k).astype(np.float64)
+
+
+def _replicates(estimator, rows: np.ndarray, counts: np.ndarray, codes: np.ndarray, resamples: int,
+                rng: np.random.Generator) -> np.ndarray:
+    return np.concatenate([estimator._of(w, rows) for w in _draws(counts, codes, resamples, rng)])
+
+
+class Ratio:
+    """sum(num) / sum(den) over units for each system: accuracy or recall@k (num: 0/1 per unit, den 1), a mean of
+    per-unit numbers (AP per image, accuracy per episode), or a clustered ratio (t2i recall: num = an image's
+    captions' hits, den = its captions; resampling images resamples each with all its captions). `num` (E, n),
+    `den` (n,). `binary`: the per-unit 0/1 outcomes (E, n) where McNemar's exact test applies (den all 1)."""
+
+    def __init__(self, num, den=None):
+        self.num = np.atleast_2d(np.asarray(num, dtype=np.float64))
+        self.den = np.ones(self.num.shape[1]) if den is None else np.asarray(den, dtype=np.float64)
+        if self.num.shape[1] == 0 or self.den.shape != (self.num.shape[1],) or np.any(self.den <= 0):
+            raise StatsError(f"a ratio needs n > 0 units with den > 0; got num {self.num.shape}, den {self.den.shape}")
+        values = np.unique(self.num)
+        self.binary = self.num.astype(bool) if (np.all(self.den == 1) and np.isin(values, (0.0, 1.0)).all()) else None
+        self.units = self.num.shape[1]
+
+    def _of(self, weights: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return (weights @ rows[:, :-1]) / (weights @ rows[:, -1])[:, None]
+
+    def point(self) -> np.ndarray:
+        return self.num.sum(axis=1) / self.den.sum()
+
+    def replicates(self, resamples: int, rng: np.random.Generator) -> np.ndarray:
+        rows, counts, codes = _codes(np.c_[self.num.T, self.den])
+        return _replicates(self, rows, counts, codes, resamples, rng)
+
+
+class PerClass:
+    """The mean (mean-per-class accuracy, a mean over categories) or the minimum (worst-group accuracy) over the classes
+    or groups present of each system's accuracy within them, from per-unit correctness (E, n) and one class or group
+    per unit; a resample leaves out the classes it did not draw (as the metrics leave out classes without samples)."""
+
+    def __init__(self, correct, classes, reduce: str = "mean"):
+        self.correct = np.atleast_2d(np.asarray(correct)).astype(bool)
+        _, self.classes = np.unique(np.asarray(classes), return_inverse=True)
+        self.classes = self.classes.ravel()
+        if self.classes.shape != (self.correct.shape[1],) or self.correct.shape[1] == 0:
+            raise StatsError(f"one class per unit needed: {self.classes.shape} for {self.correct.shape[1]} units")
+        if reduce not in ("mean", "min"):
+            raise StatsError(f"reduce must be mean or min, got {reduce!r}")
+        self.reduce, self.binary, self.units = reduce, None, self.correct.shape[1]
+
+    def _of(self, weights: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        # the codes are sorted by class (np.unique's row order), so each class's codes are one contiguous run
+        from scipy.sparse import csr_matrix
+
+        starts = np.flatnonzero(np.r_[True, rows[1:, 0] != rows[:-1, 0]])
+        totals = np.add.reduceat(weights, starts, axis=1)  # (R, classes present)
+        k, systems = starts.size, self.correct.shape[0]
+        klass = np.cumsum(np.r_[True, rows[1:, 0] != rows[:-1, 0]]) - 1  # each code's class, 0..k-1
+        code, system = np.nonzero(rows[:, 1:])
+        right = np.asarray((csr_matrix((np.ones(code.size), (klass[code] * systems + system, code)),
+                                       shape=(k * systems, rows.shape[0])) @ weights.T).T)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            recall = right.reshape(-1, k, systems) / totals[:, :, None]
+        present = (totals > 0)[:, :, None]
+        if self.reduce == "mean":
+            return np.where(present, recall, 0.0).sum(axis=1) / present.sum(axis=1)
+        return np.where(present, recall, np.inf).min(axis=1)
+
+    def _rows(self):
+        return _codes(np.c_[self.classes, self.correct.T.astype(np.int64)])
+
+    def point(self) -> np.ndarray:
+        rows, counts, _ = self._rows()
+        return self._of(counts[None, :].astype(np.float64), rows)[0]
+
+    def replicates(self, resamples: int, rng: np.random.Generator) -> np.ndarray:
+        rows, counts, codes = self._rows()
+        return _replicates(self, rows, counts, codes, resamples, rng)
+
+
+class MedianOfRuns:
+    """The median over runs of each run's accuracy (VTAB-1k), from correctness (E, runs, n) on one test set: each
+    resample draws the test samples once for every run and system."""
+
+    def __init__(self, correct):
+        self.correct = np.asarray(correct).astype(bool)
+        if self.correct.ndim != 3 or self.correct.shape[2] == 0:
+            raise StatsError(f"correctness must be (systems, runs, n), got shape {self.correct.shape}")
+        self.binary, self.units = None, self.correct.shape[2]
+
+    def _of(self, weights: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        e, runs, n = self.correct.shape
+        acc = (weights @ rows) / n  # (R, e * runs)
+        return np.median(acc.reshape(weights.shape[0], e, runs), axis=2)
+
+    def point(self) -> np.ndarray:
+        return np.median(self.correct.mean(axis=2), axis=1)
+
+    def replicates(self, resamples: int, rng: np.random.Generator) -> np.ndarray:
+        e, runs, n = self.correct.shape
+        rows, counts, codes = _codes(self.correct.reshape(e * runs, n).T.astype(np.int64))
+        return _replicates(self, rows.astype(np.float64), counts, codes, resamples, rng)
+
+
+class WholeSet:
+    """A metric of the whole test set (11-point mAP, ROC-AUC, macro F1) from each system's (n, C) scores: indices
+    resampled, `chunk` resamples at a time as multiplicities, the same multiplicities for every system, the metric
+    recomputed on each (`WHOLE_SET_METRICS`)."""
+
+    def __init__(self, metric: str, scores, labels, convention="default", chunk: int = 100):
+        if metric not in WHOLE_SET_METRICS:
+            raise StatsError(f"no whole-set bootstrap for {metric!r}; known: {', '.join(WHOLE_SET_METRICS)}")
+        self.metric, self.scores, self.labels = metric, [np.asarray(s) for s in scores], np.asarray(labels)
+        # one convention for all systems, or one each (systems that scored their numbers differently)
+        self.conventions = [convention] * len(self.scores) if isinstance(convention, str) else list(convention)
+        self.chunk, self.binary, self.units = chunk, None, self.scores[0].shape[0]
+
+    def point(self) -> np.ndarray:
+        from vlbench import metrics
+
+        return np.array([metrics.compute(self.metric, s, self.labels, c) for s, c in zip(self.scores, self.conventions)])
+
+    def replicates(self, resamples: int, rng: np.random.Generator) -> np.ndarray:
+        out = []
+        for start in range(0, resamples, self.chunk):
+            weights = resample_counts(rng, self.units, min(self.chunk, resamples - start))
+            out.append(np.stack([WHOLE_SET_METRICS[self.metric](s, self.labels, weights, c)
+                                 for s, c in zip(self.scores, self.conventions)], axis=1))
+        return np.concatenate(out)
+
+
+class UnitMeans(Ratio):
+    """The mean over units (episodes, seeds) of one number per unit and system (E, u), whose differences take the
+    paired t-interval (`paired_t`); its replicates (for ranks) resample the units."""
+
+    t_test = True
+
+    def __init__(self, values):
+        super().__init__(values)
+        self.binary = None  # units are episodes or seeds, not 0/1 outcomes
+
+
+Ratio.t_test = False
+PerClass.t_test = MedianOfRuns.t_test = WholeSet.t_test = False
+
+
+def bootstrap_se_p(delta: float, deltas: np.ndarray) -> float:
+    """Two-sided p of "no difference" from the bootstrap standard error of the difference: 2 Phi(-|delta| / sd*),
+    sd* the standard deviation of the replicates (Efron & Tibshirani 1993, ch. 16); unlike `bootstrap_p` it is not
+    floored at 2 / (B + 1), so it survives a correction over many rows. 1 for no spread and no difference."""
+    from statistics import NormalDist
+
+    sd = float(np.std(deltas, ddof=1)) if deltas.size > 1 else 0.0
+    if sd == 0.0:
+        return 1.0 if delta == 0.0 else 0.0
+    return float(2.0 * NormalDist().cdf(-abs(delta) / sd))
+
+
+def paired_t(values_a, values_b, level: float = LEVEL) -> tuple[float, float, float, float]:
+    """(mean difference, low, high, two-sided p) of b - a over paired units: Student's t on the per-unit differences
+    d_i (mean +- t_{(1+level)/2, u-1} sd(d) / sqrt(u), sd with ddof 1), as scipy.stats.ttest_rel; identical
+    differences give [d, d] and p 1 (all zero) or 0."""
+    from scipy.special import stdtr, stdtrit  # Student's t CDF and its inverse
+
+    d = np.asarray(values_b, dtype=np.float64) - np.asarray(values_a, dtype=np.float64)
+    if d.ndim != 1 or d.size < 2:
+        raise StatsError(f"a paired t-interval needs at least 2 paired units, got {d.size}")
+    mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size))
+    if se == 0.0:
+        return mean, mean, mean, 1.0 if mean == 0.0 else 0.0
+    half = float(stdtrit(d.size - 1, (1.0 + level) / 2.0)) * se
+    return mean, mean - half, mean + half, float(2.0 * stdtr(d.size - 1, -abs(mean) / se))
+
+
+def pairwise_differences(estimator, resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL
+                         ) -> tuple[np.ndarray, dict[tuple[int, int], Difference], np.ndarray]:
+    """(point estimates (E,), {(a, b): Difference of b - a} for every pair a < b, the joint replicates (R, E)):
+    a paired bootstrap on the joint replicates (percentile interval, `bootstrap_p`; McNemar's exact test where the
+    units' outcomes are 0/1), or for `UnitMeans` the paired t-interval over units."""
+    _check_resamples(resamples)
+    point = estimator.point()
+    reps = estimator.replicates(resamples, np.random.default_rng(seed))
+    mcnemar = None
+    if estimator.binary is not None:  # every pair's discordant counts at once: only_a[a, b] = #{a right, b wrong}
+        c = estimator.binary.astype(np.float64)
+        only_a = np.rint(c @ (1.0 - c).T).astype(np.int64)
+        mcnemar = mcnemar_counts(only_a, only_a.T)
+    out = {}
+    for a in range(len(point)):
+        for b in range(a + 1, len(point)):
+            delta = float(point[b] - point[a])
+            if estimator.t_test:
+                _, low, high, p = paired_t(estimator.num[a], estimator.num[b], level)
+            else:
+                low, high = _quantiles(reps[:, b] - reps[:, a], level)
+                p = bootstrap_p(reps[:, b] - reps[:, a])
+            p_mcnemar = None if mcnemar is None else float(mcnemar[a, b])
+            out[a, b] = Difference(delta, low, high, p, p_mcnemar, int(estimator.units), True)
+    return point, out, reps
+
+
+def rank_intervals(replicates: np.ndarray, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) (E,) percentiles of each system's rank over joint replicates (R, E): in each replicate rank 1 is
+    the highest, a tie takes the best rank of the tied (1 + how many are strictly higher)."""
+    ranks = 1 + (replicates[:, None, :] > replicates[:, :, None]).sum(axis=2)  # (R, E): j above i
+    low, high = np.quantile(ranks, [(1.0 - level) / 2.0, (1.0 + level) / 2.0], axis=0, method="inverted_cdf")
+    return low.astype(int), high.astype(int)
+
+
+# ------------------------------------------------------------------------------------------ many tests at once
+
+
+CORRECTIONS = ("holm", "bh", "none")
+
+
+def adjust_p(p, method: str = "holm") -> np.ndarray:
+    """p-values adjusted for the m tests they are: Holm's step-down (family-wise error; Holm 1979) or Benjamini-
+    Hochberg's step-up (false discovery rate; Benjamini & Hochberg 1995), as statsmodels' multipletests
+    ("holm", "fdr_bh"); "none" leaves them. NaN entries are not tests: they stay NaN and do not count in m."""
+    p = np.asarray(p, dtype=np.float64)
+    if method not in CORRECTIONS:
+        raise StatsError(f"unknown correction {method!r}; known: {', '.join(CORRECTIONS)}")
+    out = p.copy()
+    ok = np.flatnonzero(np.isfinite(p))
+    m = ok.size
+    if method == "none" or m == 0:
+        return out
+    order = ok[np.argsort(p[ok], kind="stable")]
+    sorted_p = p[order]
+    if method == "holm":
+        adjusted = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * sorted_p))
+    else:
+        adjusted = np.minimum.accumulate((m / np.arange(1, m + 1) * sorted_p)[::-1])[::-1]
+        adjusted = np.minimum(1.0, adjusted)
+    out[order] = adjusted
+    return out

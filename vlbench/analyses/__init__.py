@@ -22,12 +22,30 @@ from vlbench.errors import VlbenchError
 @dataclass(frozen=True)
 class SampleTable:
     """A table an analysis keeps beside its JSON, reports/<analysis>/<dataset>.<name>.parquet, and how `vlbench
-    compare` pairs two runs on it. `unit`: what one row (or one `key`) is, the unit that pairs two runs (image, query,
-    trial, episode, seed, class); `key`: the columns naming a unit, equal in both runs or the runs are refused.
-    `statistic`: "correct" (the paired bootstrap of the metric over units, and McNemar's exact test for accuracy, on
-    per-unit correctness: the boolean column `correct`, or `predicted` == `label`) or None where no paired test exists
-    yet (`unpaired` says why; the difference then comes from the two intervals). `metrics`: the metric keys it pairs
-    (fnmatch patterns); with `group`, a metric is the accuracy over the rows whose `group` column equals its name."""
+    compare` pairs two or more runs on it (docs/protocols.md, "Paired comparisons"). `unit`: what is resampled or
+    paired (image, query, trial, episode, seed, class); `key`: the columns naming one row, equal in every run or the
+    runs are refused; `metrics`: the metric keys it pairs (fnmatch patterns); `select`: a template of the metric key
+    ("{positive}_vs_{negative}", "fewtrans/{split}/{method}"): each field that names a column keeps the rows whose
+    column equals the field's text, the others are parameters (`at_most`, `value`).
+
+    `statistic` (vlbench.stats, "Many systems on the same units"):
+    - "correct": the metric from per-row correctness (the boolean column `correct`, or `predicted` == `label`):
+      `measure` (default: the metric key itself; candidates `accuracy` and `mean_per_class` where the key is not a
+      measure, the one that reproduces the result file's number) is `accuracy` (a ratio; McNemar's exact test),
+      `mean_per_class` (the mean over the `label` column's classes) or `worst_group_accuracy` (the minimum over the
+      `groups` column); paired bootstrap over the rows.
+    - "scores": a whole-set metric (`map_11point`, `roc_auc`, `f1_macro`) or a worst-group top-k accuracy from the
+      per-class scores in column `scores` and the `label` column (class indices, or lists of them for multi-label).
+    - "mean": the mean of the numeric column `value` (or `value <= at_most`, recall@k) over rows; with `cluster`, a
+      ratio over clusters (the rows of one cluster resampled together: an image with all its captions).
+    - "t": the mean over units (`per`: the column naming a unit when it spans many rows, its number the `measure` of
+      its rows' correctness; else one row per unit and its number in `value`); differences: a paired t-interval.
+    - "median": the median over the `per` column's runs of each run's accuracy, resampling the shared test rows.
+    - None: no paired test (`unpaired` says why; the difference is compared from the two intervals only with
+      `vlbench compare --unpaired`).
+    The paired numbers must reproduce each run's result file, or the table does not pair that metric; an analysis may
+    declare several tables for a metric: the first that pairs it is used (ELEVATER: over seeds, or with one seed over
+    its images)."""
 
     name: str
     unit: str
@@ -37,12 +55,32 @@ class SampleTable:
     label: str | None = "label"
     predicted: str | None = "predicted"
     correct: str | None = None
-    group: str | None = None
+    select: str | None = None
+    measure: str | None = None
+    groups: str | None = None
+    value: str | None = None
+    at_most: str | None = None
+    cluster: str | None = None
+    per: str | None = None
+    scores: str | None = None
     unpaired: str = ""
 
-    def columns(self) -> list[str]:
-        """The columns compare reads (nothing else, so a table may carry more)."""
-        names = [*self.key, self.label, self.group, *((self.correct,) if self.correct else (self.predicted,))]
+    def columns(self, fields: Mapping[str, str] | None = None, measure: str | None = None) -> list[str]:
+        """The columns compare reads for a metric whose `select` fields are `fields` (nothing else, so a table may
+        carry more): the key, the selecting columns, and what the statistic and `measure` need."""
+        fields = fields or {}
+        value = self.value if self.value and "{" not in self.value else None
+        if self.value and fields:
+            value = self.value.format(**fields)
+        needs: list[str | None] = []
+        if self.statistic in ("correct", "t", "median"):
+            needs += [self.correct] if self.correct else [self.predicted, self.label]
+            needs += [self.label] if measure != "accuracy" else []
+        if self.statistic == "scores":
+            needs += [self.scores, self.label]
+        if measure and measure.startswith("worst_group"):
+            needs.append(self.groups)
+        names = [*self.key, *needs, self.cluster, self.per, value]
         return list(dict.fromkeys(n for n in names if n))
 
 
@@ -76,6 +114,11 @@ config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yam
     reads: tuple[str, ...] = ("prepared", "texts", "features")
     stage: str = "stages.analysis"  # the stage module that writes its results (fine-tuning runs a model: its own)
 
+    @property
+    def table_names(self) -> tuple[str, ...]:
+        """The names of the tables it writes, each once (several declarations may pair metrics on one table)."""
+        return tuple(dict.fromkeys(t.name for t in self.tables))
+
     def main_metric(self, values: Mapping[str, object]) -> str | None:
         """The one number of a dataset's metrics that stands for the analysis (reports/headline.json, what `dvc exp
         show` lists): the first numeric key matching `headline`, in pattern order."""
@@ -87,10 +130,15 @@ config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yam
 # accuracies included, so that a datacomp run's cells are headline numbers
 _DATASET_METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc", "f1_macro", "worst_group_accuracy",
                     "worst_group_top5")
-# single-label predictions: accuracy and mean-per-class pair per image; the dataset's other metrics (mAP, ROC-AUC;
-# multi-label data, whose table has `labels`) are not paired yet and come from the intervals
-_PREDICTIONS = SampleTable("predictions", "image", ("accuracy", "mean_per_class"))
-_NOT_YET = "no paired test for this statistic yet (issue 33); compared from the two intervals"
+# predictions per image: accuracy, mean-per-class and worst-group accuracy from the predicted class; the whole-set
+# metrics (11-point mAP of multi-label data from `labels`, ROC-AUC, macro F1, worst-group top-5) from the logits
+_PREDICTIONS = (SampleTable("predictions", "image", ("accuracy", "mean_per_class", "worst_group_accuracy"),
+                            groups="group"),
+                SampleTable("predictions", "image", ("map_11point",), statistic="scores", label="labels",
+                            predicted=None, scores="logits"),
+                SampleTable("predictions", "image", ("roc_auc", "f1_macro", "worst_group_top5"), statistic="scores",
+                            predicted=None, scores="logits", groups="group"))
+_NOT_SAMPLED = "compared from the two intervals"
 
 ANALYSES = {a.name: a for a in (
     Analysis("zeroshot", "vlbench.analyses.zeroshot", "Zero-shot classification (CLIP prompt ensembles)",
@@ -100,19 +148,19 @@ ANALYSES = {a.name: a for a in (
                      "template embeddings) is most similar; the number is the dataset's own metric on the test split. "
                      "knowledge_best_* is the best knowledge-augmented prompt variant (WordNet, Wiktionary, LLM "
                      "descriptions, retrieval) on the same split.",
-             tables=(_PREDICTIONS,)),
+             tables=_PREDICTIONS),
     Analysis("linear_probe", "vlbench.analyses.linear_probe", "Linear probe (CLIP-paper logistic regression)",
              headline=_DATASET_METRICS,
              explain="A logistic regression on frozen image features, its L2 strength chosen on a validation split "
                      "as in the CLIP paper, then refit on train + validation; the dataset's metric on the test split.",
-             tables=(_PREDICTIONS,), reads=("prepared", "features")),
+             tables=_PREDICTIONS, reads=("prepared", "features")),
     Analysis("specificity", "vlbench.analyses.specificity", "Specificity (true vs subtly wrong texts: mAP per cell)",
              charts=("vlbench.report.plots:bars", "vlbench.report.plots:specificity_heatmap"),
              explain="For each kind of true text (captions, single labels, multi labels) against each kind of wrong "
                      "text (random, relevant, altered), the mAP with which an image's true texts rank above the wrong "
                      "ones; 1 is perfect, the heat map gives each cell's chance level.",
-             tables=(_unpaired("ap", "image", ("sample_id", "positive", "negative"),
-                               f"mAP per cell over images: {_NOT_YET}"),)),
+             tables=(SampleTable("ap", "image", ("*_vs_*",), ("sample_id", "positive", "negative"), "mean",
+                                 label=None, predicted=None, select="{positive}_vs_{negative}", value="ap"),)),
     Analysis("compositionality", "vlbench.analyses.compositionality",
              "Compositionality (SugarCrepe, Winoground, ARO: the right text among compositional distractors)",
              headline=("mean", "group", "text", "image", "macro_accuracy", "precision_at_1"),
@@ -124,8 +172,10 @@ ANALYSES = {a.name: a for a in (
                      "pairs (chance 50%) and precision@1 of the true caption among its four word-order shuffles "
                      "(COCO-/Flickr-Order, chance 20%). The demo swaps or replaces the colours and shapes of "
                      "two-object scenes.",
-             tables=(SampleTable("trials", "trial", ("*",), ("item", "sample_id"), label=None, predicted=None,
-                                 correct="correct", group="category"),)),
+             tables=(SampleTable("trials", "trial", ("mean", "macro_accuracy"), ("item", "sample_id"),
+                                 label="category", predicted=None, correct="correct", measure="mean_per_class"),
+                     SampleTable("trials", "trial", ("*",), ("item", "sample_id"), label=None, predicted=None,
+                                 correct="correct", select="{category}", measure="accuracy"))),
     Analysis("retrieval", "vlbench.analyses.retrieval", "Zero-shot image-text retrieval (Recall@1/5/10, CLIP Table 13)",
              headline=("i2t_r*", "t2i_r*"),
              explain="Image-to-text (i2t): each test image ranks every caption of the test set by cosine similarity; "
@@ -133,17 +183,18 @@ ANALYSES = {a.name: a for a in (
                      "(t2i): each caption ranks every image; R@K is the fraction of captions whose image is among the "
                      "K best. A negative that ties with a positive ranks above it; intervals resample test images "
                      "with their captions.",
-             tables=(_unpaired("i2t_ranks", "query", ("sample_id",), f"recall@k over image queries: {_NOT_YET}",
-                               ("i2t_*",)),
-                     _unpaired("t2i_ranks", "query", ("caption_row",),
-                               f"recall@k over caption queries clustered by image: {_NOT_YET}", ("t2i_*",)))),
+             tables=(SampleTable("i2t_ranks", "image", ("i2t_r*",), statistic="mean", label=None, predicted=None,
+                                 select="i2t_r{k}", value="rank", at_most="k"),
+                     SampleTable("t2i_ranks", "image", ("t2i_r*",), ("caption_row",), "mean", label=None,
+                                 predicted=None, select="t2i_r{k}", value="rank", at_most="k", cluster="sample_id"))),
     Analysis("granularity", "vlbench.analyses.granularity", "Granularity (WordNet levels: direct vs propagated mAP)",
              charts=("vlbench.report.plots:bars", "vlbench.report.plots:granularity_levels"),
              headline=("leaf_map", "coarse_map_*", "twolevel_*"),
              explain="mAP of the leaf classes and of the coarse WordNet classes above them, scored directly by their "
                      "own prompts or propagated from their children or leaves; a model consistent across levels "
                      "scores coarse classes directly about as well as by propagation.",
-             tables=(_unpaired("classes", "class", ("wnid",), f"AP per class: {_NOT_YET}"),),
+             tables=(_unpaired("classes", "class", ("wnid",), "AP per class: the classes are the fixed vocabulary, "
+                               f"not sampled units, and the per-image scores are not kept; {_NOT_SAMPLED}"),),
              reads=("prepared", "texts", "data/texts/${granularity.corpus}", "features")),
     Analysis("adapt", "vlbench.analyses.adapt", "Adaptation (ELEVATER linear probing, VTAB-1k, FewTrans episodes)",
              charts=("vlbench.report.plots:bars", "vlbench.report.adapt:shots_chart"),
@@ -152,12 +203,14 @@ ANALYSES = {a.name: a for a in (
              explain="Heads trained on few labelled images per class: ELEVATER's linear probes at 5, 20, 50 shots and "
                      "the full training set (the mean over seeds of the test metric), the VTAB-1k median, and "
                      "FewTrans's mean accuracy over episodes; `mean` is the mean over datasets (the ELEVATER score).",
-             tables=(_unpaired("elevater_predictions", "seed", ("head", "shots", "seed", "sample_id"),
-                               f"a mean over seeds of test accuracies: {_NOT_YET}", ("elevater/*",)),
-                     _unpaired("vtab_predictions", "seed", ("run", "sample_id"),
-                               f"the median over runs of test accuracies: {_NOT_YET}", ("vtab/*",)),
-                     _unpaired("episodes", "episode", ("split", "episode"), f"a mean over episodes: {_NOT_YET}",
-                               ("fewtrans/*",)),
+             tables=(SampleTable("elevater_predictions", "seed", ("elevater/*",), ("head", "shots", "seed", "sample_id"),
+                                 "t", select="elevater/{head}/{shots}/{report}", per="seed"),
+                     SampleTable("elevater_predictions", "image", ("elevater/*",),  # one seed (`full`): its images
+                                 ("head", "shots", "seed", "sample_id"), select="elevater/{head}/{shots}/{report}"),
+                     SampleTable("vtab_predictions", "image", ("vtab/median",), ("run", "sample_id"), "median",
+                                 measure="accuracy", per="run"),
+                     SampleTable("episodes", "episode", ("fewtrans/*",), ("split", "episode"), "t", label=None,
+                                 predicted=None, select="fewtrans/{split}/{method}", value="{method}"),
                      _unpaired("elevater_search", "search candidate", ("head", "shots", "seed", "lr", "wd_index"),
                                "the search's candidates on validation data, not test samples", ()))),
     Analysis("extensibility", "vlbench.analyses.extensibility",

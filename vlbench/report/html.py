@@ -1,6 +1,7 @@
 """The pages people read: reports/index.html (one experiment) and the comparison page of `vlbench compare`.
 
-Both are static and offline: one file, no script, a style block of its own, every chart an inline SVG (the
+Both are static and offline: one file, a style block of its own (and, on a comparison with a leaderboard, an inline
+script that sorts its table by the clicked column), every chart an inline SVG (the
 report's own files under reports/plots), nothing fetched from anywhere, so a page opens from the file system and from
 a DVC remote's copy alike. They are built from result files only (no model, no torch) and are a pure function of
 their inputs: the same results give the same bytes. Every string that reaches the page goes through `html.escape`.
@@ -440,17 +441,26 @@ def index_page(*, model: Mapping[str, Any], metrics: Mapping[str, Any], results:
 # the comparison page (`vlbench compare`)
 
 
+TEST_NAMES = {"mcnemar": "McNemar", "bootstrap": "bootstrap SE", "t": "paired t", "normal": "normal"}
+
+
 def _difference_text(d: Mapping[str, Any]) -> str:
-    """b - a with its interval and p-values: paired (per-sample bootstrap, McNemar for accuracy) or, where the runs kept
-    no per-sample results, from the two intervals."""
-    if d.get("paired"):
-        p = [f"p<sub>bootstrap</sub> = {number(d.get('p_bootstrap'))}"]
-        p += [f"p<sub>McNemar</sub> = {number(d.get('p_mcnemar'))}"] if d.get("p_mcnemar") is not None else []
+    """b - a with its interval and p-values: the test's raw p and its p adjusted over the comparison (paired: McNemar's
+    exact test, the bootstrap, or a t-test over episodes or seeds), or, only with --unpaired, from the two
+    intervals; untested where the runs cannot be paired."""
+    if d.get("p") is None:
+        p = ['<span class="muted">not tested</span>']
+    elif d.get("paired"):
+        test = TEST_NAMES.get(d.get("test"), d.get("test") or "")
+        p = [f"p<sub>{_e(test)}</sub> = {number(d.get('p'))}", f"adjusted {number(d.get('p_adjusted'))}"]
+        p += ([f"p<sub>percentile bootstrap</sub> = {number(d.get('p_bootstrap'))}"]
+              if d.get("p_bootstrap") is not None and d.get("test") != "mcnemar" else [])
         unit = f" {_e(d['unit'])}s" if d.get("unit") else ""
         p += [f"n = {_e(d['n'])}{unit}, paired"] if d.get("n") is not None else ["paired"]
     else:
-        p = [f"p = {number(d.get('p_bootstrap'))}, unpaired (from the two intervals)"]
-        p += [f'<span class="muted">{_e(d["unpaired_reason"])}</span>'] if d.get("unpaired_reason") else []
+        p = [f"p = {number(d.get('p'))}, adjusted {number(d.get('p_adjusted'))}, unpaired (from the two intervals)"]
+    if not d.get("paired") and d.get("unpaired_reason"):
+        p += [f'<span class="muted">{_e(d["unpaired_reason"])}</span>']
     return (f"{_e(d['b'])} &minus; {_e(d['a'])}: {number(d.get('delta'))} "
             f"<span class=\"interval\">[{number(d.get('low'))}, {number(d.get('high'))}]</span>, " + ", ".join(p))
 
@@ -472,20 +482,109 @@ def comparison_rows(data: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
+LEADERBOARD_STYLE = """<style>
+table.sortable th { cursor: pointer; } tr.published td { background: #f7f7f7; color: #444; }
+th[data-dir="desc"]::after { content: " \\25BC"; } th[data-dir="asc"]::after { content: " \\25B2"; }
+</style>"""
+SORT_SCRIPT = """<script>
+// click a header of the leaderboard to sort its rows by that column (again: the other way); empty cells last
+document.querySelectorAll('table.sortable').forEach(table => {
+  table.querySelectorAll('th').forEach((th, col) => th.addEventListener('click', () => {
+    const body = table.tBodies[0], rows = [...body.rows];
+    const down = th.dataset.dir !== 'desc';
+    table.querySelectorAll('th').forEach(h => delete h.dataset.dir);
+    th.dataset.dir = down ? 'desc' : 'asc';
+    const key = r => r.cells[col].dataset.sort;
+    rows.sort((a, b) => {
+      const x = key(a), y = key(b);
+      if (x === undefined || x === '') return 1;
+      if (y === undefined || y === '') return -1;
+      const nx = Number(x), ny = Number(y);
+      const c = (isNaN(nx) || isNaN(ny)) ? x.localeCompare(y) : nx - ny;
+      return down ? -c : c;
+    });
+    rows.forEach(r => body.appendChild(r));
+  }));
+});
+</script>"""
+
+
+def _rank_text(cell: Mapping[str, Any]) -> str:
+    text = f"#{_e(cell['rank'])}"
+    if cell.get("rank_low") is not None:
+        text += f" ({_e(cell['rank_low'])}&ndash;{_e(cell['rank_high'])})"
+    return f'<span class="rank">{text}</span>'
+
+
+def leaderboard_cell(cell: Mapping[str, Any] | None) -> str:
+    """A `<td>` of the leaderboard: the value, its interval, its rank and rank interval, the verdict where a published
+    number exists; `data-sort` holds the value for sorting."""
+    if not cell:
+        return '<td class="num" data-sort=""><span class="muted">n/a</span></td>'
+    text = number(cell.get("value"))
+    if cell.get("low") is not None and cell.get("high") is not None:
+        text += f' <span class="interval">[{number(cell["low"])}, {number(cell["high"])}]</span>'
+    if cell.get("rank") is not None:
+        text += " " + _rank_text(cell)
+    if cell.get("verdict"):
+        text += (f' <span class="{_e(cell["verdict"])}" title="published {number(cell.get("published"))}, '
+                 f'tolerance {number(cell.get("tolerance"))}">{_e(cell["verdict"])}</span>')
+    value = cell.get("value")
+    sort = f"{value:.12g}" if _is_number(value) and math.isfinite(value) else ""
+    return f'<td class="num" data-sort="{sort}">{text}</td>'
+
+
+def render_leaderboard(board: Mapping[str, Any]) -> str:
+    """The leaderboard section: a table sortable by any column (click its header), one row per experiment and one
+    per published model, each cell with its interval, rank (and rank interval) and verdict."""
+    columns = board.get("columns") or []
+    head = "".join(f'<th title="{_e(c["id"])}">{_e(c["analysis"])}<br>{_e(c["dataset"])}<br>'
+                   f'<span class="muted">{_e(c["metric"])}</span></th>' for c in columns)
+    rows = []
+    for r in board.get("rows") or []:
+        cells = "".join(leaderboard_cell(r["cells"].get(c["id"])) for c in columns)
+        rows.append(f'<tr class="experiment"><td data-sort="{_e(r["experiment"])}"><strong>{_e(r["experiment"])}'
+                    f'</strong></td><td data-sort="{_e(r.get("model") or "")}">{_e(r.get("model") or "n/a")}</td>'
+                    f"{cells}</tr>")
+    for p in board.get("published") or []:
+        cells = "".join(leaderboard_cell(p["values"].get(c["id"])) for c in columns)
+        rows.append(f'<tr class="published"><td data-sort="{_e(p["model_name"])}">published: {_e(p["model_name"])}'
+                    f'<br><span class="muted">{_e(p["paper"])}, {_e(p["table"])}</span></td>'
+                    f'<td data-sort="{_e(p.get("model") or "")}">{_e(p.get("model") or "n/a")}</td>{cells}</tr>')
+    return "\n".join([
+        '<h2 id="leaderboard">Leaderboard</h2>',
+        f'<p>{_e(board.get("method", ""))}. Published rows (grey) come from vlbench\'s reference tables; '
+        "a cell's verdict compares it with its model's published number. Click a header to sort.</p>",
+        '<table class="sortable leaderboard">',
+        f"<thead><tr><th>experiment</th><th>model</th>{head}</tr></thead>",
+        "<tbody>", *rows, "</tbody>", "</table>"])
+
+
 def render_comparison(data: Mapping[str, Any]) -> str:
-    """The comparison page: one row per analysis x dataset x metric, a column per experiment (value and interval),
-    each difference with its p-values, the winner highlighted. `data`: {"experiments": [{"name", "rev"}], "rows":
-    [{"analysis", "dataset", "metric", "values": {name: {"value", "low", "high"}}, "differences": [{"a", "b",
-    "delta", "low", "high", "p_bootstrap", "p_mcnemar", "n", "paired", "unit", "unpaired_reason"}], "winner": name |
-    None}]}."""
+    """The comparison page: the leaderboard where `data` has one, then one row per analysis x dataset x metric, a
+    column per experiment (value and interval), each difference with its p-values, the winner highlighted. `data`:
+    {"experiments": [{"name", "rev"}], "rows": [{"analysis", "dataset", "metric", "values": {name: {"value", "low",
+    "high"}}, "differences": [{"a", "b", "delta", "low", "high", "p_bootstrap", "p_mcnemar", "n", "paired", "unit",
+    "unpaired_reason", "test", "p", "p_adjusted"}], "winner": name | None}], "correction"?, "leaderboard"?}."""
     experiments = data.get("experiments") or []
     listing = "".join(f"<li><strong>{_e(x['name'])}</strong>: <code>{_e(x.get('rev', ''))}</code></li>"
                       for x in experiments)
     head = ["analysis", "dataset", "metric", *(x["name"] for x in experiments), "differences (95% interval)",
             "winner"]
-    body = [f"<ul>{listing}</ul>",
-            "<p>Each value with its 95% interval; each difference (b &minus; a) with its paired bootstrap p-value "
-            "(and McNemar's exact test where the metric is an accuracy), or, where a run kept no per-sample results, "
-            "a p-value from the two intervals; the winner's cell is highlighted.</p>",
-            _table(head, comparison_rows(data))]
-    return _page("vlbench compare: " + ", ".join(str(x["name"]) for x in experiments), body)
+    correction = data.get("correction") or {}
+    method = {"holm": "Holm's step-down", "bh": "Benjamini-Hochberg", "none": "no"}.get(correction.get("method"),
+                                                                                        "no")
+    body = [f"<ul>{listing}</ul>"]
+    if data.get("leaderboard"):
+        body += [render_leaderboard(data["leaderboard"]), "<h2>Every number</h2>"]
+    body += [
+        "<p>Each value with its 95% interval; each difference (b &minus; a) with its paired test's p-value (McNemar's "
+        "exact test for accuracies, the paired bootstrap, or a paired t-test over episodes or seeds) and the p-value "
+        f"adjusted by {_e(method)} correction over the comparison's {_e(correction.get('tests', 'n/a'))} tests; a "
+        "difference that cannot be paired is tested only with --unpaired (from the two intervals); the winner "
+        "(better than every other experiment at adjusted p &lt; 0.05) is highlighted.</p>",
+        _table(head, comparison_rows(data))]
+    page = _page("vlbench compare: " + ", ".join(str(x["name"]) for x in experiments), body)
+    if not data.get("leaderboard"):
+        return page
+    return page.replace("</head>", LEADERBOARD_STYLE + "\n</head>").replace("</body>", SORT_SCRIPT + "\n</body>")
