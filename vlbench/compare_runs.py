@@ -34,6 +34,9 @@ from vlbench import stats
 from vlbench.analyses import ANALYSES, SampleTable
 from vlbench.errors import VlbenchError
 from vlbench.io import atomic_path
+from vlbench import metrics as metric_functions
+from vlbench.leaderboard import build
+from vlbench.metrics import CONVENTIONS, multilabel_indicator, topk_correct
 from vlbench.report.html import render_comparison
 
 REPORTS = "reports"
@@ -126,11 +129,9 @@ def open_revision(rev: str, repo: str | Path = ".") -> Experiment:
 
 
 def declared_tables(analysis: str, metric: str) -> tuple[list[SampleTable], str]:
-    """The per-sample tables `analysis` (an ANALYSES row, or `finetune`: vlbench.finetune.SAMPLE_TABLES) declares for
-    `metric`, in its order, or ([], why there is none)."""
-    from vlbench.finetune import SAMPLE_TABLES
-
-    declared = {**{name: a.tables for name, a in ANALYSES.items()}, "finetune": SAMPLE_TABLES}.get(analysis, ())
+    """The per-sample tables `analysis` (its ANALYSES row) declares for `metric`, in its order, or ([], why there is
+    none)."""
+    declared = ANALYSES[analysis].tables if analysis in ANALYSES else ()
     found = [t for t in declared if any(fnmatchcase(metric, p) for p in t.metrics)]
     return found, "" if found else f"{analysis} declares no per-sample table for {metric!r}"
 
@@ -264,9 +265,6 @@ def _score_estimators(tables: list, declared: SampleTable, metric: str, reported
     """A whole-set metric recomputed from each run's scores: the scores as kept under each convention, or their
     row-wise softmax in float32 under ELEVATER's (`zeroshot.scoring: elevater`), for each run the first that gives its
     result file's number (two runs may have scored differently; they are still resampled together)."""
-    from vlbench import metrics as metric_functions
-    from vlbench.metrics import CONVENTIONS, multilabel_indicator, topk_correct
-
     scores = [np.stack(_column(t, declared.scores)) for t in tables]
     raw = tables[0].column(declared.label).to_pylist()
     if metric in stats.GROUP_TOPK:
@@ -464,8 +462,6 @@ def compare(experiments: Sequence[Experiment], correction: str = "holm", unpaire
     data = {"experiments": [{"name": e.name, "rev": e.rev} for e in experiments], "rows": rows,
             "correction": {"method": correction, "alpha": ALPHA, "tests": tests, "unpaired": unpaired}}
     if leaderboard or (leaderboard is None and len(experiments) > 2):
-        from vlbench.leaderboard import build
-
         data["leaderboard"] = build(experiments, rows, replicates)
     return data
 

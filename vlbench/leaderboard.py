@@ -8,7 +8,7 @@ statistic's replicates, `vlbench.stats`), each replicate ranked (1 = highest), a
 each experiment's ranks are its rank interval. The rank shown counts the experiments that are better in every
 likely world: 1 + how many have a rank interval entirely above this one's (so experiments the intervals cannot
 separate share a rank). A column without replicates (no per-sample table, a summary) ranks by value, without
-intervals. Verdicts are reports/reference.json's (`vlbench.reference.compare.reference_report`) for each
+intervals. Verdicts are reports/reference.json's (`vlbench.reference.verdicts.reference_report`) for each
 experiment's own results; nothing is recomputed here.
 """
 
@@ -21,6 +21,10 @@ import numpy as np
 
 from vlbench import stats
 from vlbench.analyses import ANALYSES
+from vlbench.reference import load_tables
+from vlbench.reference.datacomp import AVERAGE, run_numbers
+from vlbench.reference.verdicts import reference_report
+from vlbench.report.aggregate import headline, headline_numbers
 
 DATACOMP_AVERAGE = ("datacomp", "average", "mean_of_38")  # the column of DataComp's average
 
@@ -41,9 +45,6 @@ def experiment_cells(results: Mapping[tuple[str, str], Mapping[str, Any]]
                      ) -> tuple[dict[tuple[str, str, str], dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """({(analysis, dataset, metric): {"value", "low", "high"}} of one experiment's main numbers and suite averages,
     its metrics as reports/metrics.json holds them, its model), from its result files only."""
-    from vlbench.reference.datacomp import AVERAGE, run_numbers
-    from vlbench.report.aggregate import headline, headline_numbers
-
     per = _by_analysis(results)
     metrics, model = headline(per)
     cells = {}
@@ -83,8 +84,6 @@ def _ranks(values: Mapping[str, float], replicates: tuple[list[str], np.ndarray]
 def _verdicts(metrics: Mapping[str, Any], model: Mapping[str, Any], per: Mapping[str, Any], tables
               ) -> dict[tuple[str, str, str], dict[str, Any]]:
     """{column: the reference comparison} for the experiment (reports/reference.json's comparisons)."""
-    from vlbench.reference.compare import reference_report
-
     report = reference_report(tables, metrics, model, per)
     out = {}
     for c in report.get("comparisons") or []:
@@ -121,8 +120,6 @@ def build(experiments: Sequence[Any], rows: Sequence[Mapping[str, Any]],
     "rows": [{"experiment", "rev", "model", "cells": {id: {"value", "low", "high", "rank", "rank_low", "rank_high",
     "rank_by_value", "verdict"?, "published"?, "tolerance"?}}}], "published": [{"model", "model_name", "paper",
     "table", "row", "values": {id: {"value", "published"}}}], "method"}."""
-    from vlbench.reference import load_tables
-
     tables = load_tables()
     cells, verdicts, models = {}, {}, {}
     for e in experiments:

@@ -246,8 +246,9 @@ ANALYSES = {a.name: a for a in (
                      "training with hard negatives) or FewTrans's episodic fine-tuning (the mean accuracy over the "
                      "same episodes adapt samples, per method). The fine-tuned weights are a model of their own "
                      "(conf/model/<slug>.yaml with `finetune`), on which every analysis runs.",
-             tables=(_unpaired("episodes", "episode", ("split", "episode"), f"a mean over episodes: {_NOT_YET}",
-                               ("fewtrans/*",)),
+             # FewTrans methods: the accuracy per episode (adapt's episodes format), a paired t-interval over episodes
+             tables=(SampleTable("episodes", "episode", ("fewtrans/*",), ("split", "episode"), "t", label=None,
+                                 predicted=None, select="fewtrans/{split}/{method}", value="{method}"),
                      _unpaired("search", "search candidate", ("shots", "seed", "lr", "wd"),
                                "the search's candidates on validation data, not test samples", ()),
                      _unpaired("comparison", "metric", ("analysis", "metric"), "before and after, one row per "

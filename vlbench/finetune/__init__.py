@@ -15,7 +15,6 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from vlbench.analyses import SampleTable
 from vlbench.errors import VlbenchError
 
 
@@ -41,10 +40,6 @@ METHODS: dict[str, Method] = {
 # Every method's result is one JSON and these outputs beside it (dvc.yaml declares them all): reports/finetune/<dataset>
 # .<table>.parquet, empty where the method has no such table, and reports/finetune/<dataset>.svg, the method's chart.
 TABLES = tuple(dict.fromkeys(t for m in METHODS.values() for t in m.tables))
-# How `vlbench compare` pairs runs on these tables (as an analysis declares them: vlbench.analyses.SampleTable): the
-# FewTrans methods' accuracy per episode (the adapt analysis's episodes format), a paired t-interval over episodes
-SAMPLE_TABLES = (SampleTable("episodes", "episode", ("fewtrans/*",), ("split", "episode"), "t", label=None,
-                             predicted=None, select="fewtrans/{split}/{method}", value="{method}"),)
 SECTIONS = tuple(dict.fromkeys(s for m in METHODS.values() for s in m.sections))  # the stage's params: any method's
 
 

@@ -121,15 +121,12 @@ def _model_section(model: Mapping[str, Any]) -> list[str]:
 
 def _columns(metrics: Mapping[str, Any]) -> list[str]:
     """The analyses of `metrics` in the order of the ANALYSES table; analyses the table does not know after them."""
-    from vlbench.analyses import ANALYSES
-
     return [a for a in ANALYSES if metrics.get(a)] + [a for a in metrics if a not in ANALYSES and metrics[a]]
 
 
 def main_metric(analysis: str, values: Mapping[str, Any]) -> str | None:
     """The metric that stands for `analysis` on a dataset (`Analysis.main_metric`, what reports/headline.json holds);
     for an analysis the table does not know, its first number."""
-    from vlbench.analyses import ANALYSES
 
     if analysis in ANALYSES:
         return ANALYSES[analysis].main_metric(values)
@@ -228,7 +225,6 @@ def _matrix_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[st
     most common metric is named in its head, any other in its cell."""
     from collections import Counter
 
-    from vlbench.analyses import ANALYSES
 
     columns, datasets = _columns(metrics), matrix_rows(metrics, results)
     keys = {(a, d): main_metric(a, metrics[a][d]) if metrics[a].get(d) else None for a in columns for d in datasets}
@@ -282,7 +278,6 @@ def _count(n: int, noun: str) -> str:
 
 def _headline_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Every headline number, one folded section per analysis (the first open): dataset, metric, value, interval."""
-    from vlbench.analyses import ANALYSES
 
     found = headline_rows(metrics, results)
     notes, folded = text_notes(found)
