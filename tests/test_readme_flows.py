@@ -376,6 +376,31 @@ def test_an_analysis_added_in_its_four_places_runs_reports_and_charts(demo, tmp_
     assert (repo / "reports/plots/feature_norm.svg").is_file()
 
 
+def test_fewtrans_fine_tuning_appears_on_the_page_and_compare_pairs_it_by_episode(demo):
+    """README "Fine-tuning": two `fewtrans_episodic` runs on the demo's episodes (authors' centres replaced by tiny
+    explicit ones); the page shows fine-tuning, reports/metrics.json has its numbers, and `vlbench compare` pairs the
+    two runs over the same episodes with a paired t-interval."""
+    def settings(lr: float) -> str:
+        return (f"+finetune.fewtrans_episodic={{methods: [text_ft], lr_factors: [1.0], epoch_offset: 0, "
+                f"text_ft: {{lr: {lr}, epochs: 2}}}}")
+
+    try:
+        for name, lr in (("fta", 0.001), ("ftb", 0.01)):
+            done = run(demo, *DVC, "exp", "run", "-n", name, "-S", "suite.finetune=[shapes]",
+                       "-S", "finetune.method=fewtrans_episodic", "-S", settings(lr))
+            assert "Running stage 'finetune@shapes'" in done.stdout
+        metrics = json.loads((demo / "reports/metrics.json").read_text())
+        assert 0 <= metrics["finetune"]["shapes"]["fewtrans/base/text_ft"] <= 1
+        assert "Fine-tuning (ELEVATER full fine-tuning" in (demo / "reports/index.html").read_text()
+        data = json.loads(vlbench(demo, "compare", "fta", "ftb", "--json").stdout)
+        d = rows(data)[("finetune", "shapes", "fewtrans/base/text_ft")]["differences"][0]
+        assert (d["paired"], d["unit"], d["test"], d["n"]) == (True, "episode", "t", 2), d
+        episodes = pq.read_table(demo / "reports/finetune/shapes.episodes.parquet").to_pylist()
+        assert sorted(r["episode"] for r in episodes if r["split"] == "base") == [0, 1]
+    finally:
+        restore(demo)
+
+
 # -------------------------------------------------------------------------------------------- your own data
 
 
