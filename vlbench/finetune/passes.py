@@ -24,6 +24,7 @@ from typing import Any
 
 from vlbench.analyses.adapt import fewtrans as episodic
 from vlbench.config import prepared_dir
+from vlbench.errors import VlbenchError
 from vlbench.finetune import FinetuneError, heldout
 from vlbench.finetune import fewtrans as fft
 
@@ -31,14 +32,19 @@ STEP_BUDGET_S = 10.0  # timed steps per batch size stop after this (at least one
 STEP_REPEATS = 3
 
 
-def supports(params: Mapping[str, Any], dataset: str, sampler: Mapping[str, Any]) -> tuple[int, list[int] | None]:
-    """(number of episodes, support images of each) as adapt's FewTrans sampler draws them on the prepared dataset;
-    (the sampler's episodes, None) when the dataset is not prepared yet."""
+def supports(params: Mapping[str, Any], dataset: str, sampler: Mapping[str, Any]) -> tuple[int, list[int] | None, str | None]:
+    """(number of episodes, support images of each, None) as adapt's FewTrans sampler draws them on the prepared
+    dataset; (the sampler's episodes, None, why) when the dataset is not prepared yet or the sampler refuses it (the
+    stage would fail the same way: the plan says so instead of failing)."""
+    episodes = int(episodic.settings(sampler)["episodes"])
     folder = prepared_dir(dataset)
     if not (folder / "classes.json").is_file():
-        return int(episodic.settings(sampler)["episodes"]), None
-    pairs = fft.draw_episodes(folder, sampler, int(params["seed"]))[5]
-    return len(pairs), [sum(b.shots) for b, _ in pairs]
+        return episodes, None, f"dataset {dataset!r} not prepared yet: support sizes unknown"
+    try:
+        pairs = fft.draw_episodes(folder, sampler, int(params["seed"]))[5]
+    except VlbenchError as err:
+        return episodes, None, f"the episodes of {dataset!r} cannot be drawn ({err})"
+    return len(pairs), [sum(b.shots) for b, _ in pairs], None
 
 
 def _steps(epochs: int, support: list[int] | None, batch: int) -> int | None:
@@ -48,8 +54,8 @@ def _steps(epochs: int, support: list[int] | None, batch: int) -> int | None:
 def table_passes(params: Mapping[str, Any], dataset: str) -> dict[str, Any]:
     finetune = params.get("finetune") or {}
     s = fft.settings(finetune.get("fewtrans_episodic"))
-    episodes, support = supports(params, dataset, (params.get("adapt") or {}).get("fewtrans") or {})
-    methods, unknown = {}, []
+    episodes, support, why = supports(params, dataset, (params.get("adapt") or {}).get("fewtrans") or {})
+    methods, unknown = {}, [why] if why else []
     for name in s["methods"]:
         row: dict[str, Any] = {"units": episodes, "batch_size": int(s[name]["batch_size"])}
         try:
@@ -62,8 +68,6 @@ def table_passes(params: Mapping[str, Any], dataset: str) -> dict[str, Any]:
         steps = [_steps(m.epochs, support, row["batch_size"]) for m in members]
         methods[name] = {**row, "members": len(members), "runs": episodes * len(members),
                          "steps": None if support is None else sum(steps), "centre": source[name]}
-    if support is None:
-        unknown.append(f"dataset {dataset!r} not prepared yet: support sizes unknown")
     return {"name": f"finetune@{dataset}", "kind": "fewtrans_table", "episodes": episodes, "methods": methods,
             **_totals(methods), "unknown": unknown}
 
@@ -74,7 +78,7 @@ def search_passes(params: Mapping[str, Any], dataset: str) -> dict[str, Any]:
     s = fft.settings(finetune.get("fewtrans_episodic"))
     names = list(hs["methods"]) if hs["methods"] is not None else s["methods"]
     sampler = {**dict((params.get("adapt") or {}).get("fewtrans") or {}), **dict(hs["sampler"] or {})}
-    tasks, support = supports(params, dataset, sampler)
+    tasks, support, why = supports(params, dataset, sampler)
     methods = {}
     for name in names:
         axes = heldout.axes_of(name)
@@ -85,8 +89,7 @@ def search_passes(params: Mapping[str, Any], dataset: str) -> dict[str, Any]:
                          "units": len(grid) * tasks, "runs": len(grid) * tasks, "batch_size": batch,
                          "steps": None if support is None else sum(_steps(int(e), support, batch) for e in epochs)}
     unknown = ["the neighbour rounds after the coarse grid depend on the scores: counts are lower bounds"]
-    if support is None:
-        unknown.append(f"dataset {dataset!r} not prepared yet: support sizes unknown")
+    unknown += [why] if why else []
     return {"name": f"heldout@{dataset}", "kind": "heldout_search", "tasks": tasks, "methods": methods,
             **_totals(methods), "unknown": unknown}
 
