@@ -30,7 +30,8 @@ from vlbench.datasets.spec import check_flag, check_keys
 
 KEYS = ("source", "files", "skip_corrupt")
 ROOT = "CUB_200_2011"
-ARCHIVE = {"file": "CUB_200_2011.tgz", "url": "https://data.caltech.edu/records/65de6-vp158/files/CUB_200_2011.tgz?download=1",
+ARCHIVE = {"file": "CUB_200_2011.tgz",
+           "url": "https://data.caltech.edu/records/65de6-vp158/files/CUB_200_2011.tgz?download=1",
            "sha256": "0c685df5597a8b24909f6a7c9db6d11e008733779a671760afef78feb49bf081",
            "md5": "97eceeb196236b17998738112f37df78"}
 LISTINGS = ("classes.txt", "images.txt", "image_class_labels.txt", "train_test_split.txt")
@@ -49,12 +50,13 @@ def build(name: str, spec: dict, out_dir: Path) -> DatasetMeta:
     listings = read_listings(name, archive)
     classes = class_infos(name, listings["classes.txt"])
     images = image_table(name, listings, classes)
-    provenance = {"source": "cub", "upstream": "CUB-200-2011 (Wah et al., 2011), https://www.vision.caltech.edu/datasets/cub_200_2011/",
+    provenance = {"source": "cub",
+                  "upstream": "CUB-200-2011 (Wah et al., 2011), https://www.vision.caltech.edu/datasets/cub_200_2011/",
                   "files": {"archive": res.provenance(archive)}, "counts": {}, "skipped_corrupt": []}
     meta = DatasetMeta(name=name, task="single-label", metric="accuracy", classes=classes, provenance=provenance)
     skip = check_flag(name, spec, "skip_corrupt")
-    rows = {split: checked_rows(name, split, _rows(name, archive, images, split), skip, provenance, "replace the archive")
-            for split in SPLITS}
+    rows = {split: checked_rows(name, split, _rows(name, archive, images, split), skip, provenance,
+                                "replace the archive") for split in SPLITS}
     return write_dataset(out_dir, meta, rows)
 
 
@@ -76,7 +78,8 @@ def class_infos(name: str, lines: list[list[str]]) -> list[ClassInfo]:
             for i, (_, folder) in enumerate(lines)]
 
 
-def image_table(name: str, listings: Mapping[str, list[list[str]]], classes: list[ClassInfo]) -> dict[str, tuple[str, int]]:
+def image_table(name: str, listings: Mapping[str, list[list[str]]],
+                classes: list[ClassInfo]) -> dict[str, tuple[str, int]]:
     """{archive member: (split, label)} of every image images.txt lists."""
     labels = {i: int(c) - 1 for i, c in listings["image_class_labels.txt"]}
     splits = {i: flag.strip() for i, flag in listings["train_test_split.txt"]}

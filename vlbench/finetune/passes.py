@@ -32,7 +32,8 @@ STEP_BUDGET_S = 10.0  # timed steps per batch size stop after this (at least one
 STEP_REPEATS = 3
 
 
-def supports(params: Mapping[str, Any], dataset: str, sampler: Mapping[str, Any]) -> tuple[int, list[int] | None, str | None]:
+def supports(params: Mapping[str, Any], dataset: str,
+             sampler: Mapping[str, Any]) -> tuple[int, list[int] | None, str | None]:
     """(number of episodes, support images of each, None) as adapt's FewTrans sampler draws them on the prepared
     dataset; (the sampler's episodes, None, why) when the dataset is not prepared yet or the sampler refuses it (the
     stage would fail the same way: the plan says so instead of failing)."""
