@@ -9,15 +9,18 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 from PIL import Image
 
 from tests.archives import real_spec, sha256, write_tgz
 from tests.http_server import serve
+from vlbench.cli import main as cli
 from vlbench.datasets import cub
 from vlbench.datasets.canonical import DatasetError
 from vlbench.datasets.download import ChecksumError
 from vlbench.datasets.registry import describe, prepare_dataset
 
+ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ["001.Black_footed_Albatross", "002.Laysan_Albatross", "003.Sooty_Albatross"]
 # (image id, class id, train flag): ids interleave classes and splits as the real listing does
 IMAGES = [(1, 1, 1), (2, 1, 0), (3, 1, 1), (4, 2, 0), (5, 2, 1), (6, 3, 0), (7, 3, 0), (8, 3, 1)]
@@ -53,7 +56,12 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "downloads"
 
 
-def test_entry_catalogue_and_official_checksum():
+def test_entry_catalogue_and_official_checksum(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    listed = json.loads(CliRunner().invoke(cli, ["datasets", "--json"]).output)
+    assert next(r for r in listed if r["name"] == "cub") == {
+        "name": "cub", "source": "cub", "classes": 200, "splits": {"train": 5994, "test": 5794}, "metric": "accuracy",
+        "manual_download": False, "base": 160, "novel": 40}  # FewTrans' CUB split (fewtrans_splits.json)
     row = describe("cub", {"prepare": real_spec("cub")})
     assert (row["source"], row["classes"], row["splits"]) == ("cub", 200, {"train": 5994, "test": 5794})
     assert row["manual_download"] is False
