@@ -173,7 +173,9 @@ def _check_groups(overrides, conf: Path) -> None:
 @click.option("--json", "as_json", is_flag=True,
               help='machine-readable: {"model", "suite", "stages": [{"name", "status", "cached": {"local", "remote"}, '
                    '"after", "images", "texts"}], "images", "texts", "manual_downloads", "remote", "estimate": '
-                   '{"seconds", "device", "images_per_second", "reason"}}')
+                   '{"seconds", "device", "images_per_second", "reason"}, "finetune": {"stages": [{"name", "kind", '
+                   '"methods": {method: {"units", "runs", "steps", ...}}, "units", "runs", "steps", "unknown"}], '
+                   '"estimate": {"seconds", "device_hours", "device", "seconds_per_step", "reason"} | null}}')
 @click.pass_context
 def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, ...], suite: str | None,
          model: str | None, device: str | None, warmup: bool, as_json: bool) -> None:
@@ -200,6 +202,13 @@ def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, 
     fresh = sum(row["status"] == "up to date" for row in result["stages"])
     click.echo(f"{fresh} stage(s) up to date; remote: {result['remote']['reason'] or result['remote']['name']}")
     click.echo(f"estimate on {result['estimate']['device']}: {result['estimate']['reason']}")
+    for row in result["finetune"]["stages"]:
+        counts = ", ".join(f"{row[k] if row[k] is not None else '?'} {k}" for k in ("units", "runs", "steps"))
+        click.echo(f"fine-tuning {row['name']}: {counts}" + "".join(f"; {u}" for u in row["unknown"]))
+    if result["finetune"]["estimate"]:
+        ft = result["finetune"]["estimate"]
+        hours = f"~{ft['device_hours']:.2f} device-hours" if ft["device_hours"] is not None else "time unknown"
+        click.echo(f"fine-tuning on {ft['device']}: {hours} ({ft['reason']})")
     click.echo(summary(result, params["model"]["arch"]))
 
 

@@ -28,6 +28,7 @@ from vlbench.models.identity import hub_repo
 WARMUP_BATCH = 256  # the embed stage's default --batch-size
 WARMUP_BATCHES = 3  # timed full batches at most, after one untimed small one
 WARMUP_BUDGET_S = 10.0  # no further timed batch starts after this (a CPU's ViT-L/14 batch takes minutes)
+FINETUNE_STAGES = ("heldout", "finetune")  # stage groups whose training passes plan counts (vlbench/finetune/passes.py)
 DECODE_SAMPLE = 32  # images per prepared dataset decoded and preprocessed to measure the per-image CPU cost
 
 
@@ -321,7 +322,18 @@ def make_plan(params: Mapping[str, Any], device: str | None = None, warmup: bool
             "texts": sum(row["texts"] or 0 for row in todo), "manual_downloads": manual_downloads(params, stages),
             "remote": remote}
     return {**plan, "estimate": estimate(params["model"], images, embedded, device, warmup,
-                                         params.get("embed", {}).get("decode", "pil"))}
+                                         params.get("embed", {}).get("decode", "pil")),
+            "finetune": finetune_plan(params, [row["name"] for row in todo], device, warmup)}
+
+
+def finetune_plan(params: Mapping[str, Any], todo: list[str], device: str | None, warmup: bool) -> dict[str, Any]:
+    """The passes of the held-out search and FewTrans fine-tuning stages that would run, and their device time
+    (vlbench/finetune/passes.py); {"stages": [], "estimate": None} when none would run (torch not imported)."""
+    if not any(name.partition("@")[0] in FINETUNE_STAGES for name in todo):
+        return {"stages": [], "estimate": None}
+    from vlbench.finetune import passes  # torch: only where fine-tuning is planned
+
+    return passes.plan(params, todo, device, warmup)
 
 
 def summary(plan: Mapping[str, Any], arch: str) -> str:

@@ -34,6 +34,7 @@ SOURCES = {
     "karpathy": "vlbench.datasets.karpathy:build",  # Karpathy's caption splits (COCO 5k, Flickr30k 1k) for retrieval
     "vtab": "vlbench.datasets.vtab:build",  # TFDS-prepared TFRecord files, read without TensorFlow
     "fewtrans": "vlbench.datasets.fewtrans:build",
+    "cub": "vlbench.datasets.cub:build",  # CUB-200-2011, FewTrans's held-out dataset for ImageNet-trained models
     "shift": "vlbench.datasets.shifts:build",  # ImageNetV2, ImageNet-R/A, ObjectNet (robustness suite)
     "compositional": "vlbench.datasets.compositional:build",  # SugarCrepe, Winoground, ARO, the demo's swaps
     "wds": "vlbench.datasets.wds:build",  # DataComp / CLIP_benchmark webdataset shards (suite datacomp)
