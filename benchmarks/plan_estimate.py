@@ -27,7 +27,8 @@ from embed_throughput import make_images  # noqa: E402
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta, split_path, write_dataset  # noqa: E402
 from vlbench.embed import default_workers, embed_images  # noqa: E402
 from vlbench.models.loading import LoadedModel, autocast_dtype, pick_device  # noqa: E402
-from vlbench.plan import build_image_model, estimate  # noqa: E402
+from vlbench.models.timing import build_image_model  # noqa: E402
+from vlbench.plan import estimate  # noqa: E402
 
 
 def run(arch: str, image_size: int, n: int, precision: str, device: str | None, repeats: int) -> dict:

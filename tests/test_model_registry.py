@@ -290,7 +290,7 @@ def test_the_sigmoid_bias_changes_no_argmax_or_per_class_ranking_but_would_chang
 
 
 def test_plan_builds_an_hf_hub_arch_from_its_cached_config_without_weights(hub, monkeypatch, offline):
-    from vlbench.plan import build_image_model
+    from vlbench.models.timing import build_image_model
 
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", hub)  # where open_clip looks without cache_dir
     model, preprocess, precision = build_image_model(TINY, "cpu")

@@ -10,7 +10,6 @@ re-implement DVC's interpolation and status rules and drift from them.
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 import time
@@ -23,7 +22,7 @@ from vlbench.config import PARAMS_FILE, dataset_entry, knowledge_dir, prepared_d
 from vlbench.datasets.canonical import load_meta, split_path
 from vlbench.datasets.registry import describe
 from vlbench.errors import VlbenchError
-from vlbench.models.identity import hub_repo
+from vlbench.models.timing import build_image_model, describe_device, sync
 
 WARMUP_BATCH = 256  # the embed stage's default --batch-size
 WARMUP_BATCHES = 3  # timed full batches at most, after one untimed small one
@@ -200,27 +199,6 @@ def manual_downloads(params: Mapping[str, Any], rows: list[dict[str, Any]]) -> l
             if d in todo and describe(d, dataset_entry(params, d))["manual_download"]]
 
 
-def build_image_model(model_cfg: Mapping[str, Any], device):
-    """The model's architecture at random initialisation and its preprocessing: a forward pass costs the same whatever
-    the weights' values, so the warm-up needs no weights file and no network."""
-    import open_clip
-
-    from vlbench.models.loading import ModelError, hub_offline, offline, validate_model_config
-
-    cfg = validate_model_config(model_cfg)
-    logging.disable(logging.WARNING)  # open_clip warns that the model is "initialized randomly": here that is the point
-    try:  # an hf-hub arch reads its open_clip_config.json (from the cache when offline), never its weights
-        with hub_offline(hub_repo(cfg["arch"]) is None or offline()):
-            model, _, preprocess = open_clip.create_model_and_transforms(cfg["arch"], pretrained=None,
-                                                                         load_weights=False, device=device)
-    except RuntimeError as err:
-        raise ModelError(f"model {cfg['slug']!r}: cannot build {cfg['arch']!r} for the estimate ({err}); "
-                         "plan with --no-warmup") from err
-    finally:
-        logging.disable(logging.NOTSET)
-    return model.eval(), preprocess, cfg["precision"]
-
-
 def measure_model_rate(model, precision: str, device, batch: int = WARMUP_BATCH, batches: int = WARMUP_BATCHES,
                        budget_s: float = WARMUP_BUDGET_S) -> float:
     """Images per second of the image tower on random input at its resolution, with the stage's autocast and batch
@@ -238,20 +216,13 @@ def measure_model_rate(model, precision: str, device, batch: int = WARMUP_BATCH,
     done = 0
     with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
         model.encode_image(x[:8])
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         while done < batch * batches and (done == 0 or time.perf_counter() - start < budget_s):
             model.encode_image(x)
             done += batch
-        _sync(device)
+        sync(device)
     return done / (time.perf_counter() - start)
-
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure_decode_seconds(load, datasets: list[str], sample: int = DECODE_SAMPLE) -> tuple[float | None, int]:
@@ -302,12 +273,6 @@ def estimate(model_cfg: Mapping[str, Any], images: int, datasets: list[str], dev
            (f"decoding {1 / decode:.0f} img/s per worker x {workers} workers, from {sampled} prepared images"
             if decode else "decoding not included (no dataset of the plan is prepared yet)"))
     return {"seconds": images / rate, "device": unknown["device"], "images_per_second": rate, "reason": how}
-
-
-def describe_device(device) -> str:
-    import torch
-
-    return f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
 
 
 def make_plan(params: Mapping[str, Any], device: str | None = None, warmup: bool = True) -> dict[str, Any]:

@@ -122,7 +122,7 @@ def measure_step_seconds(model, precision: str, device, batch: int, budget_s: fl
     import torch
 
     from vlbench.models.loading import autocast_dtype
-    from vlbench.plan import _sync
+    from vlbench.models.timing import sync
 
     size = model.visual.image_size
     height, width = (size, size) if isinstance(size, int) else size
@@ -138,12 +138,12 @@ def measure_step_seconds(model, precision: str, device, batch: int, budget_s: fl
         optimizer.step()
 
     step()
-    _sync(device)
+    sync(device)
     start, done = time.perf_counter(), 0
     while done < STEP_REPEATS and (done == 0 or time.perf_counter() - start < budget_s):
         step()
         done += 1
-    _sync(device)
+    sync(device)
     return (time.perf_counter() - start) / done
 
 
@@ -153,7 +153,7 @@ def estimate(model_cfg: Mapping[str, Any], passes: list[dict[str, Any]], device:
     measured rate of its batch size. Only the training steps are counted (not the query scoring, the image decoding
     or a frozen tower's support encoding); a text_ft step is counted at the image tower's cost."""
     from vlbench.models.loading import pick_device
-    from vlbench.plan import build_image_model, describe_device
+    from vlbench.models.timing import build_image_model, describe_device
 
     dev = pick_device(device)
     unknown = {"seconds": None, "device_hours": None, "device": describe_device(dev), "seconds_per_step": {}}
