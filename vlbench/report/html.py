@@ -343,7 +343,7 @@ def _reference_section(reference: Mapping[str, Any]) -> list[str]:
                            "verdict", "in words", "source"], rows)]
 
 
-def _rank_text(cell: Mapping[str, Any]) -> str:
+def _placement_rank_text(cell: Mapping[str, Any]) -> str:
     if cell.get("rank_best") is None:
         return '<span class="muted">none</span>'
     return f"{_e(cell['rank_best'])}&ndash;{_e(cell['rank_worst'])}"
@@ -362,7 +362,8 @@ def _placement_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping
              _td(number(placed[c]["value"]), "num"),
              _td(f"[{number(placed[c]['low'])}, {number(placed[c]['high'])}]" if placed[c]["low"] is not None
                  else '<span class="muted">none</span>', "interval"),
-             _td(f"{_e(placed[c]['rank'])} of {_e(placed[c]['of'])}", "num"), _td(_rank_text(placed[c]), "num")]
+             _td(f"{_e(placed[c]['rank'])} of {_e(placed[c]['of'])}", "num"),
+             _td(_placement_rank_text(placed[c]), "num")]
             for c in order]
     lacking = "" if AVERAGE in placed else (f" The average is placed when all 38 tasks ran ({len(order)} here).")
     return ["<h2 id=\"placement\">On open_clip's table</h2>",
@@ -504,7 +505,7 @@ document.querySelectorAll('table.sortable').forEach(table => {
 </script>"""
 
 
-def _rank_text(cell: Mapping[str, Any]) -> str:
+def _leaderboard_rank_text(cell: Mapping[str, Any]) -> str:
     text = f"#{_e(cell['rank'])}"
     if cell.get("rank_low") is not None:
         text += f" ({_e(cell['rank_low'])}&ndash;{_e(cell['rank_high'])})"
@@ -520,7 +521,7 @@ def leaderboard_cell(cell: Mapping[str, Any] | None) -> str:
     if cell.get("low") is not None and cell.get("high") is not None:
         text += f' <span class="interval">[{number(cell["low"])}, {number(cell["high"])}]</span>'
     if cell.get("rank") is not None:
-        text += " " + _rank_text(cell)
+        text += " " + _leaderboard_rank_text(cell)
     if cell.get("verdict"):
         text += (f' <span class="{_e(cell["verdict"])}" title="published {number(cell.get("published"))}, '
                  f'tolerance {number(cell.get("tolerance"))}">{_e(cell["verdict"])}</span>')
