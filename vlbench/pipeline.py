@@ -150,6 +150,7 @@ READS = {  # an analysis's `reads` names -> the dvc.yaml dependency
     "prepared": "data/prepared/${item}",
     "texts": "data/texts/${item}",
     "features": "features/${model.slug}/${item}",
+    "images": "features/${model.slug}/${item}/images",  # the image features only: a prompt edit never re-runs it
 }
 
 

@@ -98,7 +98,7 @@ class Analysis:
     numbers mean, for the page (reports/index.html); `tables`: the per-sample tables it writes (`SampleTable`: the unit
     that pairs two runs and the statistic), which `vlbench compare` reads as declared, in this order (the first whose
     `metrics` match a metric pairs it); `reads`: its inputs, dvc.yaml dependencies per dataset (`prepared`: data/prepared/<d>,
-`texts`: data/texts/<d>, `features`: features/<model>/<d>; any other string is a path as dvc.yaml writes it);
+`texts`: data/texts/<d>, `features`: features/<model>/<d>, `images`: its image features only; any other string is a path as dvc.yaml writes it);
 `stage`: the stage module that writes the results, the generic analysis stage unless the row runs a model. Its
 config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yaml stage is generated from this row
 (vlbench.pipeline)."""
@@ -153,7 +153,7 @@ ANALYSES = {a.name: a for a in (
              headline=_DATASET_METRICS,
              explain="A logistic regression on frozen image features, its L2 strength chosen on a validation split "
                      "as in the CLIP paper, then refit on train + validation; the dataset's metric on the test split.",
-             tables=_PREDICTIONS, reads=("prepared", "features")),
+             tables=_PREDICTIONS, reads=("prepared", "images")),
     Analysis("specificity", "vlbench.analyses.specificity", "Specificity (true vs subtly wrong texts: mAP per cell)",
              charts=("vlbench.report.plots:bars", "vlbench.report.plots:specificity_heatmap"),
              explain="For each kind of true text (captions, single labels, multi labels) against each kind of wrong "
