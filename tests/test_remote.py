@@ -169,13 +169,14 @@ def experiment(team, s3):
     a = team["a"]
     exp_run = dvc(a, s3, "exp", "run", "-n", EXP, "-S", "model=toy-wide-smoke")
     a_metrics = json.loads((a / "reports/metrics.json").read_text())
+    a_headline = json.loads((a / "reports/headline.json").read_text())
     a_model = json.loads((a / "reports/model.json").read_text())
     a_outs = embed_outs(a)
     push = dvc(a, s3, "exp", "push", "origin", EXP)
     c = clone(team, "c")
     pull = dvc(c, s3, "exp", "pull", "origin", EXP)
     return {"c": c, "run": exp_run.stdout, "push": push.stdout, "pull": pull.stdout,
-            "a_metrics": a_metrics, "a_model": a_model, "a_outs": a_outs}
+            "a_metrics": a_metrics, "a_headline": a_headline, "a_model": a_model, "a_outs": a_outs}
 
 
 def test_an_experiment_travels_with_its_metrics_and_features(experiment, team, s3):
@@ -191,7 +192,7 @@ def test_an_experiment_travels_with_its_metrics_and_features(experiment, team, s
     shown = json.loads(dvc(c, s3, "exp", "show", "--json").stdout)
     exps = [rev for row in shown for e in row.get("experiments") or [] if e.get("name") == EXP for rev in e["revs"]]
     assert exps, json.dumps(shown)[:2000]
-    assert exps[0]["data"]["metrics"]["reports/metrics.json"]["data"] == experiment["a_metrics"]
+    assert exps[0]["data"]["metrics"]["reports/headline.json"]["data"] == experiment["a_headline"]  # DVC's metrics
 
     dvc(c, s3, "exp", "apply", EXP)
     assert json.loads((c / "reports/metrics.json").read_text()) == experiment["a_metrics"]

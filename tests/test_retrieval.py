@@ -387,8 +387,9 @@ def test_nothing_is_stale_after_a_run_and_a_lambda_change_reruns_retrieve_only(r
     from tests.pipeline_repo import run
 
     assert json.loads(run(retrieved, *DVC, "status", "--json", "retrieve@shapes").stdout) == {}
-    config = retrieved / "conf/config.yaml"
+    config = retrieved / "conf/settings/retrieve.yaml"  # the section's defaults: a file dependency of retrieve@
     text = config.read_text()
+    assert text.count("shift_lambda: 0.25") == 1
     config.write_text(text.replace("shift_lambda: 0.25", "shift_lambda: 0.5"))
     try:
         run(retrieved, sys.executable, "-m", "vlbench.cli", "compose")
