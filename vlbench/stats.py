@@ -184,17 +184,40 @@ def _weighted_roc_auc(decision: np.ndarray, labels: np.ndarray, weights: np.ndar
         return (pos * (below + 0.5 * neg)).sum(axis=1) / (pos.sum(axis=1) * neg.sum(axis=1))
 
 
-def group_replicates(correct, groups, resamples: int = RESAMPLES, rng: np.random.Generator | None = None) -> np.ndarray:
-    """(resamples,) bootstrap replicates of the worst group's accuracy from per-sample correctness and groups: the
-    (group x correct) cells drawn as `_class_cells` draws them, the minimum over the groups a resample drew."""
+def group_accuracy_replicates(correct, groups, resamples: int = RESAMPLES,
+                              rng: np.random.Generator | None = None) -> tuple[list, np.ndarray]:
+    """(the groups, sorted; (resamples, groups) bootstrap replicates of each group's accuracy) from per-sample
+    correctness and groups: the n samples resampled as (group x correct) cells (`_class_cells`), NaN where a resample
+    drew none of a group."""
     c = _correct(correct)
     _check_resamples(resamples)
-    _, codes = np.unique(np.asarray(groups), return_inverse=True)
+    names, codes = np.unique(np.asarray(groups), return_inverse=True)
     if codes.shape != c.shape:
         raise StatsError(f"groups must give one group per sample ({c.size}), got {codes.size}")
     counts = _class_cells(codes.astype(np.int64), c.astype(np.int64), 2, resamples, rng or np.random.default_rng(0))
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.nanmin(np.where(counts.sum(axis=2) > 0, counts[:, :, 1] / counts.sum(axis=2), np.nan), axis=1)
+        return names.tolist(), np.where(counts.sum(axis=2) > 0, counts[:, :, 1] / counts.sum(axis=2), np.nan)
+
+
+def group_replicates(correct, groups, resamples: int = RESAMPLES, rng: np.random.Generator | None = None) -> np.ndarray:
+    """(resamples,) bootstrap replicates of the worst group's accuracy from per-sample correctness and groups: the
+    minimum over the groups a resample drew (`group_accuracy_replicates`)."""
+    return np.nanmin(group_accuracy_replicates(correct, groups, resamples, rng)[1], axis=1)
+
+
+def group_table_intervals(outcome, groups, worst: bool = True, *, resamples: int = RESAMPLES, seed: int = 0,
+                          level: float = LEVEL) -> dict[str, Interval]:
+    """Bootstrap intervals of `vlbench.metrics.fairness_table`'s numbers, keyed as its keys less the name: `avg`
+    (the mean outcome, `bootstrap_sample_metric`), each group's mean and, with `worst`, `wg` (their minimum), from one
+    set of resamples of the n samples (`group_accuracy_replicates`; a group's interval over the resamples that drew
+    it)."""
+    names, reps = group_accuracy_replicates(outcome, groups, resamples, np.random.default_rng(seed))
+    out = {"avg": bootstrap_sample_metric("accuracy", outcome, resamples=resamples, seed=seed, level=level)}
+    for g, column in zip(names, reps.T):
+        out[g] = Interval(*_quantiles(column[np.isfinite(column)], level), level, "bootstrap", int(resamples), int(seed))
+    if worst:
+        out["wg"] = Interval(*_quantiles(np.nanmin(reps, axis=1), level), level, "bootstrap", int(resamples), int(seed))
+    return out
 
 
 def _weighted_f1_macro(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray, convention: str) -> np.ndarray:

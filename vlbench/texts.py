@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlbench.config import check_name, prepared_dir
-from vlbench.datasets.canonical import DatasetError, DatasetMeta, iter_batches, split_path
+from vlbench.datasets.canonical import DatasetError, DatasetMeta, iter_batches, objective_classes, split_path
 from vlbench.io import atomic_dir
 
 OWNERS = ("class_index", "sample_id", "key")
@@ -136,9 +136,31 @@ def openclip_templates(dataset: str, key: str, name: str) -> list[str]:
 
 
 def prompts(meta: DatasetMeta, templates: list[str]) -> pa.Table:
-    """Class prompts: every template filled with every class name, class-major."""
-    rows = [(c.index, t.replace("{c}", c.name)) for c in meta.classes for t in templates]
+    """Class prompts: every template filled with every class name, class-major. A multi-objective dataset's class
+    '<objective>:<name>' gets its objective's templates ('<objective>:<template>', the prefix dropped; a template with
+    no objective's prefix serves every objective) filled with `<name>` (DataComp's fairness_eval.py)."""
+    if objective_classes(meta):
+        rows = [(c.index, t.replace("{c}", c.name.split(":", 1)[1]))
+                for c in meta.classes for t in objective_templates(meta, templates)[c.name.split(":", 1)[0]]]
+    else:
+        rows = [(c.index, t.replace("{c}", c.name)) for c in meta.classes for t in templates]
     return text_table("class_index", [i for i, _ in rows], ["template"] * len(rows), [t for _, t in rows])
+
+
+def objective_templates(meta: DatasetMeta, templates: list[str]) -> dict[str, list[str]]:
+    """{objective: its templates} of a multi-objective dataset: '<objective>:<template>' lines to their objective,
+    the others to every objective; an objective left without one is refused."""
+    objectives = objective_classes(meta)
+    out: dict[str, list[str]] = {o: [] for o in objectives}
+    for t in templates:
+        objective, _, rest = t.partition(":")
+        for o in [objective] if objective in out else out:
+            out[o].append(rest if o == objective else t)
+    missing = [o for o, found in out.items() if not found]
+    if missing:
+        raise DatasetError(f"dataset {meta.name!r}: no template for objective(s) {missing} (templates "
+                           f"'<objective>:<template>', or one without an objective's prefix for all)")
+    return out
 
 
 # Per-sample text columns of prepared splits and the text set (and `source`) each becomes.

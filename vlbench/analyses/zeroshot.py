@@ -8,6 +8,13 @@ counts: each knowledge text set of features/<model>/<dataset>/knowledge/ (embed_
 texts make a class weight (`normalized_mean`, or Menon & Vondrick's `mean_similarity`), and each file of
 `PRECOMPUTED_WEIGHTS` (class weights another stage computed, e.g. REPE). The metrics add the best of them on the
 dataset's metric (`knowledge_best_<metric>`) and its name (`knowledge_best_variant`).
+
+Multi-objective datasets (DataComp's FairFace and UTKFace, classes '<objective>:<class>'; vlbench/datasets/wds.py):
+the same class weights and logits, each objective predicted by the argmax over its own classes (DataComp's
+fairness_eval.py masks the others); the metrics are `accuracy` of the label objective (over its classes) and DataComp's
+fairness numbers (vlbench.metrics.fairness_outcomes), each with a bootstrap interval; the predictions file adds each
+objective's prediction (`predicted_<objective>`, an index among its classes) and the metadata columns. `scoring` does
+not apply (an argmax of the logits, as DataComp), and knowledge variants are not scored on them.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from vlbench import metrics as metric_fns
 from vlbench.analyses.base import Result
 from vlbench.analyses.scoring import (
     PRECOMPUTED_WEIGHTS,
@@ -26,9 +34,11 @@ from vlbench.analyses.scoring import (
     score_intervals,
     template_weights,
     weights_metrics,
+    zeroshot_logits,
 )
-from vlbench.datasets.canonical import GROUP_COLUMN
+from vlbench.datasets.canonical import GROUP_COLUMN, OBJECTIVES_KEY, metadata_columns, objective_classes
 from vlbench.features import embedding_array
+from vlbench.stats import bootstrap_sample_metric, group_table_intervals
 
 TEMPLATES_VARIANT = "templates"  # the variant name of the `prompts` text set (templates filled with class names)
 
@@ -39,9 +49,19 @@ def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: 
     `scoring` names (`metric_scores`), the predictions always with the logits (ELEVATER's probabilities are
     their row-wise softmax)."""
     weights = template_weights(text_table, text_emb, len(meta.classes))
-    results, logits = weights_metrics(image_emb, weights, label_matrix(image_table, meta), meta, scoring,
-                                      sample_groups(image_table))
-    predicted = logits.argmax(axis=1)
+    objectives = objective_classes(meta)
+    if objectives:
+        logits = zeroshot_logits(image_emb, weights)
+        chosen = objective_predictions(logits, objectives)
+        label_objective = meta.provenance[OBJECTIVES_KEY]["label"]
+        predicted = np.asarray(objectives[label_objective])[chosen[label_objective]]
+        results = {name: value for name, (outcome, groups) in objective_outcomes(image_table, meta, chosen).items()
+                   for name, value in (metric_fns.fairness_table(name, outcome, groups) if groups is not None
+                                       else {name: float(np.mean(outcome))}).items()}
+    else:
+        results, logits = weights_metrics(image_emb, weights, label_matrix(image_table, meta), meta, scoring,
+                                          sample_groups(image_table))
+        predicted = logits.argmax(axis=1)
     names = np.array(meta.class_names)
     predictions = pa.table({
         "sample_id": image_table.column("sample_id"),
@@ -53,7 +73,39 @@ def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: 
     })
     if GROUP_COLUMN in image_table.column_names:  # the per-sample file keeps what a group metric's interval needs
         predictions = predictions.append_column(GROUP_COLUMN, image_table.column(GROUP_COLUMN))
+    for objective, found in (chosen.items() if objectives else ()):
+        predictions = predictions.append_column(f"predicted_{objective}", pa.array(found, pa.int64()))
+    for column in metadata_columns(meta) if objectives else ():
+        predictions = predictions.append_column(column, image_table.column(column))
     return results, predictions
+
+
+def objective_predictions(logits: np.ndarray, objectives) -> dict[str, np.ndarray]:
+    """{objective: (n,) the argmax of the logits over its own classes, as an index among them} (ties to the lower
+    class, as numpy's and torch's argmax; DataComp's fairness_eval.py sets the other classes' logits to -1e9)."""
+    return {objective: logits[:, index].argmax(axis=1) for objective, index in objectives.items()}
+
+
+def objective_outcomes(image_table, meta, chosen) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+    """{metric: (per-sample 0/1 outcome, per-sample group or None)}: `accuracy` of the label objective, then
+    DataComp's fairness outcomes (vlbench.metrics.fairness_outcomes) from the metadata columns."""
+    label_objective = meta.provenance[OBJECTIVES_KEY]["label"]
+    fields = {c: image_table.column(c).to_numpy() for c in metadata_columns(meta)}
+    return {"accuracy": (chosen[label_objective] == fields[label_objective], None),
+            **metric_fns.fairness_outcomes(chosen, fields)}
+
+
+def objective_intervals(image_table, meta, logits: np.ndarray, seed: int) -> dict[str, dict]:
+    """The bootstrap interval of every metric `evaluate_zeroshot` reports for a multi-objective dataset."""
+    out = {}
+    chosen = objective_predictions(logits, objective_classes(meta))
+    for name, (outcome, groups) in objective_outcomes(image_table, meta, chosen).items():
+        if groups is None:
+            out[name] = bootstrap_sample_metric("accuracy", outcome, seed=seed).to_json()
+        else:
+            found = group_table_intervals(outcome, groups, name.startswith("acc_"), seed=seed)
+            out.update({f"{name}_{key}": interval.to_json() for key, interval in found.items()})
+    return out
 
 
 def variant_weights(inputs) -> list[tuple[str, np.ndarray, dict]]:
@@ -94,10 +146,14 @@ def run(inputs, cfg, seed: int):
     metrics, predictions = evaluate_zeroshot(images.table, images.embeddings, texts.table, texts.embeddings,
                                              inputs.meta, scoring)
     labels, groups = label_matrix(images.table, inputs.meta), sample_groups(images.table)
-    found = variant_weights(inputs)
+    objectives = bool(objective_classes(inputs.meta))
+    found = [] if objectives else variant_weights(inputs)
     variants, best = score_variants(images.embeddings, labels, inputs.meta, scoring, dict(metrics), found, groups)
-    intervals = score_intervals(images.embeddings, template_weights(texts.table, texts.embeddings, len(inputs.meta.classes)),
-                                labels, {k: k for k in metrics}, scoring, seed, groups)
+    weights = template_weights(texts.table, texts.embeddings, len(inputs.meta.classes))
+    if objectives:
+        intervals = objective_intervals(images.table, inputs.meta, zeroshot_logits(images.embeddings, weights), seed)
+    else:
+        intervals = score_intervals(images.embeddings, weights, labels, {k: k for k in metrics}, scoring, seed, groups)
     if best:  # the best variant's headline number, on its own class weights
         weights = next(w for name, w, _ in found if name == best["knowledge_best_variant"])
         intervals.update(score_intervals(images.embeddings, weights, labels,

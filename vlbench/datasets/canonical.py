@@ -25,6 +25,9 @@ from vlbench.io import atomic_dir, sha256_file
 TASKS = ("single-label", "multi-label", "captions")
 METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc", "f1_macro", "worst_group_accuracy", "worst_group_top5")
 GROUP_COLUMN = "group"  # optional per-sample group (region, income bucket) that group metrics are computed over
+# provenance entry of a multi-objective dataset (DataComp's FairFace, UTKFace: classes '<objective>:<class>'):
+# {"label": the objective that is `label`, "metadata": the per-sample integer columns, one per .npy element}
+OBJECTIVES_KEY = "objectives"
 PREPROCESS_FILE = "preprocess.txt"  # in splits/, only when not "default"
 # squash: resize to the model's square input without a centre crop (ELEVATER's KITTI distance, VTAB's 224 x 224);
 # fewtrans: FewTrans' code (squash with bilinear resizing and ImageNet's mean and std); vlbench/embed.py PREPROCESS_MODES;
@@ -131,6 +134,21 @@ class DatasetMeta:
             splits=obj.get("splits", {}), version=obj.get("version", ""),
             preprocess=obj.get("preprocess", "default"),
         )
+
+
+def objective_classes(meta: DatasetMeta) -> dict[str, list[int]]:
+    """{objective: its class indices, in class order} of a multi-objective dataset (`provenance.objectives`), whose
+    class names are '<objective>:<class>'; {} for any other dataset."""
+    out: dict[str, list[int]] = {}
+    if meta.provenance.get(OBJECTIVES_KEY):
+        for c in meta.classes:
+            out.setdefault(c.name.split(":", 1)[0], []).append(c.index)
+    return out
+
+
+def metadata_columns(meta: DatasetMeta) -> list[str]:
+    """The per-sample metadata columns of a multi-objective dataset (its .npy elements by name); [] for others."""
+    return list((meta.provenance.get(OBJECTIVES_KEY) or {}).get("metadata", []))
 
 
 def label_column(multi_label: bool) -> str:

@@ -18,6 +18,15 @@ read it: FMoW `[region, year, y]`, Dollar Street `[income_ds, income_meta, regio
 spec's `group: {field, index}` names the element that is the sample's group, stored as the column `group`
 (`<field>:<value>`), which group metrics (vlbench.metrics.GROUP_METRICS) are computed over.
 
+Multi-objective tasks (DataComp's FairFace and UTKFace, eval_utils/fairness_eval.py): every class name and every
+template is `<objective>:<text>` (race, gender, age, toxic), and each face's `npy` holds its metadata, named by the
+spec's `objectives: {label, metadata}` (DataComp's FairFaceEvaluator: `[age, gender, race, race_binary]`). Each
+metadata element is stored as an int64 column of that name; an element named like an objective is that objective's
+class, an index into the objective's classes (checked); the `label` objective's class is the sample's `label` (its
+index among all classes). Classes stay as the shards name them; provenance `objectives` records the label objective
+and the fields (canonical.objective_classes). The zero-shot analysis scores each objective over its own classes with
+its own templates (vlbench/texts.py `prompts`, vlbench.metrics.fairness_outcomes).
+
 Files come through the download layer (vlbench/datasets/download.py): from `<base_url>/<repo>/resolve/<revision>/
 <path>`, the repository pinned by `revision`, each shard verified by the sha256 the hub publishes for it (the
 spec's `sha256: {<split>/<i>.tar: hex}`); a file with no known checksum is recorded as unverified with a warning,
@@ -43,14 +52,22 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import pyarrow as pa
 
-from vlbench.datasets.canonical import GROUP_COLUMN, ClassInfo, DatasetError, DatasetMeta, write_dataset
+from vlbench.datasets.canonical import (
+    GROUP_COLUMN,
+    OBJECTIVES_KEY,
+    ClassInfo,
+    DatasetError,
+    DatasetMeta,
+    objective_classes,
+    write_dataset,
+)
 from vlbench.datasets.download import Resource, fetch
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 from vlbench.metrics import mean_recall_at_1
 
 SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "base_url", "split", "kind", "metric", "group", "size",
-             "classes", "sha256", "unsupported", "skip_corrupt")
+             "classes", "sha256", "unsupported", "skip_corrupt", "objectives")
 KINDS = ("classification", "retrieval")
 IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")  # CLIP_benchmark's order
 BASE_URL = "https://huggingface.co/datasets"
@@ -58,6 +75,7 @@ CLASSES_FILE = "classnames.txt"
 TEMPLATES_FILE = "zeroshot_classification_templates.txt"
 RETRIEVAL_METRIC = "mean_recall_at_1"  # the retrieval analysis' i2t_r1 and t2i_r1, averaged (metrics.mean_recall_at_1)
 CAPTION_CLASSES = [ClassInfo(index=0, name="image")]  # a placeholder: captioned images have no classes
+RESERVED_COLUMNS = ("sample_id", "label", "labels", "image", "captions", GROUP_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,7 @@ class WdsSpec:
     classes: int | None
     sha256: dict[str, str]
     skip_corrupt: bool
+    objectives: tuple[str, tuple[str, ...]] | None = None  # (the label objective, the .npy metadata fields)
 
     def resource(self, path: str) -> Resource:
         """The repository file `path` (e.g. 'test/0.tar') pinned at the revision, with its published sha256 if any."""
@@ -104,13 +123,16 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
                                f"classes, the entry expects {cfg.classes} (spec 'classes')")
     shards = [get(f"{cfg.split}/{i}.tar") for i in range(nshards)]
     provenance = {
+        **({OBJECTIVES_KEY: {"label": cfg.objectives[0], "metadata": list(cfg.objectives[1])}} if cfg.objectives
+           else {}),
         "source": "wds", "repo": cfg.repo, "revision": cfg.revision, "split": cfg.split, "nshards": nshards,
         "files": files, "templates": templates, "group": {"field": cfg.group[0], "index": cfg.group[1]} if cfg.group
         else None, "counts": {}, "skipped_corrupt": [],
     }
     meta = DatasetMeta(name=name, task="captions" if cfg.kind == "retrieval" else "single-label", metric=cfg.metric,
                        classes=list(classes), provenance=provenance)
-    rows = checked_rows(name, cfg.split, sized(name, cfg, samples(name, cfg, shards, len(classes))),
+    objectives = check_objectives(name, cfg, meta, templates) if cfg.objectives else {}
+    rows = checked_rows(name, cfg.split, sized(name, cfg, samples(name, cfg, shards, len(classes), objectives)),
                         cfg.skip_corrupt, provenance, f"re-download the shards of {cfg.repo}")
     return write_dataset(out_dir, meta, {cfg.split: rows}, extra_columns=extra_columns(cfg))
 
@@ -170,19 +192,56 @@ def parse_spec(name: str, spec: Mapping) -> WdsSpec:
                               or not isinstance(group.get("index"), int)):
         raise DatasetError(f"dataset {name!r}: 'group' must be {{field: <name>, index: <int>}} (the element of each "
                            f"sample's .npy metadata that is its group), got {group!r}")
+    objectives = parse_objectives(name, spec.get("objectives"), kind, group)
     return WdsSpec(
         repo=spec["repo"], revision=spec["revision"], base_url=str(spec.get("base_url", BASE_URL)),
         split=str(spec.get("split", "test")), kind=kind,
         metric=spec.get("metric", "accuracy"), group=(group["field"], group["index"]) if group else None,
         size=_optional_int(name, spec, "size"), classes=_optional_int(name, spec, "classes"),
-        sha256=dict(sha), skip_corrupt=check_flag(name, spec, "skip_corrupt"))
+        sha256=dict(sha), skip_corrupt=check_flag(name, spec, "skip_corrupt"), objectives=objectives)
+
+
+def parse_objectives(name: str, value, kind: str, group) -> tuple[str, tuple[str, ...]] | None:
+    """The spec's `objectives: {label: <objective>, metadata: [<field>, ...]}` (module docstring)."""
+    if value is None:
+        return None
+    fields = value.get("metadata") if isinstance(value, Mapping) else None
+    if (not isinstance(fields, list) or not fields or not all(isinstance(f, str) and f for f in fields)
+            or len(set(fields)) != len(fields) or set(fields) & set(RESERVED_COLUMNS)
+            or value.get("label") not in fields or set(value) - {"label", "metadata"}):
+        raise DatasetError(f"dataset {name!r}: 'objectives' must be {{label: <objective>, metadata: [<field>, ...]}}: "
+                           f"the names of the .npy elements (distinct, none of {list(RESERVED_COLUMNS)}), the label "
+                           f"objective among them; got {value!r}")
+    if kind != "classification" or group is not None:
+        raise DatasetError(f"dataset {name!r}: 'objectives' needs kind classification and no 'group'")
+    return value["label"], tuple(fields)
 
 
 def extra_columns(cfg: WdsSpec) -> dict[str, pa.DataType]:
     out = {"captions": pa.list_(pa.string())} if cfg.kind == "retrieval" else {}
     if cfg.group:
         out[GROUP_COLUMN] = pa.string()
+    for field in cfg.objectives[1] if cfg.objectives else ():
+        out[field] = pa.int64()
     return out
+
+
+def check_objectives(name: str, cfg: WdsSpec, meta: DatasetMeta, templates: list[str]) -> dict[str, list[int]]:
+    """{objective: class indices} of a multi-objective task, its class names and templates checked: every class and
+    template `<objective>:<text>`, every objective with a template, the label objective among the classes'."""
+    bad = next((c.name for c in meta.classes if not all(c.name.partition(":")[::2])), None)
+    if bad is not None:
+        raise DatasetError(f"dataset {name!r}: {CLASSES_FILE} of {cfg.repo}@{cfg.revision}: class {bad!r} is not "
+                           f"'<objective>:<class>', which the entry's 'objectives' needs")
+    found = objective_classes(meta)
+    named = {t.split(":", 1)[0] for t in templates if ":" in t}
+    missing = [o for o in found if o not in named]
+    unknown = sorted(t for t in templates if t.split(":", 1)[0] not in found)
+    if missing or unknown or cfg.objectives[0] not in found:
+        raise DatasetError(f"dataset {name!r}: {cfg.repo}@{cfg.revision}: the objectives of {CLASSES_FILE} are "
+                           f"{list(found)}, the label objective is {cfg.objectives[0]!r}; {TEMPLATES_FILE} must give "
+                           f"each a '<objective>:<template>' line (none for {missing}; unknown: {unknown[:3]})")
+    return found
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -229,13 +288,15 @@ def grouped(shard: Path) -> Iterator[dict]:
         yield current
 
 
-def samples(name: str, cfg: WdsSpec, shards: list[Path], num_classes: int) -> Iterator[dict]:
+def samples(name: str, cfg: WdsSpec, shards: list[Path], num_classes: int,
+            objectives: Mapping[str, list[int]]) -> Iterator[dict]:
     for index, shard in enumerate(shards):
         for sample in grouped(shard):
-            yield row(name, cfg, f"{cfg.split}/{index}.tar", sample, num_classes)
+            yield row(name, cfg, f"{cfg.split}/{index}.tar", sample, num_classes, objectives)
 
 
-def row(name: str, cfg: WdsSpec, shard: str, sample: dict, num_classes: int) -> dict:
+def row(name: str, cfg: WdsSpec, shard: str, sample: dict, num_classes: int,
+        objectives: Mapping[str, list[int]]) -> dict:
     where = f"dataset {name!r}: {shard} sample {sample['__key__']!r}"
     image = next((sample[ext] for ext in IMAGE_EXTENSIONS if ext in sample), None)
     if image is None:
@@ -244,6 +305,8 @@ def row(name: str, cfg: WdsSpec, shard: str, sample: dict, num_classes: int) -> 
     out = {"sample_id": sample["__key__"], "image": image}
     if cfg.kind == "retrieval":
         out.update(label=0, captions=captions(where, sample))
+    elif cfg.objectives:
+        out.update(objective_labels(where, sample, cfg.objectives, objectives))
     else:
         out["label"] = label(where, sample, num_classes)
     if cfg.group:
@@ -280,6 +343,36 @@ def group(where: str, sample: dict, spec: tuple[str, int]) -> str:
     if index >= values.size:
         raise DatasetError(f"{where}: .npy metadata has {values.size} values, the {field} is element {index}")
     return f"{field}:{int(values[index])}"
+
+
+def metadata(where: str, sample: dict, length: int) -> np.ndarray:
+    """The sample's .npy metadata: `length` integers."""
+    if "npy" not in sample:
+        raise DatasetError(f"{where} has no .npy metadata")
+    try:
+        values = np.load(io.BytesIO(sample["npy"]), allow_pickle=False).reshape(-1)
+    except ValueError as err:
+        raise DatasetError(f"{where}: .npy metadata is not a numpy array ({err})") from None
+    if values.size != length:
+        raise DatasetError(f"{where}: .npy metadata has {values.size} values, the entry's objectives.metadata names "
+                           f"{length}")
+    if (not np.issubdtype(values.dtype, np.number) or not np.all(np.isfinite(values))
+            or np.any(values != np.round(values))):
+        raise DatasetError(f"{where}: .npy metadata must be integers, got {values.tolist()[:8]}")
+    return values.astype(np.int64)
+
+
+def objective_labels(where: str, sample: dict, spec: tuple[str, tuple[str, ...]],
+                     objectives: Mapping[str, list[int]]) -> dict:
+    """`label` (the label objective's class among all classes) and one column per metadata field; an element named
+    like an objective must index that objective's classes."""
+    label_objective, fields = spec
+    values = dict(zip(fields, metadata(where, sample, len(fields)).tolist()))
+    for field, value in values.items():
+        if field in objectives and not 0 <= value < len(objectives[field]):
+            raise DatasetError(f"{where}: .npy {field} {value} is not a class of objective {field!r}, an index in "
+                               f"[0, {len(objectives[field])})")
+    return {"label": objectives[label_objective][values[label_objective]], **values}
 
 
 def sized(name: str, cfg: WdsSpec, rows: Iterator[dict]) -> Iterator[dict]:
