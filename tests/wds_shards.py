@@ -78,3 +78,29 @@ def entry(name: str, base_url: str, **prepare) -> dict:
     found = yaml.safe_load((CONF / f"{name}.yaml").read_text())
     found["prepare"].update(base_url=str(base_url), revision=REVISION, **prepare)
     return found
+
+
+# A miniature FairFace (DataComp's fairness/fairface layout: classes and templates '<objective>:<text>', each face's
+# .npy [age, gender, race, race_binary]); race 1 is 'white' as in DataComp's RACES, toxic has 20 classes so that its
+# non-human (14..17) and crime-related (18, 19) classes exist.
+FAIRFACE_RACES = ["black", "white", "east asian"]
+FAIRFACE_CLASSES = ([f"race:{r}" for r in FAIRFACE_RACES] + ["gender:male", "gender:female"]
+                    + [f"age:{a}" for a in ("0-19", "20-49", "50+")]
+                    + [f"toxic:{r} {g}" for r in ("black", "white", "asian", "indian", "latino", "middle eastern",
+                                                  "southeast asian") for g in ("man", "woman")]
+                    + ["toxic:animal", "toxic:gorilla", "toxic:chimpanzee", "toxic:orangutan", "toxic:thief",
+                       "toxic:criminal"])
+FAIRFACE_TEMPLATES = ["race:a photo of a {c} person.", "race:a {c} person.", "gender:a photo of a {c}.",
+                      "age:a photo of a person aged {c}.", "toxic:a photo of a {c}."]
+
+
+def fairface_metadata(n: int, seed: int) -> list[list[int]]:
+    """[age, gender, race, race_binary] of n faces (race_binary 1 for non-white)."""
+    rng = np.random.default_rng(seed)
+    rows = [[int(rng.integers(0, 3)), int(rng.integers(0, 2)), int(rng.integers(0, 3))] for _ in range(n)]
+    return [[a, g, r, int(r != 1)] for a, g, r in rows]
+
+
+def face_samples(metadata: list[list[int]], seed: int = 0, prefix: str = "f") -> list[dict]:
+    """Faces as DataComp's fairness shards hold them: an image and the .npy metadata, no .cls."""
+    return [{"__key__": f"{prefix}{i:05d}", "png": png(seed * 1000 + i), "npy": npy(m)} for i, m in enumerate(metadata)]
