@@ -1,7 +1,8 @@
 """The `datacomp` suite's pipeline on miniature shards in DataComp's exact layout (tests/wds_shards.py), served from
 127.0.0.1 and run through real DVC with the few-step toy model (tests/pipeline_repo.py): a classification task
 scored by macro F1 (iWildCam), a grouped task (Dollar Street's worst income group top-5 accuracy) and a retrieval
-task (MSCOCO, mean of image and text Recall@1); three tasks keep it within its time budget (the other metrics,
+task (MSCOCO, mean of image and text Recall@1), and the `datacomp-fairness` extra FairFace (each objective over its
+own classes, DataComp's fairness metrics per group); four tasks keep it within its time budget (the other metrics,
 mean per-class recall and worst-region accuracy, go through the same code path and have unit tests:
 tests/test_datacomp_metrics.py). Every number is checked against a computation written here from the features: logits
 by hand, metrics with scikit-learn or loops, groups decoded from the shards' own .npy members."""
@@ -17,7 +18,17 @@ import pytest
 from sklearn.metrics import balanced_accuracy_score, f1_score
 
 from tests.http_server import serve
-from tests.wds_shards import caption_samples, classification_samples, entry, write_repo
+from tests.test_wds_fairness import _expected as fairness_loops
+from tests.wds_shards import (
+    FAIRFACE_CLASSES,
+    FAIRFACE_TEMPLATES,
+    caption_samples,
+    classification_samples,
+    entry,
+    face_samples,
+    fairface_metadata,
+    write_repo,
+)
 from vlbench import metrics
 
 DVC = (sys.executable, "-m", "dvc")
@@ -29,6 +40,7 @@ TASKS = {  # entry: (repo, labels, classes, .npy metadata or None)
     "wds-dollar_street": ("djghosh/wds_dollar_street_test", RNG.integers(0, 6, 14),
                           ["bed", "stove", "toilet", "sofa", "tv", "cup"], [[g, 7, 2] for g in RNG.integers(0, 3, 14)]),
 }
+FACES = fairface_metadata(16, seed=31)  # [age, gender, race, race_binary] per face
 CAPTIONS = [[f"a picture number {i}.", f"image {i} with {j} things."] for i, j in enumerate(range(6))]
 
 
@@ -42,12 +54,16 @@ def repo(tmp_path_factory):
         samples = classification_samples(labels, seed=i, groups=meta)
         write_repo(www, repo_name, [samples[:8], samples[8:]], classes, ["a photo of a {c}.", "a {c}."])
     write_repo(www, "clip-benchmark/wds_mscoco_captions", [caption_samples(CAPTIONS, seed=9)])
+    write_repo(www, "djghosh/wds_fairface_test", [face_samples(FACES[:9], 5), face_samples(FACES[9:], 6, "g")],
+               FAIRFACE_CLASSES, FAIRFACE_TEMPLATES)
     repo = make_repo(base / "repo")
     with serve(www) as base_url:
         suite = read_suite(repo, "smoke")
         suite["datasets"] = {name: entry(name, base_url, size=14, classes=len(spec[2])) for name, spec in TASKS.items()}
         suite["datasets"]["wds-mscoco"] = entry("wds-mscoco", base_url)
-        suite.update(embed=[*TASKS, "wds-mscoco"], zeroshot=list(TASKS), linear_probe=[], retrieval=["wds-mscoco"])
+        suite["datasets"]["wds-fairface"] = entry("wds-fairface", base_url, size=len(FACES))
+        suite.update(embed=[*TASKS, "wds-mscoco", "wds-fairface"], zeroshot=[*TASKS, "wds-fairface"], linear_probe=[],
+                     retrieval=["wds-mscoco"])
         write_suite(repo, suite)
         run(repo, sys.executable, "-m", "vlbench.cli", "compose")
         run(repo, "git", "add", "-A")
@@ -107,6 +123,33 @@ def test_every_zeroshot_metric_against_an_independent_computation(repo):
     headline = json.loads((repo / "reports/metrics.json").read_text())["zeroshot"]  # the cells are headline numbers
     assert headline["wds-wilds-iwildcam"]["f1_macro"] == pytest.approx(expected["wds-wilds-iwildcam"], abs=6e-4)
     assert headline["wds-dollar_street"]["worst_group_top5"] == pytest.approx(expected["wds-dollar_street"], abs=6e-4)
+
+
+def test_fairface_every_objective_and_fairness_metric_against_an_independent_computation(repo):
+    """Each objective predicted by the argmax over its own classes of the logits computed here, DataComp's fairness
+    numbers by the loops of tests/test_wds_fairness.py on the shards' own metadata; every number with its interval."""
+    images, logits = _logits(repo, "wds-fairface")
+    columns = {o: [i for i, c in enumerate(FAIRFACE_CLASSES) if c.startswith(o + ":")]
+               for o in ("race", "gender", "age", "toxic")}
+    pred = {o: [int(np.argmax(logits[i, cols])) for i in range(len(FACES))] for o, cols in columns.items()}
+    meta = {field: [face[j] for face in FACES] for j, field in enumerate(("age", "gender", "race", "race_binary"))}
+    assert {f: images[f] for f in meta} == meta and images["label"] == [columns["race"][r] for r in meta["race"]]
+    expected = {"accuracy": np.mean([p == r for p, r in zip(pred["race"], meta["race"])]),
+                **fairness_loops(pred, meta)}
+    result = json.loads((repo / "reports/zeroshot/wds-fairface.json").read_text())
+    assert result["metrics"] == pytest.approx(expected, abs=6e-4)  # every key, none more
+    assert {"acc_race_avg", "acc_gender_race_binary:1", "acc_gender_x_race:2_gender:0", "toxicity_crime_race:0",
+            "toxicity_nonhuman_race:1"} <= set(result["metrics"])
+    assert len({round(v, 6) for v in result["metrics"].values()}) > 3  # not one constant
+    assert set(result["intervals"]) == set(result["metrics"])
+    for key, interval in result["intervals"].items():
+        assert interval["method"] == "bootstrap" and 0 <= interval["low"] <= interval["high"] <= 1, key
+    predictions = pq.read_table(repo / "reports/zeroshot/wds-fairface.predictions.parquet").to_pydict()
+    assert {o: predictions[f"predicted_{o}"] for o in pred} == pred
+    assert {f: predictions[f] for f in meta} == meta
+    assert predictions["predicted"] == [columns["race"][p] for p in pred["race"]]
+    headline = json.loads((repo / "reports/metrics.json").read_text())["zeroshot"]["wds-fairface"]
+    assert headline["acc_race_avg"] == pytest.approx(expected["acc_race_avg"], abs=6e-4)
 
 
 def test_retrieval_mean_recall_at_1_against_an_independent_computation(repo):

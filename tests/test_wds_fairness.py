@@ -23,6 +23,7 @@ from tests.wds_shards import (
 from vlbench import metrics, stats
 from vlbench.datasets.canonical import DatasetError, load_meta, objective_classes
 from vlbench.datasets.registry import prepare_dataset
+from vlbench.datasets.wds import datacomp_cell
 from vlbench.texts import build_text_sets
 
 REPO = "djghosh/wds_fairface_test"
@@ -172,5 +173,7 @@ def test_fairness_tasks_are_outside_the_datacomp_average_and_suite():
         metrics.datacomp_average(row)
     for name in ("wds-fairface", "wds-utkface"):
         spec = yaml.safe_load((CONF / f"{name}.yaml").read_text())["prepare"]
+        with pytest.raises(DatasetError, match="fairness extra, not one of the cells of its average"):
+            datacomp_cell(name, spec, {"accuracy": 0.5})
         assert "unsupported" not in spec and spec["repo"] == f"djghosh/wds_{name[4:]}_test"
         assert spec["objectives"] == {"label": "race", "metadata": list(metrics.FAIRNESS_METADATA)}
