@@ -74,7 +74,9 @@ def test_plain_templates_serve_every_objective(dirs):
     ("range", "test/0.tar sample 'f00002': .npy gender 2 is not a class of objective 'gender', an index in [0, 2)"),
     ("npy", "test/0.tar sample 'f00000' has no .npy metadata"),
     ("class", "class 'male' is not '<objective>:<class>'"),
-    ("template", "must give each a '<objective>:<template>' line (none for ['toxic']"),
+    ("template", "a '<objective>:<template>' line, and no other (none for ['toxic']; unknown: [])"),
+    ("label", "the label objective 'race' (spec 'objectives') has no class in classnames.txt"),
+    ("corrupt", "test/0.tar sample 'f00001': .npy metadata is not a numpy array"),
 ])
 def test_bad_faces_are_one_line_errors_naming_file_and_sample(dirs, problem, message):
     www, _, out = dirs
@@ -88,6 +90,11 @@ def test_bad_faces_are_one_line_errors_naming_file_and_sample(dirs, problem, mes
         del samples[0]["npy"]
     elif problem == "class":
         classes[3] = "male"
+    elif problem == "label":
+        classes[:3] = ["ethnicity:" + c.split(":")[1] for c in classes[:3]]
+        templates[:2] = ["ethnicity:" + t.split(":")[1] for t in templates[:2]]
+    elif problem == "corrupt":
+        samples[1]["npy"] = b"\x93NUMPY garbage"
     else:
         templates = templates[:-1]
     write_repo(www, REPO, [samples], classes, templates)

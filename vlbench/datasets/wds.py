@@ -236,13 +236,15 @@ def check_objectives(name: str, cfg: WdsSpec, meta: DatasetMeta, templates: list
         raise DatasetError(f"dataset {name!r}: {CLASSES_FILE} of {cfg.repo}@{cfg.revision}: class {bad!r} is not "
                            f"'<objective>:<class>', which the entry's 'objectives' needs")
     found = objective_classes(meta)
-    named = {t.split(":", 1)[0] for t in templates if ":" in t}
-    missing = [o for o in found if o not in named]
-    unknown = sorted(t for t in templates if t.split(":", 1)[0] not in found)
-    if missing or unknown or cfg.objectives[0] not in found:
-        raise DatasetError(f"dataset {name!r}: {cfg.repo}@{cfg.revision}: the objectives of {CLASSES_FILE} are "
-                           f"{list(found)}, the label objective is {cfg.objectives[0]!r}; {TEMPLATES_FILE} must give "
-                           f"each a '<objective>:<template>' line (none for {missing}; unknown: {unknown[:3]})")
+    if cfg.objectives[0] not in found:
+        raise DatasetError(f"dataset {name!r}: the label objective {cfg.objectives[0]!r} (spec 'objectives') has no "
+                           f"class in {CLASSES_FILE} of {cfg.repo}@{cfg.revision}, whose objectives are {list(found)}")
+    missing = [o for o in found if not any(t.partition(":")[0] == o for t in templates)]
+    unknown = sorted(t for t in templates if t.partition(":")[0] not in found)
+    if missing or unknown:
+        raise DatasetError(f"dataset {name!r}: {TEMPLATES_FILE} of {cfg.repo}@{cfg.revision} must give each objective "
+                           f"of {CLASSES_FILE} ({list(found)}) a '<objective>:<template>' line, and no other (none for "
+                           f"{missing}; unknown: {unknown[:3]})")
     return found
 
 
@@ -353,7 +355,7 @@ def metadata(where: str, sample: dict, length: int) -> np.ndarray:
         raise DatasetError(f"{where} has no .npy metadata")
     try:
         values = np.load(io.BytesIO(sample["npy"]), allow_pickle=False).reshape(-1)
-    except ValueError as err:
+    except (ValueError, EOFError, OSError) as err:
         raise DatasetError(f"{where}: .npy metadata is not a numpy array ({err})") from None
     if values.size != length:
         raise DatasetError(f"{where}: .npy metadata has {values.size} values, the entry's objectives.metadata names "
