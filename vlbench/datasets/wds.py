@@ -163,7 +163,8 @@ def datacomp_cell(name: str, spec: Mapping, result_metrics: Mapping[str, float])
     cfg = parse_spec(name, spec)
     task = (spec.get("datacomp") or {}).get("name", spec.get("task"))
     if cfg.objectives:  # FairFace, UTKFace: no main metric, not in the average
-        raise DatasetError(f"dataset {name!r}: {task} is a DataComp fairness extra, not one of the cells of its average")
+        raise DatasetError(f"dataset {name!r}: {task} is a DataComp fairness extra, not one of the cells of its "
+                           f"average")
     try:
         if cfg.kind == "retrieval":
             return task, mean_recall_at_1(result_metrics["i2t_r1"], result_metrics["t2i_r1"])
