@@ -35,7 +35,7 @@ from torchvision.transforms import (
 from tqdm import tqdm
 
 from vlbench import decoding, features
-from vlbench.datasets.canonical import GROUP_COLUMN, DatasetMeta, load_meta, split_path
+from vlbench.datasets.canonical import ASSOCIATION_COLUMN, GROUP_COLUMN, DatasetMeta, load_meta, split_path
 from vlbench.errors import VlbenchError
 from vlbench.datasets.images import ImageDecodeError
 from vlbench.decoding import DEFAULT_DECODE
@@ -479,10 +479,11 @@ def embed_image_splits(
 
 
 def feature_columns(path: Path, meta: DatasetMeta) -> list[str]:
-    """The prepared columns image features carry: sample_id, the label column and, where the data has one, the
-    per-sample `group` that group metrics are computed over (vlbench.metrics.GROUP_METRICS)."""
+    """The prepared columns image features carry: sample_id, the label column and, where the data has them, the
+    per-sample `group` that group metrics are computed over (vlbench.metrics.GROUP_METRICS) and WinoGAViL's
+    `association` (the zero-shot analysis' Jaccard)."""
     names = pq.ParquetFile(path).schema_arrow.names
-    return ["sample_id", meta.label_column] + [c for c in (GROUP_COLUMN,) if c in names]
+    return ["sample_id", meta.label_column] + [c for c in (GROUP_COLUMN, ASSOCIATION_COLUMN) if c in names]
 
 
 def _write_image_features(path: Path, rows: pa.Table, emb: np.ndarray, fingerprint: dict[str, Any],

@@ -129,7 +129,7 @@ config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yam
 # every metric a prepared dataset may name (vlbench.datasets.canonical.METRICS): DataComp's macro F1 and worst-group
 # accuracies included, so that a datacomp run's cells are headline numbers
 _DATASET_METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc", "f1_macro", "worst_group_accuracy",
-                    "worst_group_top5")
+                    "worst_group_top5", "winogavil_jaccard")
 # predictions per image: accuracy, mean-per-class and worst-group accuracy from the predicted class; the whole-set
 # metrics (11-point mAP of multi-label data from `labels`, ROC-AUC, macro F1, worst-group top-5) from the logits
 _PREDICTIONS = (SampleTable("predictions", "image", ("accuracy", "mean_per_class", "worst_group_accuracy"),

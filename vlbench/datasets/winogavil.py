@@ -1,0 +1,202 @@
+"""WinoGAViL (Bitton et al. 2022) as DataComp evaluates it (`source: winogavil`, entry `wds-winogavil`).
+
+DataComp's eval_utils/wino_eval.py reads the Hugging Face dataset `nlphuji/winogavil`, split `test`, with
+`datasets.load_dataset`: per instance a `cue` (text), `candidates` (the candidate images' names), `associations`
+(the names among them the cue is associated with) and `candidate_images` (the images, in the order of
+`candidates`). vlbench reads the same rows from the dataset's Parquet files instead: the spec's `files` (paths in the
+repository, in order), fetched through the download layer (vlbench/datasets/download.py) from
+`<base_url>/<repo>/resolve/<revision>/<path>`, each verified by the spec's `sha256: {<path>: hex}` where given and
+otherwise recorded as unverified with a warning (as the wds source's shards). The files are the hub's standard
+Parquet encoding of a `datasets` table: a list of `Image` features is a list of structs {bytes: binary, path:
+string}. This layout, the files' names and the revision that holds them (the hub's Parquet conversion,
+`refs/convert/parquet`) are assumptions not checked against the hub (written offline; docs/datasets.md says how to
+pin them). The dataset is gated on the hub; vlbench sends no token: download the files yourself and put them in the
+mirror folder (`downloads.mirror`) under their cache names (docs/downloads.md).
+
+Prepared dataset: one split (`test`), read one Parquet row group at a time (never the split in memory). An instance
+is a class: its name is DataComp's prompt of the cue (`prompt`, wino_eval.py's `get_clip_prompt`), its `key` the cue
+as the dataset has it; the entry's templates are `["{c}"]`, so the class prompts are exactly DataComp's texts. Each
+candidate image is one row: `sample_id` `<instance>/<position>` (the instance's number in file order, five digits;
+the candidate's position in `candidates`, two digits), `label` its instance's class, `image` the bytes as stored,
+`candidate` its name and `association` whether it is among the instance's associations (`np.isin(candidates,
+associations)`). The zero-shot analysis scores it (vlbench/analyses/zeroshot.py, `evaluate_winogavil`). A row whose
+associations are not all among its candidates, with no association, or whose images do not match its candidates is
+refused in one line naming the file and the row; so is an undecodable image (all of them, after the split, as every
+source does: vlbench.datasets.images.checked_rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vlbench.datasets.canonical import ASSOCIATION_COLUMN, ClassInfo, DatasetError, DatasetMeta, write_dataset
+from vlbench.datasets.download import fetch
+from vlbench.datasets.images import checked_rows
+from vlbench.datasets.spec import check_keys
+from vlbench.datasets.wds import BASE_URL, hub_resource
+
+SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "base_url", "split", "files", "metric", "size",
+             "sha256")
+METRIC = "winogavil_jaccard"
+COLUMNS = ("cue", "candidates", "associations", "candidate_images")
+CANDIDATE_COLUMN = "candidate"
+VOWELS = ("a", "e", "i", "o", "u")
+
+
+@dataclass(frozen=True)
+class WinoSpec:
+    repo: str
+    revision: str
+    base_url: str
+    split: str
+    files: tuple[str, ...]
+    size: int | None
+    sha256: dict[str, str]
+
+
+def prompt(cue: str) -> str:
+    """DataComp's text for a cue (wino_eval.py `get_clip_prompt`): the cue lower-cased, after "An " if it starts with a
+    vowel (a, e, i, o, u), else after "A "."""
+    text = cue.lower()
+    return f"An {text}" if text[:1] in VOWELS else f"A {text}"
+
+
+# ------------------------------------------------------------------------------------------------ public
+
+
+def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
+    cfg = parse_spec(name, spec)
+    files, paths = [], []
+    for path in cfg.files:
+        res = hub_resource(cfg.base_url, cfg.repo, cfg.revision, path, cfg.sha256.get(path))
+        found = fetch(res, name)
+        files.append({"path": path, **res.provenance(found)})
+        paths.append((path, found))
+    classes: list[ClassInfo] = []
+    where: dict[str, str] = {}
+    provenance = {"source": "winogavil", "repo": cfg.repo, "revision": cfg.revision, "split": cfg.split,
+                  "files": files, "templates": ["{c}"], "counts": {}, "skipped_corrupt": []}
+    meta = DatasetMeta(name=name, task="single-label", metric=METRIC, classes=classes, provenance=provenance)
+    rows = checked_rows(name, cfg.split, counted(name, cfg, candidate_rows(name, paths, classes, where)), False,
+                        provenance, f"re-download the Parquet files of {cfg.repo}", where)
+    # the classes are filled while the split streams; DatasetMeta's checks run on them before writing classes.json
+    return write_dataset(out_dir, meta, {cfg.split: rows}, extra_columns=extra_columns())
+
+
+def catalogue_row(name: str, spec: dict) -> dict:
+    """Test size (instances) and metric as the entry records them (DataComp's tasklist.yml), without a download."""
+    cfg = parse_spec(name, spec)
+    datacomp = spec.get("datacomp") or {}
+    return {"classes": None, "splits": {cfg.split: cfg.size} if cfg.size is not None else {}, "metric": METRIC,
+            "main_metric": datacomp.get("main_metric"), "task": datacomp.get("name", spec.get("task")),
+            "manual_download": False, "repo": f"{cfg.repo}@{cfg.revision}", "shards_verified": bool(cfg.sha256),
+            "note": "one class per instance (its cue); the test size counts instances, each of 5 to 12 candidate "
+                    "images"}
+
+
+def parse_spec(name: str, spec: Mapping) -> WinoSpec:
+    check_keys(name, spec, SPEC_KEYS, "winogavil")
+    for key in ("repo", "revision"):
+        if not isinstance(spec.get(key), str) or not spec[key].strip() or spec[key].startswith("/"):
+            raise DatasetError(f"dataset {name!r}: {key!r} must name the dataset repository's "
+                               f"{'owner/name' if key == 'repo' else 'commit or branch'}, got {spec.get(key)!r}")
+    files = spec.get("files")
+    if not isinstance(files, list) or not files or not all(isinstance(f, str) and f.endswith(".parquet")
+                                                           for f in files):
+        raise DatasetError(f"dataset {name!r}: 'files' must list the repository's Parquet files of the split "
+                           f"(e.g. ['default/test/0000.parquet']), got {files!r}")
+    if spec.get("metric", METRIC) != METRIC:
+        raise DatasetError(f"dataset {name!r}: 'metric' must be {METRIC!r} (DataComp's jaccard_score_10-12), "
+                           f"got {spec.get('metric')!r}")
+    sha = spec.get("sha256") or {}
+    if not isinstance(sha, Mapping) or not all(isinstance(v, str) for v in sha.values()):
+        raise DatasetError(f"dataset {name!r}: 'sha256' must map a repository path to its sha256, got {sha!r}")
+    size = spec.get("size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise DatasetError(f"dataset {name!r}: 'size' must be a positive integer or null, got {size!r}")
+    return WinoSpec(repo=spec["repo"], revision=spec["revision"], base_url=str(spec.get("base_url", BASE_URL)),
+                    split=str(spec.get("split", "test")), files=tuple(files), size=size, sha256=dict(sha))
+
+
+def extra_columns() -> dict[str, pa.DataType]:
+    return {CANDIDATE_COLUMN: pa.string(), ASSOCIATION_COLUMN: pa.bool_()}
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+def instances(name: str, path: str, local: Path) -> Iterator[tuple[int, dict]]:
+    """(row number in the file, row) of one Parquet file, a row group at a time, the four columns DataComp reads."""
+    try:
+        parquet = pq.ParquetFile(local)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise DatasetError(f"dataset {name!r}: {path} is not a Parquet file ({err})") from None
+    missing = [c for c in COLUMNS if c not in parquet.schema_arrow.names]
+    if missing:
+        raise DatasetError(f"dataset {name!r}: {path} has no column(s) {missing}; columns: "
+                           f"{parquet.schema_arrow.names}")
+    row = 0
+    for group in range(parquet.num_row_groups):
+        for item in parquet.read_row_group(group, columns=list(COLUMNS)).to_pylist():
+            yield row, item
+            row += 1
+
+
+def candidate_rows(name: str, paths: list[tuple[str, Path]], classes: list[ClassInfo],
+                   where: dict[str, str]) -> Iterator[dict]:
+    """One row per candidate image of every instance, in file and row order; each instance appended to `classes`."""
+    for path, local in paths:
+        for row, item in instances(name, path, local):
+            cue, names, truth, images = checked_instance(f"dataset {name!r}: {path} row {row}", item)
+            index = len(classes)
+            classes.append(ClassInfo(index=index, name=prompt(cue), key=cue))
+            for position, (candidate, image) in enumerate(zip(names, images)):
+                sample_id = f"{index:05d}/{position:02d}"
+                where[sample_id] = f"{path} row {row} candidate {candidate!r}"
+                yield {"sample_id": sample_id, "label": index, "image": image, CANDIDATE_COLUMN: candidate,
+                       ASSOCIATION_COLUMN: candidate in truth}
+
+
+def checked_instance(where: str, item: dict) -> tuple[str, list[str], set[str], list[bytes | None]]:
+    """(cue, candidate names, associations, image bytes) of one row, or a one-line error naming it (`where`)."""
+    cue, names, truth, images = (item.get(c) for c in COLUMNS)
+    if not isinstance(cue, str) or not cue.strip():
+        raise DatasetError(f"{where}: 'cue' must be a non-empty text, got {cue!r}")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise DatasetError(f"{where}: 'candidates' must be a non-empty list of names, got {names!r}")
+    if len(set(names)) != len(names):
+        raise DatasetError(f"{where}: 'candidates' repeats a name: {names}")
+    if not isinstance(truth, list) or not truth:
+        raise DatasetError(f"{where}: 'associations' must be a non-empty list of candidate names, got {truth!r}")
+    stray = [a for a in truth if a not in names]
+    if stray:
+        raise DatasetError(f"{where}: association(s) {stray} are not among its candidates {names}")
+    if not isinstance(images, list) or len(images) != len(names):
+        count = len(images) if isinstance(images, list) else type(images).__name__
+        raise DatasetError(f"{where}: 'candidate_images' has {count} image(s) for {len(names)} candidates")
+    return cue.strip(), names, set(truth), [image_bytes(i) for i in images]
+
+
+def image_bytes(image) -> bytes | None:
+    """The bytes of one `Image` feature as the hub stores it in Parquet ({bytes, path}); None when it has none
+    (named as a corrupt image by `checked_rows`)."""
+    if isinstance(image, Mapping):
+        image = image.get("bytes")
+    return image if isinstance(image, bytes) else None
+
+
+def counted(name: str, cfg: WinoSpec, rows: Iterator[dict]) -> Iterator[dict]:
+    """The rows, their instances checked at the end against the entry's test size (tasklist.yml `size`)."""
+    instances_seen, last = 0, None
+    for r in rows:
+        if r["label"] != last:
+            instances_seen, last = instances_seen + 1, r["label"]
+        yield r
+    if cfg.size is not None and instances_seen != cfg.size:
+        raise DatasetError(f"dataset {name!r}: the Parquet files of {cfg.repo}@{cfg.revision} hold {instances_seen} "
+                           f"instances, the entry expects {cfg.size} (spec 'size')")
