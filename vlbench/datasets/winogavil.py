@@ -21,8 +21,9 @@ the candidate's position in `candidates`, two digits), `label` its instance's cl
 `candidate` its name and `association` whether it is among the instance's associations (`np.isin(candidates,
 associations)`). The zero-shot analysis scores it (vlbench/analyses/zeroshot.py, `evaluate_winogavil`). A row whose
 associations are not all among its candidates, with no association, or whose images do not match its candidates is
-refused in one line naming the file and the row; so is an undecodable image (all of them, after the split, as every
-source does: vlbench.datasets.images.checked_rows).
+refused in one line naming the file and the row; so is an image that does not decode (`image_problem`, the check every
+source runs), with its candidate's name: no image is skipped, since an instance without one of its candidates would be
+another instance.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import pyarrow.parquet as pq
 
 from vlbench.datasets.canonical import ASSOCIATION_COLUMN, ClassInfo, DatasetError, DatasetMeta, write_dataset
 from vlbench.datasets.download import fetch
-from vlbench.datasets.images import checked_rows
+from vlbench.datasets.images import checked_rows, image_problem
 from vlbench.datasets.spec import check_keys
 from vlbench.datasets.wds import BASE_URL, hub_resource
 
@@ -77,14 +78,13 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
         found = fetch(res, name)
         files.append({"path": path, **res.provenance(found)})
         paths.append((path, found))
-    classes: list[ClassInfo] = []
-    where: dict[str, str] = {}
+    cases = read_cases(name, cfg, paths)
+    classes = [ClassInfo(index=i, name=prompt(cue), key=cue) for i, (cue, _, _) in enumerate(cases)]
     provenance = {"source": "winogavil", "repo": cfg.repo, "revision": cfg.revision, "split": cfg.split,
                   "files": files, "templates": ["{c}"], "counts": {}, "skipped_corrupt": []}
     meta = DatasetMeta(name=name, task="single-label", metric=METRIC, classes=classes, provenance=provenance)
-    rows = checked_rows(name, cfg.split, counted(name, cfg, candidate_rows(name, paths, classes, where)), False,
-                        provenance, f"re-download the Parquet files of {cfg.repo}", where)
-    # the classes are filled while the split streams; DatasetMeta's checks run on them before writing classes.json
+    # each image is checked as it streams (candidate_rows); checked_rows adds Pillow's strictness check and the count
+    rows = checked_rows(name, cfg.split, candidate_rows(name, cfg, paths, cases), False, provenance)
     return write_dataset(out_dir, meta, {cfg.split: rows}, extra_columns=extra_columns())
 
 
@@ -130,8 +130,8 @@ def extra_columns() -> dict[str, pa.DataType]:
 # ------------------------------------------------------------------------------------------------ reading
 
 
-def instances(name: str, path: str, local: Path) -> Iterator[tuple[int, dict]]:
-    """(row number in the file, row) of one Parquet file, a row group at a time, the four columns DataComp reads."""
+def instances(name: str, path: str, local: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, dict]]:
+    """(row number in the file, row) of one Parquet file, a row group at a time, the `columns` only."""
     try:
         parquet = pq.ParquetFile(local)
     except (pa.ArrowInvalid, OSError) as err:
@@ -142,29 +142,25 @@ def instances(name: str, path: str, local: Path) -> Iterator[tuple[int, dict]]:
                            f"{parquet.schema_arrow.names}")
     row = 0
     for group in range(parquet.num_row_groups):
-        for item in parquet.read_row_group(group, columns=list(COLUMNS)).to_pylist():
+        for item in parquet.read_row_group(group, columns=list(columns)).to_pylist():
             yield row, item
             row += 1
 
 
-def candidate_rows(name: str, paths: list[tuple[str, Path]], classes: list[ClassInfo],
-                   where: dict[str, str]) -> Iterator[dict]:
-    """One row per candidate image of every instance, in file and row order; each instance appended to `classes`."""
-    for path, local in paths:
-        for row, item in instances(name, path, local):
-            cue, names, truth, images = checked_instance(f"dataset {name!r}: {path} row {row}", item)
-            index = len(classes)
-            classes.append(ClassInfo(index=index, name=prompt(cue), key=cue))
-            for position, (candidate, image) in enumerate(zip(names, images)):
-                sample_id = f"{index:05d}/{position:02d}"
-                where[sample_id] = f"{path} row {row} candidate {candidate!r}"
-                yield {"sample_id": sample_id, "label": index, "image": image, CANDIDATE_COLUMN: candidate,
-                       ASSOCIATION_COLUMN: candidate in truth}
+def read_cases(name: str, cfg: WinoSpec, paths: list[tuple[str, Path]]) -> list[tuple[str, list[str], set[str]]]:
+    """(cue, candidate names, associations) of every instance in file and row order, from the text columns alone (no
+    image is read), each checked (`checked_case`); their number checked against the entry's test size."""
+    cases = [checked_case(f"dataset {name!r}: {path} row {row}", item) for path, local in paths
+             for row, item in instances(name, path, local, COLUMNS[:3])]
+    if cfg.size is not None and len(cases) != cfg.size:
+        raise DatasetError(f"dataset {name!r}: the Parquet files of {cfg.repo}@{cfg.revision} hold {len(cases)} "
+                           f"instances, the entry expects {cfg.size} (spec 'size')")
+    return cases
 
 
-def checked_instance(where: str, item: dict) -> tuple[str, list[str], set[str], list[bytes | None]]:
-    """(cue, candidate names, associations, image bytes) of one row, or a one-line error naming it (`where`)."""
-    cue, names, truth, images = (item.get(c) for c in COLUMNS)
+def checked_case(where: str, item: dict) -> tuple[str, list[str], set[str]]:
+    """(cue, candidate names, associations) of one row, or a one-line error naming it (`where`)."""
+    cue, names, truth = (item.get(c) for c in COLUMNS[:3])
     if not isinstance(cue, str) or not cue.strip():
         raise DatasetError(f"{where}: 'cue' must be a non-empty text, got {cue!r}")
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
@@ -176,27 +172,36 @@ def checked_instance(where: str, item: dict) -> tuple[str, list[str], set[str], 
     stray = [a for a in truth if a not in names]
     if stray:
         raise DatasetError(f"{where}: association(s) {stray} are not among its candidates {names}")
-    if not isinstance(images, list) or len(images) != len(names):
-        count = len(images) if isinstance(images, list) else type(images).__name__
-        raise DatasetError(f"{where}: 'candidate_images' has {count} image(s) for {len(names)} candidates")
-    return cue.strip(), names, set(truth), [image_bytes(i) for i in images]
+    return cue.strip(), names, set(truth)
+
+
+def candidate_rows(name: str, cfg: WinoSpec, paths: list[tuple[str, Path]],
+                   cases: list[tuple[str, list[str], set[str]]]) -> Iterator[dict]:
+    """One row per candidate image of every instance (`cases`, in file and row order), its images read a row group
+    at a time; an image that does not decode stops the split at once, named by file, row and candidate (a WinoGAViL
+    instance without one of its candidates would be another instance: no image is skipped)."""
+    index = 0
+    for path, local in paths:
+        for row, item in instances(name, path, local, COLUMNS[3:]):
+            _, names, truth = cases[index]
+            images = item.get(COLUMNS[3])
+            if not isinstance(images, list) or len(images) != len(names):
+                count = len(images) if isinstance(images, list) else type(images).__name__
+                raise DatasetError(f"dataset {name!r}: {path} row {row}: 'candidate_images' has {count} image(s) for "
+                                   f"{len(names)} candidates")
+            for position, (candidate, image) in enumerate(zip(names, images)):
+                data = image_bytes(image)
+                problem = image_problem(data)
+                if problem:
+                    raise DatasetError(f"dataset {name!r}: {path} row {row} candidate {candidate!r}: {problem}; "
+                                       f"re-download the Parquet files of {cfg.repo}")
+                yield {"sample_id": f"{index:05d}/{position:02d}", "label": index, "image": data,
+                       CANDIDATE_COLUMN: candidate, ASSOCIATION_COLUMN: candidate in truth}
+            index += 1
 
 
 def image_bytes(image) -> bytes | None:
-    """The bytes of one `Image` feature as the hub stores it in Parquet ({bytes, path}); None when it has none
-    (named as a corrupt image by `checked_rows`)."""
+    """The bytes of one `Image` feature as the hub stores it in Parquet ({bytes, path}); None when it has none."""
     if isinstance(image, Mapping):
         image = image.get("bytes")
     return image if isinstance(image, bytes) else None
-
-
-def counted(name: str, cfg: WinoSpec, rows: Iterator[dict]) -> Iterator[dict]:
-    """The rows, their instances checked at the end against the entry's test size (tasklist.yml `size`)."""
-    instances_seen, last = 0, None
-    for r in rows:
-        if r["label"] != last:
-            instances_seen, last = instances_seen + 1, r["label"]
-        yield r
-    if cfg.size is not None and instances_seen != cfg.size:
-        raise DatasetError(f"dataset {name!r}: the Parquet files of {cfg.repo}@{cfg.revision} hold {instances_seen} "
-                           f"instances, the entry expects {cfg.size} (spec 'size')")
