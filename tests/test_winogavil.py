@@ -55,8 +55,9 @@ def test_candidates_become_image_rows_of_their_instance(dirs, capsys):
 
 def test_the_entry_gives_its_catalogue_row_and_cell():
     row = next(r for r in catalogue("datacomp") if r["name"] == NAME)
-    assert (row["source"], row["splits"], row["metric"], row["main_metric"], row["task"]) == (
-        "winogavil", {"test": 3563}, "winogavil_jaccard", "jaccard_score_10-12", "WinoGAViL")
+    assert (row["source"], row["instances"], row["metric"], row["main_metric"], row["task"]) == (
+        "winogavil", 3563, "winogavil_jaccard", "jaccard_score_10-12", "WinoGAViL")
+    assert row["splits"] == {} and "images is known after prepare" in row["note"]  # plan: images unknown, not 3563
     spec = entry(NAME, "http://127.0.0.1:1")["prepare"]
     assert datacomp_cell(NAME, spec, {"winogavil_jaccard": 0.4}) == ("WinoGAViL", 0.4)
     with pytest.raises(DatasetError, match="no 'winogavil_jaccard'"):

@@ -497,6 +497,9 @@ _METRICS: dict[str, Callable[..., float]] = {
 }
 GROUP_METRICS = ("worst_group_accuracy", "worst_group_top5")  # computed over the dataset's per-sample `group`
 METRIC_NAMES: tuple[str, ...] = tuple(_METRICS)
+# dataset metrics computed from cases, not from (n, C) scores and labels: WinoGAViL's Jaccard, each instance's candidate
+# images scored against its own cue only (`winogavil_jaccard`; the zero-shot analysis' evaluate_winogavil)
+CASE_METRICS = ("winogavil_jaccard",)
 
 
 _CONVENTION_DEPENDENT = ("map_11point", "roc_auc")
@@ -511,6 +514,9 @@ def compute(metric_name: str, scores, labels, convention: str = "default", group
     listing the names.
     ``convention`` (one of ``CONVENTIONS``) reaches the ranking metrics; the others do not depend on it.
     """
+    if metric_name in CASE_METRICS:
+        raise ValueError(f"metric {metric_name!r} is computed from cases (each instance's candidates against its own "
+                         f"cue), by the zero-shot analysis only; it has no (scores, labels) form")
     try:
         fn = _METRICS[metric_name]
     except (KeyError, TypeError):

@@ -10,8 +10,8 @@ otherwise recorded as unverified with a warning (as the wds source's shards). Th
 Parquet encoding of a `datasets` table: a list of `Image` features is a list of structs {bytes: binary, path:
 string}. This layout, the files' names and the revision that holds them (the hub's Parquet conversion,
 `refs/convert/parquet`) are assumptions not checked against the hub (written offline; docs/datasets.md says how to
-pin them). The dataset is gated on the hub; vlbench sends no token: download the files yourself and put them in the
-mirror folder (`downloads.mirror`) under their cache names (docs/downloads.md).
+pin them). vlbench sends no hub token: should the repository be gated, download the files yourself and put them in
+the mirror folder (`downloads.mirror`) under their cache names (docs/downloads.md).
 
 Prepared dataset: one split (`test`), read one Parquet row group at a time (never the split in memory). An instance
 is a class: its name is DataComp's prompt of the cue (`prompt`, wino_eval.py's `get_clip_prompt`), its `key` the cue
@@ -89,14 +89,15 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
 
 
 def catalogue_row(name: str, spec: dict) -> dict:
-    """Test size (instances) and metric as the entry records them (DataComp's tasklist.yml), without a download."""
+    """Test size (instances, DataComp's tasklist.yml) and metric as the entry records them, without a download; the
+    split's size (its candidate images, what embed_images embeds) is known only once prepared."""
     cfg = parse_spec(name, spec)
     datacomp = spec.get("datacomp") or {}
-    return {"classes": None, "splits": {cfg.split: cfg.size} if cfg.size is not None else {}, "metric": METRIC,
+    return {"classes": None, "splits": {}, "instances": cfg.size, "metric": METRIC,
             "main_metric": datacomp.get("main_metric"), "task": datacomp.get("name", spec.get("task")),
             "manual_download": False, "repo": f"{cfg.repo}@{cfg.revision}", "shards_verified": bool(cfg.sha256),
-            "note": "one class per instance (its cue); the test size counts instances, each of 5 to 12 candidate "
-                    "images"}
+            "note": "test size in instances (one class each, its cue), each of 5 to 12 candidate images; the number "
+                    "of images is known after prepare"}
 
 
 def parse_spec(name: str, spec: Mapping) -> WinoSpec:
