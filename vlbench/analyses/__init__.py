@@ -137,7 +137,11 @@ _PREDICTIONS = (SampleTable("predictions", "image", ("accuracy", "mean_per_class
                 SampleTable("predictions", "image", ("map_11point",), statistic="scores", label="labels",
                             predicted=None, scores="logits"),
                 SampleTable("predictions", "image", ("roc_auc", "f1_macro", "worst_group_top5"), statistic="scores",
-                            predicted=None, scores="logits", groups="group"))
+                            predicted=None, scores="logits", groups="group"),
+                # WinoGAViL (zeroshot.evaluate_winogavil): one row per instance, the mean Jaccard of those the metric
+                # counts (column `counts_in` names it: the 10- and 12-candidate instances)
+                SampleTable("predictions", "instance", ("winogavil_jaccard",), statistic="mean", label=None,
+                            predicted=None, select="{counts_in}", value="jaccard"))
 _NOT_SAMPLED = "compared from the two intervals"
 
 ANALYSES = {a.name: a for a in (

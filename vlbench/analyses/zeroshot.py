@@ -140,7 +140,8 @@ def evaluate_winogavil(image_table, image_emb: np.ndarray, text_table, text_emb:
 
     The table (reports/zeroshot/<dataset>.predictions.parquet) has one row per instance: sample_id (the instance,
     the prefix of its candidates' ids), label, cue, prompt, candidates, associations (how many), counted (10 or more
-    candidates: in the headline), jaccard, and per candidate in order: candidate_ids, scores, association, picked."""
+    candidates: in the headline), counts_in (`winogavil_jaccard` where counted, else ""), jaccard, and per candidate
+    in order: candidate_ids, scores, association, picked."""
     if ASSOCIATION_COLUMN not in image_table.column_names:
         raise ZeroshotError(f"dataset {meta.name!r}: the image features have no {ASSOCIATION_COLUMN!r} column, which "
                             f"WinoGAViL's Jaccard needs; re-run prepare and embed_images with this vlbench")
@@ -163,6 +164,8 @@ def evaluate_winogavil(image_table, image_emb: np.ndarray, text_table, text_emb:
         "candidates": pa.array([r.size for r in rows], pa.int64()),
         "associations": pa.array([int(truth[r].sum()) for r in rows], pa.int64()),
         "counted": pa.array([r.size >= WINOGAVIL_MIN_CANDIDATES for r in rows], pa.bool_()),
+        # the metric an instance counts in, for `vlbench compare` to pair it (the analyses table's `select`)
+        "counts_in": pa.array([WINOGAVIL if r.size >= WINOGAVIL_MIN_CANDIDATES else "" for r in rows], pa.string()),
         "jaccard": pa.array([j for _, j in picks], pa.float64()),
         "candidate_ids": pa.array([ids[r].tolist() for r in rows], pa.list_(pa.string())),
         "scores": pa.array([scores[r].tolist() for r in rows], pa.list_(pa.float64())),
