@@ -99,7 +99,8 @@ UNSUPPORTED = {**{key: f"{name}'s shards label each face with several objectives
 # WinoGAViL's Parquet files: the hub's Parquet conversion of nlphuji/winogavil (branch refs/convert/parquet, config
 # `default`), an assumption written offline: check the repository's file list and pin `revision` to the branch's
 # commit and `sha256` to the files' LFS oids (docs/datasets.md, "WinoGAViL")
-WINOGAVIL = {"repo": "nlphuji/winogavil", "revision": "refs%2Fconvert%2Fparquet", "files": ["default/test/0000.parquet"]}
+WINOGAVIL = {"repo": "nlphuji/winogavil", "revision": "refs%2Fconvert%2Fparquet",
+             "files": ["default/test/0000.parquet"]}
 REVISION = {}  # task key -> the repository's commit (unknown offline: `main`)
 SHA256 = {}  # task key -> {"test/<i>.tar": sha256} (unknown offline: unverified)
 
