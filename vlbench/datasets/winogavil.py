@@ -173,7 +173,7 @@ def checked_case(where: str, item: dict) -> tuple[str, list[str], set[str]]:
     stray = [a for a in truth if a not in names]
     if stray:
         raise DatasetError(f"{where}: association(s) {stray} are not among its candidates {names}")
-    return cue.strip(), names, set(truth)
+    return cue, names, set(truth)  # as given: DataComp's prompt lower-cases it and nothing else
 
 
 def candidate_rows(name: str, cfg: WinoSpec, paths: list[tuple[str, Path]],
