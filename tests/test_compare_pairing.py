@@ -114,6 +114,28 @@ def test_retrieval_recall_pairs_image_queries_and_clusters_caption_queries_by_im
     assert t2i_r1["high"] - t2i_r1["low"] > 1.2 * (naive[1] - naive[0])
 
 
+def test_winogavil_jaccard_pairs_the_counted_instances(tmp_path):
+    """WinoGAViL's per-instance table (zeroshot.evaluate_winogavil): the 10- and 12-candidate instances (`counts_in`)
+    are the units, each with its Jaccard; the 5- and 6-candidate ones are not in the metric and not resampled."""
+    rng = np.random.default_rng(7)
+    n = 120
+    sizes = rng.choice([5, 6, 10, 12], n)
+    counted = sizes >= 10
+    runs, jaccard = [], {}
+    for name, shift in (("a", 0.0), ("b", 0.15)):
+        jaccard[name] = np.clip(rng.random(n) * 0.7 + shift, 0, 1)
+        table = pa.table({"sample_id": [f"{i:05d}" for i in range(n)], "candidates": sizes,
+                          "counts_in": np.where(counted, "winogavil_jaccard", ""), "jaccard": jaccard[name]})
+        runs.append(experiment(tmp_path, name, {("zeroshot", "wds-winogavil", "predictions"): table},
+                               {("zeroshot", "wds-winogavil"): {
+                                   "winogavil_jaccard": float(jaccard[name][counted].mean())}}))
+    (diff,) = row(compare(runs), "zeroshot", "winogavil_jaccard")["differences"]
+    a, b = jaccard["a"][counted], jaccard["b"][counted]
+    assert (diff["unit"], diff["n"], diff["paired"]) == ("instance", int(counted.sum()), True)
+    assert diff["delta"] == pytest.approx(b.mean() - a.mean())
+    close(diff, loop_interval(lambda i: b[i].mean() - a[i].mean(), a.size))
+
+
 def predictions(n: int, classes: int, accuracy: float, rng) -> np.ndarray:
     labels = np.arange(n) % classes
     return labels, np.where(rng.random(n) < accuracy, labels, (labels + 1) % classes)

@@ -1,8 +1,9 @@
 """The `datacomp` suite's pipeline on miniature shards in DataComp's exact layout (tests/wds_shards.py), served from
 127.0.0.1 and run through real DVC with the few-step toy model (tests/pipeline_repo.py): a classification task
-scored by macro F1 (iWildCam), a grouped task (Dollar Street's worst income group top-5 accuracy) and a retrieval
-task (MSCOCO, mean of image and text Recall@1), and the `datacomp-fairness` extra FairFace (each objective over its
-own classes, DataComp's fairness metrics per group); four tasks keep it within its time budget (the other metrics,
+scored by macro F1 (iWildCam), a grouped task (Dollar Street's worst income group top-5 accuracy), a retrieval
+task (MSCOCO, mean of image and text Recall@1), WinoGAViL from a miniature of its Hugging Face Parquet file
+(Jaccard on the 10- and 12-candidate instances) and the `datacomp-fairness` extra FairFace (each objective over its
+own classes, DataComp's fairness metrics per group); five tasks keep it within its time budget (the other metrics,
 mean per-class recall and worst-region accuracy, go through the same code path and have unit tests:
 tests/test_datacomp_metrics.py). Every number is checked against a computation written here from the features: logits
 by hand, metrics with scikit-learn or loops, groups decoded from the shards' own .npy members."""
@@ -15,7 +16,7 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from sklearn.metrics import balanced_accuracy_score, f1_score
+from sklearn.metrics import balanced_accuracy_score, f1_score, jaccard_score
 
 from tests.http_server import serve
 from tests.test_wds_fairness import _expected as fairness_loops
@@ -27,7 +28,9 @@ from tests.wds_shards import (
     entry,
     face_samples,
     fairface_metadata,
+    winogavil_instances,
     write_repo,
+    write_winogavil,
 )
 from vlbench import metrics
 
@@ -42,6 +45,7 @@ TASKS = {  # entry: (repo, labels, classes, .npy metadata or None)
 }
 FACES = fairface_metadata(16, seed=31)  # [age, gender, race, race_binary] per face
 CAPTIONS = [[f"a picture number {i}.", f"image {i} with {j} things."] for i, j in enumerate(range(6))]
+WINOGAVIL = winogavil_instances([5, 10, 6, 12, 10, 12, 5], seed=4)
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +60,16 @@ def repo(tmp_path_factory):
     write_repo(www, "clip-benchmark/wds_mscoco_captions", [caption_samples(CAPTIONS, seed=9)])
     write_repo(www, "djghosh/wds_fairface_test", [face_samples(FACES[:9], 5), face_samples(FACES[9:], 6, "g")],
                FAIRFACE_CLASSES, FAIRFACE_TEMPLATES)
+    write_winogavil(www, WINOGAVIL)
     repo = make_repo(base / "repo")
     with serve(www) as base_url:
         suite = read_suite(repo, "smoke")
         suite["datasets"] = {name: entry(name, base_url, size=14, classes=len(spec[2])) for name, spec in TASKS.items()}
         suite["datasets"]["wds-mscoco"] = entry("wds-mscoco", base_url)
         suite["datasets"]["wds-fairface"] = entry("wds-fairface", base_url, size=len(FACES))
-        suite.update(embed=[*TASKS, "wds-mscoco", "wds-fairface"], zeroshot=[*TASKS, "wds-fairface"], linear_probe=[],
-                     retrieval=["wds-mscoco"])
+        suite["datasets"]["wds-winogavil"] = entry("wds-winogavil", base_url, size=len(WINOGAVIL))
+        suite.update(embed=[*TASKS, "wds-mscoco", "wds-fairface", "wds-winogavil"],
+                     zeroshot=[*TASKS, "wds-fairface", "wds-winogavil"], linear_probe=[], retrieval=["wds-mscoco"])
         write_suite(repo, suite)
         run(repo, sys.executable, "-m", "vlbench.cli", "compose")
         run(repo, "git", "add", "-A")
@@ -166,24 +172,76 @@ def test_retrieval_mean_recall_at_1_against_an_independent_computation(repo):
     assert metrics.mean_recall_at_1(result["i2t_r1"], result["t2i_r1"]) == pytest.approx((i2t + t2i) / 2, abs=6e-4)
 
 
+def _winogavil_jaccards(repo):
+    """DataComp's wino_eval.py loop on the features: per instance the cosine of each candidate image with the cue's
+    prompt ("An <cue>" / "A <cue>", lower-cased), the top-k by np.argsort with k the number of associations, and
+    scikit-learn's jaccard_score; (Jaccard, number of candidates) per instance."""
+    images = pq.read_table(repo / f"features/{MODEL}/wds-winogavil/images/test.parquet").to_pydict()
+    texts = pq.read_table(repo / f"features/{MODEL}/wds-winogavil/text/prompts.parquet").to_pydict()
+    prompts = [("An " if c["cue"].lower()[0] in "aeiou" else "A ") + c["cue"].lower() for c in WINOGAVIL]
+    assert texts["text"] == prompts and texts["class_index"] == list(range(len(WINOGAVIL)))
+    x, t = _normed(images["embedding"]), _normed(texts["embedding"])
+    out, row = [], 0
+    for i, instance in enumerate(WINOGAVIL):
+        n = len(instance["candidates"])
+        assert images["label"][row:row + n] == [i] * n
+        logits = x[row:row + n] @ t[i]
+        y_true = np.isin(instance["candidates"], instance["associations"])
+        y_pred = np.isin(np.arange(n), np.argsort(logits)[-int(y_true.sum()):])
+        out.append((jaccard_score(y_true, y_pred), n))
+        row += n
+    assert row == len(images["sample_id"])
+    return out
+
+
+def test_winogavil_jaccard_against_datacomps_loop(repo):
+    expected = _winogavil_jaccards(repo)
+    main = np.mean([j for j, n in expected if n >= 10])
+    result = json.loads((repo / "reports/zeroshot/wds-winogavil.json").read_text())
+    assert result["metrics"] == {"winogavil_jaccard": pytest.approx(main, abs=1e-9)}
+    interval = result["intervals"]["winogavil_jaccard"]
+    assert interval["method"] == "bootstrap" and interval["low"] <= main <= interval["high"]
+    assert result["details"]["datacomp"]["jaccard_score_5-6"] == pytest.approx(
+        np.mean([j for j, n in expected if n <= 6]), abs=1e-9)
+    assert result["counts"]["counted"] == 4 and result["counts"]["samples"] == 60
+    per_instance = pq.read_table(repo / "reports/zeroshot/wds-winogavil.predictions.parquet").to_pydict()
+    assert per_instance["jaccard"] == pytest.approx([j for j, _ in expected], abs=1e-9)
+    assert per_instance["cue"] == [c["cue"] for c in WINOGAVIL]
+    assert len({j for j, _ in expected}) > 1  # not one constant
+    headline = json.loads((repo / "reports/metrics.json").read_text())["zeroshot"]
+    assert headline["wds-winogavil"]["winogavil_jaccard"] == pytest.approx(main, abs=1e-9)
+
+
 def test_the_results_give_their_cells_of_the_datacomp_average(repo):
-    """The three results' DataComp cells (`wds.datacomp_cell`) in a row whose other 35 cells are written here: the
-    average is the plain mean of the 38 (DataComp's aggregate_scores.py)."""
+    """The four results' DataComp cells (`wds.datacomp_cell`) in a row whose other 34 cells are written here: the
+    average is the plain mean of the 38 (DataComp's aggregate_scores.py); WinoGAViL's cell is its Jaccard."""
     import yaml
 
     from vlbench.datasets.wds import datacomp_cell
+    from vlbench.reference.datacomp import run_numbers
 
     cells = {}
     for name, analysis in (("wds-wilds-iwildcam", "zeroshot"), ("wds-dollar_street", "zeroshot"),
-                           ("wds-mscoco", "retrieval")):
+                           ("wds-mscoco", "retrieval"), ("wds-winogavil", "zeroshot")):
         spec = yaml.safe_load((repo / f"conf/dataset/{name}.yaml").read_text())["prepare"]
         result = json.loads((repo / f"reports/{analysis}/{name}.json").read_text())["metrics"]
         task, value = datacomp_cell(name, spec, result)
         cells[task] = value
     assert cells["MSCOCO"] == pytest.approx(metrics.mean_recall_at_1(*[json.loads(
         (repo / "reports/retrieval/wds-mscoco.json").read_text())["metrics"][k] for k in ("i2t_r1", "t2i_r1")]))
+    winogavil = np.mean([j for j, n in _winogavil_jaccards(repo) if n >= 10])
+    assert cells["WinoGAViL"] == pytest.approx(winogavil, abs=1e-9)
     row = {task: 0.5 for task in metrics.DATACOMP_TASKS if task not in cells} | cells
-    assert metrics.datacomp_average(row)["Average"] == pytest.approx((35 * 0.5 + sum(cells.values())) / 38)
+    assert len(row) == 38
+    assert metrics.datacomp_average(row)["Average"] == pytest.approx((34 * 0.5 + sum(cells.values())) / 38)
+    assert metrics.datacomp_average(row)["Retrieval"] == pytest.approx(
+        (0.5 + cells["MSCOCO"] + cells["WinoGAViL"]) / 3)
+    # the reference table reads the same cell from reports/metrics.json, with its interval
+    placed = run_numbers(json.loads((repo / "reports/metrics.json").read_text()),
+                         {"zeroshot": {"wds-winogavil": json.loads(
+                             (repo / "reports/zeroshot/wds-winogavil.json").read_text())}})
+    assert placed["WinoGAViL"]["value"] == pytest.approx(winogavil, abs=1e-9)
+    assert placed["WinoGAViL"]["low"] <= winogavil <= placed["WinoGAViL"]["high"]
 
 
 def test_nothing_is_stale_after_the_run(repo):

@@ -201,7 +201,9 @@ def test_compute_dispatches_and_rejects_unknown_names():
 def test_metric_names_match_dataset_contract():
     from vlbench.datasets.canonical import METRICS
 
-    assert set(M.METRIC_NAMES) == set(METRICS)
+    assert set(M.METRIC_NAMES) | set(M.CASE_METRICS) == set(METRICS)
+    with pytest.raises(ValueError, match="zero-shot analysis only"):
+        M.compute("winogavil_jaccard", np.eye(3), np.array([0, 1, 2]))
 
 
 @pytest.mark.parametrize(

@@ -104,3 +104,41 @@ def fairface_metadata(n: int, seed: int) -> list[list[int]]:
 def face_samples(metadata: list[list[int]], seed: int = 0, prefix: str = "f") -> list[dict]:
     """Faces as DataComp's fairness shards hold them: an image and the .npy metadata, no .cls."""
     return [{"__key__": f"{prefix}{i:05d}", "png": png(seed * 1000 + i), "npy": npy(m)} for i, m in enumerate(metadata)]
+
+
+def write_winogavil(www: Path, instances: list[dict], path: str = "default/test/0000.parquet",
+                    repo: str = "nlphuji/winogavil", revision: str = REVISION, row_group_size: int = 2) -> Path:
+    """A miniature of the Hugging Face dataset nlphuji/winogavil as the hub stores a `datasets` table in Parquet:
+    `cue`, `candidates`, `associations` and `candidate_images` (a list of `Image` features, each a struct {bytes,
+    path}), plus a column DataComp does not read; `instances`: {"cue", "candidates", "associations", "images"} (the
+    images' bytes), several row groups."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("candidates", pa.list_(pa.string())), ("cue", pa.string()),
+                        ("associations", pa.list_(pa.string())), ("num_associations", pa.int64()),
+                        ("candidate_images", pa.list_(image))])
+    rows = [{"candidates": i["candidates"], "cue": i["cue"], "associations": i["associations"],
+             "num_associations": len(i["associations"]),
+             "candidate_images": [{"bytes": b, "path": f"{c}.png"} for c, b in zip(i["candidates"], i["images"])]}
+            for i in instances]
+    target = www / repo / "resolve" / revision / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), target, row_group_size=row_group_size)
+    return target
+
+
+def winogavil_instances(sizes: list[int], seed: int = 0) -> list[dict]:
+    """Instances with `sizes` candidates each (5, 6, 10, 12), 2 to 4 associations, tiny PNGs; cues starting with a
+    vowel and with a consonant, upper and lower case."""
+    rng = np.random.default_rng(seed)
+    cues = ["Apple", "moon", "ice", "Werewolf", "ocean", "tree", "Umbrella", "fire"]
+    out = []
+    for i, n in enumerate(sizes):
+        names = [f"thing{i}_{j}" for j in range(n)]
+        k = int(rng.integers(2, 5))
+        out.append({"cue": cues[i % len(cues)], "candidates": names,
+                    "associations": sorted(rng.choice(names, k, replace=False).tolist()),
+                    "images": [png(seed * 10000 + i * 100 + j, size=16) for j in range(n)]})
+    return out

@@ -8,10 +8,12 @@ Shards: DataComp's download_evalsets.py takes every task but the retrieval and m
 dataset repository djghosh/wds_<task with '/' as '-', 'fairness/' dropped>_test. Flickr and MSCOCO DataComp reads
 as Hugging Face datasets (nlphuji/flickr_1k_test_image_text_retrieval, nlphuji/mscoco_2014_5k_test_image_text_retrieval,
 Karpathy's 1k and 5k test splits; eval_utils/retr_eval.py, tasklist.yml as of commit 4afedc4); their webdataset
-copies are CLIP_benchmark's clip-benchmark/wds_flickr30k and wds_mscoco_captions (see `NOTES`). WinoGAViL has no shards (nlphuji/winogavil through HF datasets, eval_utils/wino_eval.py): its entry says so (`UNSUPPORTED`) and
-its prepare stops with that message. FairFace and UTKFace (`FAIRNESS`) label each face with several objectives:
-their entries name the .npy metadata (`OBJECTIVES`) and the suite `datacomp-fairness` scores them zero-shot per
-objective (DataComp's eval_utils/fairness_eval.py; not part of the average).
+copies are CLIP_benchmark's clip-benchmark/wds_flickr30k and wds_mscoco_captions (see `NOTES`). WinoGAViL has no shards:
+DataComp reads the Hugging Face dataset nlphuji/winogavil (eval_utils/wino_eval.py); its entry reads that dataset's
+Parquet files (`source: winogavil`, vlbench/datasets/winogavil.py; the files and their revision: `WINOGAVIL`).
+FairFace and UTKFace (`FAIRNESS`) label each face with several objectives: their entries name the .npy metadata
+(`OBJECTIVES`) and the suite `datacomp-fairness` scores them zero-shot per objective (DataComp's
+eval_utils/fairness_eval.py; not part of the average).
 
 `REVISION` and `SHA256`: the hub's commit of each repository and the sha256 of each shard (the LFS oid the hub
 publishes). None were known when this table was written (no network): every repository is read at `main` and every
@@ -94,10 +96,12 @@ NOTES = {
     "nlphuji/mscoco_2014_5k_test_image_text_retrieval (Karpathy's 5k test); these are CLIP_benchmark's shards of "
     "the same split, whose captions were not compared with it; the shards' size is checked by no entry key",
 }
-UNSUPPORTED = {"misc/winogavil": "WinoGAViL is not published as webdataset shards: DataComp reads the Hugging Face "
-               "dataset nlphuji/winogavil (eval_utils/wino_eval.py) and vlbench has no converter for it yet; its "
-               "cell (jaccard_score_10-12, vlbench.metrics.winogavil_jaccard) and so the DataComp average cannot be "
-               "computed by the pipeline"}
+UNSUPPORTED: dict[str, str] = {}  # task key -> why its entry cannot be prepared (every task can be, today)
+# WinoGAViL's Parquet files: the hub's Parquet conversion of nlphuji/winogavil (branch refs/convert/parquet, config
+# `default`), an assumption written offline: check the repository's file list and pin `revision` to the branch's
+# commit and `sha256` to the files' LFS oids (docs/datasets.md, "WinoGAViL")
+WINOGAVIL = {"repo": "nlphuji/winogavil", "revision": "refs%2Fconvert%2Fparquet",
+             "files": ["default/test/0000.parquet"]}
 REVISION = {}  # task key -> the repository's commit (unknown offline: `main`)
 SHA256 = {}  # task key -> {"test/<i>.tar": sha256} (unknown offline: unverified)
 
@@ -112,12 +116,28 @@ def slug(key: str) -> str:
 def repo(key: str) -> str:
     if key in RETRIEVAL_REPOS:
         return RETRIEVAL_REPOS[key]
+    if key == "misc/winogavil":
+        return WINOGAVIL["repo"]
     if key in UNSUPPORTED:
         return "nlphuji/" + key.split("/", 1)[1]
     return f"djghosh/wds_{key.removeprefix('fairness/').replace('/', '-')}_test"
 
 
+def input_file(key: str) -> str:
+    return "vlbench/datasets/winogavil.py" if key == "misc/winogavil" else "vlbench/datasets/wds.py"
+
+
+def winogavil_entry(key: str, name: str, size: int, main_metric: str) -> dict:
+    """WinoGAViL's Parquet files (`source: winogavil`); its class prompts are the cues as DataComp words them."""
+    prepare = {"source": "winogavil", "task": key, "datacomp": {"name": name, "main_metric": main_metric},
+               "repo": WINOGAVIL["repo"], "revision": REVISION.get(key, WINOGAVIL["revision"]), "split": "test",
+               "files": WINOGAVIL["files"], "metric": METRICS[main_metric], "size": size, "sha256": SHA256.get(key, {})}
+    return {"prepare": prepare, "input": input_file(key), "texts": {"templates": ["{c}"]}}
+
+
 def entry(key: str, name: str, size: int, classes: int | None, main_metric: str | None) -> dict:
+    if key == "misc/winogavil":
+        return winogavil_entry(key, name, size, main_metric)
     retrieval = key in RETRIEVAL_REPOS
     prepare = {"source": "wds", "task": key, "datacomp": {"name": name, "main_metric": main_metric},
                "repo": repo(key), "revision": REVISION.get(key, "main"), "split": "test",
@@ -136,7 +156,8 @@ def entry(key: str, name: str, size: int, classes: int | None, main_metric: str 
 
 def header(key: str, name: str, size: int, main_metric: str | None) -> str:
     lines = [f"DataComp task {key} ({name}): tasklist.yml test size {size:,}, main metric "
-             f"{main_metric or 'none (not in the average)'}.", f"Shards: huggingface.co/datasets/{repo(key)}."]
+             f"{main_metric or 'none (not in the average)'}.",
+             f"{'Parquet files' if key == 'misc/winogavil' else 'Shards'}: huggingface.co/datasets/{repo(key)}."]
     lines += [NOTES[key]] if key in NOTES else []
     lines += [f"Each face: classes and templates '<objective>:<text>' (race, gender, age, toxic), its .npy "
               f"{OBJECTIVES[key]['metadata']}; scored zero-shot per objective with DataComp's fairness metrics "
@@ -147,7 +168,7 @@ def header(key: str, name: str, size: int, main_metric: str | None) -> str:
 
 
 def suite(slug_: str, keys: list[str], comment: str, analyses: dict[str, list[str]]) -> str:
-    body = {"datasets": {slug(k): "vlbench/datasets/wds.py" for k in keys}, "slug": slug_, **analyses}
+    body = {"datasets": {slug(k): input_file(k) for k in keys}, "slug": slug_, **analyses}
     return comment + yaml.safe_dump(body, sort_keys=False, width=120)
 
 
@@ -166,8 +187,8 @@ def main() -> None:
     (ROOT / "conf/suite/datacomp.yaml").write_text(suite("datacomp", [k for k, *_ in TABLE], (
         "# DataComp's 38 zero-shot tasks (Gadre et al. 2023; mlfoundations/datacomp tasklist.yml) on the webdataset\n"
         "# shards its evaluation reads (source wds, docs/datasets.md \"DataComp's 38 tasks\"), each scored by its main\n"
-        "# metric (the entry's `metric`; Flickr and MSCOCO by the retrieval analysis, mean of i2t and t2i Recall@1).\n"
-        "# wds-winogavil is listed but cannot be prepared (no shards; see its entry).\n"
+        "# metric (the entry's `metric`; Flickr and MSCOCO by the retrieval analysis, mean of i2t and t2i Recall@1;\n"
+        "# WinoGAViL, read from its Hugging Face Parquet files, by the zero-shot analysis' Jaccard).\n"
         "# dvc exp run -S suite=datacomp -S model=vitb32\n"
         "# generated by tools/datacomp_conf.py; do not edit by hand.\n"),
         {"embed": classify + [slug(k) for k in RETRIEVAL_REPOS], "zeroshot": classify,

@@ -35,7 +35,14 @@ from torchvision.transforms import (
 from tqdm import tqdm
 
 from vlbench import decoding, features
-from vlbench.datasets.canonical import GROUP_COLUMN, DatasetMeta, load_meta, metadata_columns, split_path
+from vlbench.datasets.canonical import (
+    ASSOCIATION_COLUMN,
+    GROUP_COLUMN,
+    DatasetMeta,
+    load_meta,
+    metadata_columns,
+    split_path,
+)
 from vlbench.errors import VlbenchError
 from vlbench.datasets.images import ImageDecodeError
 from vlbench.decoding import DEFAULT_DECODE
@@ -480,10 +487,12 @@ def embed_image_splits(
 
 def feature_columns(path: Path, meta: DatasetMeta) -> list[str]:
     """The prepared columns image features carry: sample_id, the label column and, where the data has them, the
-    per-sample `group` that group metrics are computed over (vlbench.metrics.GROUP_METRICS) and a multi-objective
-    dataset's metadata columns (FairFace's age, gender, race, race_binary; canonical.metadata_columns)."""
+    per-sample `group` that group metrics are computed over (vlbench.metrics.GROUP_METRICS), a multi-objective
+    dataset's metadata columns (FairFace's age, gender, race, race_binary; canonical.metadata_columns) and WinoGAViL's
+    `association` (the zero-shot analysis' Jaccard)."""
     names = pq.ParquetFile(path).schema_arrow.names
-    return ["sample_id", meta.label_column] + [c for c in (GROUP_COLUMN, *metadata_columns(meta)) if c in names]
+    extra = (GROUP_COLUMN, ASSOCIATION_COLUMN, *metadata_columns(meta))
+    return ["sample_id", meta.label_column] + [c for c in extra if c in names]
 
 
 def _write_image_features(path: Path, rows: pa.Table, emb: np.ndarray, fingerprint: dict[str, Any],

@@ -53,6 +53,7 @@ __all__ = [
     "multilabel_indicator",
     "roc_auc",
     "winogavil_jaccard",
+    "winogavil_case",
     "worst_group_accuracy",
     "worst_group_top5",
 ]
@@ -420,22 +421,27 @@ def winogavil_jaccard(cases, min_candidates: int = 10) -> float:
     the cue's scores against its candidate images and a (candidates,) 0/1 array marking the true associations; the
     model picks the m highest-scored candidates, m the number of true associations (a stable sort: of tied scores the
     later candidate is picked, as `np.argsort(...)[-m:]` does on distinct values), and the case scores the Jaccard
-    index |picked & true| / |picked | true|. The mean over the cases with at least `min_candidates` candidates (the
-    10- and 12-candidate cases)."""
+    index |picked & true| / |picked | true| (`winogavil_case`). The mean over the cases with at least
+    `min_candidates` candidates (the 10- and 12-candidate cases)."""
     scores = []
     for i, (case_scores, truth) in enumerate(cases):
-        sc, t = np.asarray(case_scores, dtype=np.float64), np.asarray(truth).astype(bool)
-        if sc.ndim != 1 or sc.shape != t.shape or not t.any():
-            raise MetricError(f"WinoGAViL case {i}: need 1-D scores and 0/1 associations of one length with at least "
-                              f"one association, got shapes {sc.shape} and {t.shape}")
-        if sc.size < min_candidates:
-            continue
-        picked = np.zeros(sc.size, bool)
-        picked[np.argsort(sc, kind="stable")[-int(t.sum()):]] = True
-        scores.append((picked & t).sum() / (picked | t).sum())
+        picked, score = winogavil_case(case_scores, truth, f"WinoGAViL case {i}")
+        if picked.size >= min_candidates:
+            scores.append(score)
     if not scores:
         raise MetricError(f"WinoGAViL: no case with at least {min_candidates} candidates")
     return float(np.mean(scores))
+
+
+def winogavil_case(case_scores, truth, what: str = "WinoGAViL case") -> tuple[np.ndarray, float]:
+    """(the candidates picked, 0/1, and the Jaccard index) of one WinoGAViL case (`winogavil_jaccard`)."""
+    sc, t = np.asarray(case_scores, dtype=np.float64), np.asarray(truth).astype(bool)
+    if sc.ndim != 1 or sc.shape != t.shape or not t.any():
+        raise MetricError(f"{what}: need 1-D scores and 0/1 associations of one length with at least one "
+                          f"association, got shapes {sc.shape} and {t.shape}")
+    picked = np.zeros(sc.size, bool)
+    picked[np.argsort(sc, kind="stable")[-int(t.sum()):]] = True
+    return picked, float((picked & t).sum() / (picked | t).sum())
 
 
 def mean_recall_at_1(i2t_r1: float, t2i_r1: float) -> float:
@@ -549,6 +555,9 @@ _METRICS: dict[str, Callable[..., float]] = {
 }
 GROUP_METRICS = ("worst_group_accuracy", "worst_group_top5")  # computed over the dataset's per-sample `group`
 METRIC_NAMES: tuple[str, ...] = tuple(_METRICS)
+# dataset metrics computed from cases, not from (n, C) scores and labels: WinoGAViL's Jaccard, each instance's candidate
+# images scored against its own cue only (`winogavil_jaccard`; the zero-shot analysis' evaluate_winogavil)
+CASE_METRICS = ("winogavil_jaccard",)
 
 
 _CONVENTION_DEPENDENT = ("map_11point", "roc_auc")
@@ -563,6 +572,9 @@ def compute(metric_name: str, scores, labels, convention: str = "default", group
     listing the names.
     ``convention`` (one of ``CONVENTIONS``) reaches the ranking metrics; the others do not depend on it.
     """
+    if metric_name in CASE_METRICS:
+        raise ValueError(f"metric {metric_name!r} is computed from cases (each instance's candidates against its own "
+                         f"cue), by the zero-shot analysis only; it has no (scores, labels) form")
     try:
         fn = _METRICS[metric_name]
     except (KeyError, TypeError):

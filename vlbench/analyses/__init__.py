@@ -129,7 +129,7 @@ config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yam
 # every metric a prepared dataset may name (vlbench.datasets.canonical.METRICS): DataComp's macro F1 and worst-group
 # accuracies included, so that a datacomp run's cells are headline numbers
 _DATASET_METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc", "f1_macro", "worst_group_accuracy",
-                    "worst_group_top5")
+                    "worst_group_top5", "winogavil_jaccard")
 # predictions per image: accuracy, mean-per-class and worst-group accuracy from the predicted class; the whole-set
 # metrics (11-point mAP of multi-label data from `labels`, ROC-AUC, macro F1, worst-group top-5) from the logits
 _PREDICTIONS = (SampleTable("predictions", "image", ("accuracy", "mean_per_class", "worst_group_accuracy"),
@@ -137,7 +137,11 @@ _PREDICTIONS = (SampleTable("predictions", "image", ("accuracy", "mean_per_class
                 SampleTable("predictions", "image", ("map_11point",), statistic="scores", label="labels",
                             predicted=None, scores="logits"),
                 SampleTable("predictions", "image", ("roc_auc", "f1_macro", "worst_group_top5"), statistic="scores",
-                            predicted=None, scores="logits", groups="group"))
+                            predicted=None, scores="logits", groups="group"),
+                # WinoGAViL (zeroshot.evaluate_winogavil): one row per instance, the mean Jaccard of those the metric
+                # counts (column `counts_in` names it: the 10- and 12-candidate instances)
+                SampleTable("predictions", "instance", ("winogavil_jaccard",), statistic="mean", label=None,
+                            predicted=None, select="{counts_in}", value="jaccard"))
 _NOT_SAMPLED = "compared from the two intervals"
 
 ANALYSES = {a.name: a for a in (

@@ -15,6 +15,10 @@ fairness_eval.py masks the others); the metrics are `accuracy` of the label obje
 fairness numbers (vlbench.metrics.fairness_outcomes), each with a bootstrap interval; the predictions file adds each
 objective's prediction (`predicted_<objective>`, an index among its classes) and the metadata columns. `scoring` does
 not apply (an argmax of the logits, as DataComp), and knowledge variants are not scored on them.
+
+WinoGAViL (metric `winogavil_jaccard`, vlbench/datasets/winogavil.py: one class per instance, whose prompt is the cue,
+one image row per candidate with its `association`): `evaluate_winogavil` scores each candidate image against its own
+instance's prompt only and computes DataComp's Jaccard per instance (docs/protocols.md, "WinoGAViL").
 """
 
 from __future__ import annotations
@@ -36,11 +40,26 @@ from vlbench.analyses.scoring import (
     weights_metrics,
     zeroshot_logits,
 )
-from vlbench.datasets.canonical import GROUP_COLUMN, OBJECTIVES_KEY, metadata_columns, objective_classes
+from vlbench import metrics as metric_functions
+from vlbench.analyses.scoring import LOGIT_SCALE, l2_normalize
+from vlbench.datasets.canonical import (
+    ASSOCIATION_COLUMN,
+    GROUP_COLUMN,
+    OBJECTIVES_KEY,
+    metadata_columns,
+    objective_classes,
+)
+from vlbench.errors import VlbenchError
 from vlbench.features import embedding_array
-from vlbench.stats import bootstrap_sample_metric, group_table_intervals
+from vlbench.stats import bootstrap_sample_metric, cluster_ratio_interval, group_table_intervals
 
 TEMPLATES_VARIANT = "templates"  # the variant name of the `prompts` text set (templates filled with class names)
+WINOGAVIL = "winogavil_jaccard"
+WINOGAVIL_MIN_CANDIDATES = 10  # DataComp's main metric: the instances with 10 or 12 candidates
+
+
+class ZeroshotError(VlbenchError):
+    """The zero-shot analysis cannot run on these features; the message names the dataset and what is missing."""
 
 
 def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: np.ndarray, meta,
@@ -143,6 +162,8 @@ def run(inputs, cfg, seed: int):
     `cfg['scoring']` says (default `logits`); then every knowledge or precomputed variant present (`variant_weights`)."""
     scoring = check_scoring(cfg.get("scoring", "logits"))
     images, texts = inputs.images(cfg["split"]), inputs.texts("prompts")
+    if inputs.meta.metric == WINOGAVIL:
+        return winogavil_result(images, texts, inputs.meta, cfg["split"], seed)
     metrics, predictions = evaluate_zeroshot(images.table, images.embeddings, texts.table, texts.embeddings,
                                              inputs.meta, scoring)
     labels, groups = label_matrix(images.table, inputs.meta), sample_groups(images.table)
@@ -166,3 +187,75 @@ def run(inputs, cfg, seed: int):
                           "prompts_per_class": prompts_per_class},
                   tables={"predictions": predictions},
                   details={"variants": variants} if len(variants) > 1 else {}, intervals=intervals)
+
+
+# ---------------------------------------------------------------------------------------------------------- WinoGAViL
+
+
+def evaluate_winogavil(image_table, image_emb: np.ndarray, text_table, text_emb: np.ndarray, meta
+                       ) -> tuple[float, pa.Table]:
+    """(DataComp's `jaccard_score_10-12`, the per-instance table) of WinoGAViL's candidate images: each image scored
+    by 100 x the cosine of its features with its own instance's prompt weight (`template_weights`: the one prompt,
+    normalised), in float64; per instance `metrics.winogavil_case` picks as many of the highest-scored candidates as
+    it has associations and scores the Jaccard index; the headline is `metrics.winogavil_jaccard` of the instances.
+
+    The table (reports/zeroshot/<dataset>.predictions.parquet) has one row per instance: sample_id (the instance,
+    the prefix of its candidates' ids), label, cue, prompt, candidates, associations (how many), counted (10 or more
+    candidates: in the headline), counts_in (`winogavil_jaccard` where counted, else ""), jaccard, and per candidate
+    in order: candidate_ids, scores, association, picked."""
+    if ASSOCIATION_COLUMN not in image_table.column_names:
+        raise ZeroshotError(f"dataset {meta.name!r}: the image features have no {ASSOCIATION_COLUMN!r} column, which "
+                            f"WinoGAViL's Jaccard needs; re-run prepare and embed_images with this vlbench")
+    labels = image_table.column("label").to_numpy()
+    weights = template_weights(text_table, text_emb, len(meta.classes)).astype(np.float64)
+    scores = LOGIT_SCALE * np.einsum("ij,ij->i", l2_normalize(image_emb.astype(np.float64)), weights[labels])
+    truth = np.asarray(image_table.column(ASSOCIATION_COLUMN).to_pylist(), bool)
+    ids = np.asarray(image_table.column("sample_id").to_pylist(), dtype=object)
+    instances, starts = np.unique(labels, return_index=True)
+    rows = [np.flatnonzero(labels == i) for i in instances[np.argsort(starts)]]
+    cases = [(scores[r], truth[r]) for r in rows]
+    picks = [metric_functions.winogavil_case(s, t, f"dataset {meta.name!r} instance {meta.classes[labels[r[0]]].key!r}")
+             for r, (s, t) in zip(rows, cases)]
+    headline = metric_functions.winogavil_jaccard(cases, WINOGAVIL_MIN_CANDIDATES)
+    table = pa.table({
+        "sample_id": pa.array([ids[r[0]].split("/")[0] for r in rows], pa.string()),
+        "label": pa.array([int(labels[r[0]]) for r in rows], pa.int64()),
+        "cue": pa.array([meta.classes[labels[r[0]]].key for r in rows], pa.string()),
+        "prompt": pa.array([meta.classes[labels[r[0]]].name for r in rows], pa.string()),
+        "candidates": pa.array([r.size for r in rows], pa.int64()),
+        "associations": pa.array([int(truth[r].sum()) for r in rows], pa.int64()),
+        "counted": pa.array([r.size >= WINOGAVIL_MIN_CANDIDATES for r in rows], pa.bool_()),
+        # the metric an instance counts in, for `vlbench compare` to pair it (the analyses table's `select`)
+        "counts_in": pa.array([WINOGAVIL if r.size >= WINOGAVIL_MIN_CANDIDATES else "" for r in rows], pa.string()),
+        "jaccard": pa.array([j for _, j in picks], pa.float64()),
+        "candidate_ids": pa.array([ids[r].tolist() for r in rows], pa.list_(pa.string())),
+        "scores": pa.array([scores[r].tolist() for r in rows], pa.list_(pa.float64())),
+        "association": pa.array([truth[r].tolist() for r in rows], pa.list_(pa.bool_())),
+        "picked": pa.array([p.tolist() for p, _ in picks], pa.list_(pa.bool_())),
+    })
+    return headline, table
+
+
+def winogavil_breakdown(table: pa.Table) -> dict[str, float]:
+    """DataComp's other WinoGAViL numbers (wino_eval.py): the mean Jaccard over all instances and by candidate count
+    (5, 6, 10, 12, 5-6, 10-12), each only where the count has an instance."""
+    jaccard, n = (table.column(c).to_numpy() for c in ("jaccard", "candidates"))
+    masks = {"avg_jaccard_score": n > 0, **{f"jaccard_score_{k}": n == k for k in (5, 6, 10, 12)},
+             "jaccard_score_5-6": n <= 6, "jaccard_score_10-12": n >= WINOGAVIL_MIN_CANDIDATES}
+    return {key: float(jaccard[m].mean()) for key, m in masks.items() if m.any()}
+
+
+def winogavil_result(images, texts, meta, split: str, seed: int):
+    """The zero-shot result of WinoGAViL: `winogavil_jaccard` with a bootstrap interval over the counted instances
+    (each instance one unit: its Jaccard), the per-instance table, DataComp's breakdown in `details`."""
+    headline, table = evaluate_winogavil(images.table, images.embeddings, texts.table, texts.embeddings, meta)
+    counted = table.column("counted").to_numpy(zero_copy_only=False)
+    jaccard = table.column("jaccard").to_numpy()[counted]
+    interval = cluster_ratio_interval(jaccard, np.ones(jaccard.size), seed=seed).to_json()
+    return Result({WINOGAVIL: headline},
+                  counts={"samples": images.table.num_rows, "instances": table.num_rows, "counted": int(counted.sum()),
+                          "prompts": texts.table.num_rows},
+                  params={"split": split, "text_set": "prompts", "score": "100 x cosine",
+                          "min_candidates": WINOGAVIL_MIN_CANDIDATES, "ties": "stable: the later candidate"},
+                  tables={"predictions": table}, details={"datacomp": winogavil_breakdown(table)},
+                  intervals={WINOGAVIL: interval})

@@ -23,11 +23,14 @@ from vlbench.errors import VlbenchError
 from vlbench.io import atomic_dir, sha256_file
 
 TASKS = ("single-label", "multi-label", "captions")
-METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc", "f1_macro", "worst_group_accuracy", "worst_group_top5")
+METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc", "f1_macro", "worst_group_accuracy", "worst_group_top5",
+           "winogavil_jaccard")
 GROUP_COLUMN = "group"  # optional per-sample group (region, income bucket) that group metrics are computed over
 # provenance entry of a multi-objective dataset (DataComp's FairFace, UTKFace: classes '<objective>:<class>'):
 # {"label": the objective that is `label`, "metadata": the per-sample integer columns, one per .npy element}
 OBJECTIVES_KEY = "objectives"
+# WinoGAViL: whether a candidate image is one of its instance's (its label's cue's) associations (datasets/winogavil.py)
+ASSOCIATION_COLUMN = "association"
 PREPROCESS_FILE = "preprocess.txt"  # in splits/, only when not "default"
 # squash: resize to the model's square input without a centre crop (ELEVATER's KITTI distance, VTAB's 224 x 224);
 # fewtrans: FewTrans' code (squash with bilinear resizing and ImageNet's mean and std); vlbench/embed.py PREPROCESS_MODES;

@@ -38,6 +38,7 @@ SOURCES = {
     "shift": "vlbench.datasets.shifts:build",  # ImageNetV2, ImageNet-R/A, ObjectNet (robustness suite)
     "compositional": "vlbench.datasets.compositional:build",  # SugarCrepe, Winoground, ARO, the demo's swaps
     "wds": "vlbench.datasets.wds:build",  # DataComp / CLIP_benchmark webdataset shards (suite datacomp)
+    "winogavil": "vlbench.datasets.winogavil:build",  # WinoGAViL's Hugging Face Parquet files (suite datacomp)
 }
 # FewTrans' base/novel class counts (the paper's App. B.1), data of the registry: its catalogue rows show them and the
 # adapt analysis's FewTrans protocol reads them from here

@@ -95,9 +95,15 @@ class WdsSpec:
 
     def resource(self, path: str) -> Resource:
         """The repository file `path` (e.g. 'test/0.tar') pinned at the revision, with its published sha256 if any."""
-        cache_name = f"{self.repo.replace('/', '__')}@{self.revision}__{path.replace('/', '__')}"
-        url = f"{self.base_url.rstrip('/')}/{self.repo}/resolve/{self.revision}/{path}"
-        return Resource(cache_name, (url,), sha256=self.sha256.get(path))
+        return hub_resource(self.base_url, self.repo, self.revision, path, self.sha256.get(path))
+
+
+def hub_resource(base_url: str, repo: str, revision: str, path: str, sha256: str | None) -> Resource:
+    """A dataset repository's file `path` at `revision` (`<base_url>/<repo>/resolve/<revision>/<path>`), cached under a
+    name that carries the repository and revision; verified by `sha256` where known."""
+    cache_name = f"{repo.replace('/', '__')}@{revision.replace('/', '__')}__{path.replace('/', '__')}"
+    url = f"{base_url.rstrip('/')}/{repo}/resolve/{revision}/{path}"
+    return Resource(cache_name, (url,), sha256=sha256)
 
 
 # ------------------------------------------------------------------------------------------------ public
@@ -159,18 +165,26 @@ def catalogue_row(name: str, spec: dict) -> dict:
 def datacomp_cell(name: str, spec: Mapping, result_metrics: Mapping[str, float]) -> tuple[str, float]:
     """(DataComp's display name of the task, its main metric) from the `metrics` of the entry's result file: the
     zero-shot result's `metric` for a classification task, `metrics.mean_recall_at_1` of the retrieval result's
-    `i2t_r1` and `t2i_r1` for a retrieval task. The 38 cells are what `metrics.datacomp_average` takes."""
-    cfg = parse_spec(name, spec)
+    `i2t_r1` and `t2i_r1` for a retrieval task, the zero-shot result's `winogavil_jaccard` for WinoGAViL (`source:
+    winogavil`). The 38 cells are what `metrics.datacomp_average` takes."""
+    if spec.get("source") == "winogavil":
+        from vlbench.datasets import winogavil  # it imports this module: a cycle at the top
+
+        winogavil.parse_spec(name, spec)  # the spec's own checks
+        kind, metric = "classification", winogavil.METRIC
+    else:
+        cfg = parse_spec(name, spec)
+        kind, metric = cfg.kind, cfg.metric
     task = (spec.get("datacomp") or {}).get("name", spec.get("task"))
     if cfg.objectives:  # FairFace, UTKFace: no main metric, not in the average
         raise DatasetError(f"dataset {name!r}: {task} is a DataComp fairness extra, not one of the cells of its "
                            f"average")
     try:
-        if cfg.kind == "retrieval":
+        if kind == "retrieval":
             return task, mean_recall_at_1(result_metrics["i2t_r1"], result_metrics["t2i_r1"])
-        return task, float(result_metrics[cfg.metric])
+        return task, float(result_metrics[metric])
     except KeyError as err:
-        analysis = "retrieval" if cfg.kind == "retrieval" else "zeroshot"
+        analysis = "retrieval" if kind == "retrieval" else "zeroshot"
         raise DatasetError(f"dataset {name!r}: its result has no {err.args[0]!r} (metrics: {sorted(result_metrics)}); "
                            f"is it the {analysis} result of this entry?") from None
 
