@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 
@@ -16,6 +15,7 @@ from tests.http_server import serve
 from tests.wds_shards import REVISION, caption_samples, classification_samples, entry, write_repo
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.datasets.registry import prepare_dataset
+from vlbench.datasets.wds import catalogue_row
 from vlbench.texts import build_text_sets
 
 CLASSES = ["abyssinian", "beagle", "boxer"]
@@ -96,16 +96,13 @@ def test_bad_shards_are_one_line_errors_naming_the_sample(dirs, problem, spec, m
     assert not out.exists()
 
 
-def test_unsupported_entries_say_why():
-    """An entry the source cannot read yet (tools/datacomp_conf.py `UNSUPPORTED`) stops prepare with its reason, before
-    any download (WinoGAViL was one: it has its own source now, tests/test_winogavil.py)."""
-    from tools.datacomp_conf import UNSUPPORTED, slug
-
-    if not UNSUPPORTED:
-        pytest.skip("every DataComp entry is supported")
-    key = next(iter(UNSUPPORTED))
-    with pytest.raises(DatasetError, match=re.escape(UNSUPPORTED[key][:40])):
-        prepare_dataset(slug(key), entry(slug(key), "http://127.0.0.1:1")["prepare"], "/nonexistent")
+def test_an_unsupported_entry_says_why():
+    """An entry marked `unsupported` (tools/datacomp_conf.py `UNSUPPORTED`, empty since WinoGAViL, FairFace and UTKFace
+    can be prepared) stops prepare with its reason, before any download; the catalogue carries the reason too."""
+    spec = dict(entry("wds-cars", "http://127.0.0.1:1")["prepare"], unsupported="its shards are not readable yet")
+    with pytest.raises(DatasetError, match="wds-cars.*its shards are not readable yet"):
+        prepare_dataset("wds-cars", spec, "/nonexistent")
+    assert catalogue_row("wds-cars", spec)["unsupported"] == "its shards are not readable yet"
 
 
 def test_the_catalogue_lists_datacomps_38_without_a_download():

@@ -636,3 +636,15 @@ def all_missing(messages: list[str]) -> ManualDownloadError:
         return ManualDownloadError(messages[0])
     listed = " ".join(f"({i}) {message}" for i, message in enumerate(messages, 1))
     return ManualDownloadError(f"{len(messages)} files must be downloaded by hand: {listed}")
+
+
+# Hugging Face dataset repositories (the wds and winogavil sources): a file at a revision
+HUB_BASE_URL = "https://huggingface.co/datasets"
+
+
+def hub_resource(base_url: str, repo: str, revision: str, path: str, sha256: str | None) -> Resource:
+    """A dataset repository's file `path` at `revision` (`<base_url>/<repo>/resolve/<revision>/<path>`), cached under a
+    name that carries the repository and revision; verified by `sha256` where known."""
+    cache_name = f"{repo.replace('/', '__')}@{revision.replace('/', '__')}__{path.replace('/', '__')}"
+    url = f"{base_url.rstrip('/')}/{repo}/resolve/{revision}/{path}"
+    return Resource(cache_name, (url,), sha256=sha256)

@@ -61,7 +61,8 @@ from vlbench.datasets.canonical import (
     objective_classes,
     write_dataset,
 )
-from vlbench.datasets.download import Resource, fetch
+from vlbench.datasets.download import HUB_BASE_URL, Resource, fetch, hub_resource
+from vlbench.datasets import winogavil
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 from vlbench.metrics import mean_recall_at_1
@@ -70,7 +71,6 @@ SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "base_url", "spli
              "classes", "sha256", "unsupported", "skip_corrupt", "objectives")
 KINDS = ("classification", "retrieval")
 IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")  # CLIP_benchmark's order
-BASE_URL = "https://huggingface.co/datasets"
 CLASSES_FILE = "classnames.txt"
 TEMPLATES_FILE = "zeroshot_classification_templates.txt"
 RETRIEVAL_METRIC = "mean_recall_at_1"  # the retrieval analysis' i2t_r1 and t2i_r1, averaged (metrics.mean_recall_at_1)
@@ -96,14 +96,6 @@ class WdsSpec:
     def resource(self, path: str) -> Resource:
         """The repository file `path` (e.g. 'test/0.tar') pinned at the revision, with its published sha256 if any."""
         return hub_resource(self.base_url, self.repo, self.revision, path, self.sha256.get(path))
-
-
-def hub_resource(base_url: str, repo: str, revision: str, path: str, sha256: str | None) -> Resource:
-    """A dataset repository's file `path` at `revision` (`<base_url>/<repo>/resolve/<revision>/<path>`), cached under a
-    name that carries the repository and revision; verified by `sha256` where known."""
-    cache_name = f"{repo.replace('/', '__')}@{revision.replace('/', '__')}__{path.replace('/', '__')}"
-    url = f"{base_url.rstrip('/')}/{repo}/resolve/{revision}/{path}"
-    return Resource(cache_name, (url,), sha256=sha256)
 
 
 # ------------------------------------------------------------------------------------------------ public
@@ -168,15 +160,13 @@ def datacomp_cell(name: str, spec: Mapping, result_metrics: Mapping[str, float])
     `i2t_r1` and `t2i_r1` for a retrieval task, the zero-shot result's `winogavil_jaccard` for WinoGAViL (`source:
     winogavil`). The 38 cells are what `metrics.datacomp_average` takes."""
     if spec.get("source") == "winogavil":
-        from vlbench.datasets import winogavil  # it imports this module: a cycle at the top
-
         winogavil.parse_spec(name, spec)  # the spec's own checks
-        kind, metric = "classification", winogavil.METRIC
+        kind, metric, objectives = "classification", winogavil.METRIC, None
     else:
         cfg = parse_spec(name, spec)
-        kind, metric = cfg.kind, cfg.metric
+        kind, metric, objectives = cfg.kind, cfg.metric, cfg.objectives
     task = (spec.get("datacomp") or {}).get("name", spec.get("task"))
-    if cfg.objectives:  # FairFace, UTKFace: no main metric, not in the average
+    if objectives:  # FairFace, UTKFace: no main metric, not in the average
         raise DatasetError(f"dataset {name!r}: {task} is a DataComp fairness extra, not one of the cells of its "
                            f"average")
     try:
@@ -211,7 +201,7 @@ def parse_spec(name: str, spec: Mapping) -> WdsSpec:
                            f"sample's .npy metadata that is its group), got {group!r}")
     objectives = parse_objectives(name, spec.get("objectives"), kind, group)
     return WdsSpec(
-        repo=spec["repo"], revision=spec["revision"], base_url=str(spec.get("base_url", BASE_URL)),
+        repo=spec["repo"], revision=spec["revision"], base_url=str(spec.get("base_url", HUB_BASE_URL)),
         split=str(spec.get("split", "test")), kind=kind,
         metric=spec.get("metric", "accuracy"), group=(group["field"], group["index"]) if group else None,
         size=_optional_int(name, spec, "size"), classes=_optional_int(name, spec, "classes"),

@@ -36,10 +36,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlbench.datasets.canonical import ASSOCIATION_COLUMN, ClassInfo, DatasetError, DatasetMeta, write_dataset
-from vlbench.datasets.download import fetch
+from vlbench.datasets.download import HUB_BASE_URL, fetch, hub_resource
 from vlbench.datasets.images import checked_rows, image_problem
 from vlbench.datasets.spec import check_keys
-from vlbench.datasets.wds import BASE_URL, hub_resource
 
 SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "base_url", "split", "files", "metric", "size",
              "sha256")
@@ -120,7 +119,7 @@ def parse_spec(name: str, spec: Mapping) -> WinoSpec:
     size = spec.get("size")
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise DatasetError(f"dataset {name!r}: 'size' must be a positive integer or null, got {size!r}")
-    return WinoSpec(repo=spec["repo"], revision=spec["revision"], base_url=str(spec.get("base_url", BASE_URL)),
+    return WinoSpec(repo=spec["repo"], revision=spec["revision"], base_url=str(spec.get("base_url", HUB_BASE_URL)),
                     split=str(spec.get("split", "test")), files=tuple(files), size=size, sha256=dict(sha))
 
 
