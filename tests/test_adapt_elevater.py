@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -423,6 +424,25 @@ def test_protocol_end_to_end_reports_every_setting():
     table = result.tables["elevater_search"]
     assert table.num_rows == sum(r["search_runs"] for r in runs)
     assert set(table.column("head").to_pylist()) == set(elevater.DEFAULT_HEADS)
+
+
+def test_runs_in_worker_processes_are_the_runs_in_this_process_bit_for_bit():
+    """On the CPU, ELEVATER's (shots, seed, head group) runs go to a process per core (common.map_runs), largest
+    first; each run's numbers are those of the same run in this process, to the last bit, and in task order."""
+    inputs = FakeInputs(*blobs(seed=1))
+    s = elevater.Settings.from_cfg(FAST)
+    pool = elevater.load_pool(inputs, s)
+    init, on = elevater.head_init(inputs, pool, s, 0), torch.device("cpu")
+    groups = elevater.head_groups(replace(s, heads=tuple(init.weights)), pool, None)
+    tasks = [(0, shots, seed) for shots in (1, 5, "full") for seed in (0, 1)]
+    costs = [elevater.run_cost(groups[0], shots) for _, shots, _ in tasks]
+    shared = (groups, init, "blobs", on)
+    here = common.map_runs(elevater.run_group, shared, tasks, on, 0, workers=1)
+    spread = common.map_runs(elevater.run_group, shared, tasks, on, 0, costs=costs, workers=2)
+    assert [(r["shots"], r["seed"]) for r in spread] == [(t[1], t[2]) for t in tasks]
+    for a, b in zip(here, spread):
+        assert (a["chosen"], a["final"], a["trace"]) == (b["chosen"], b["final"], b["trace"])
+        assert all(np.array_equal(a["predicted"][h], b["predicted"][h]) for h in a["predicted"])
 
 
 def test_best_on_test_is_labelled_and_never_below_last():

@@ -14,9 +14,13 @@ inside the functions that need it: importing this module does not import torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -90,6 +94,45 @@ def cpu_threads(on, work: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def map_runs(fn: Callable[..., Any], shared: tuple, tasks: Sequence[tuple], on, work: int,
+             costs: Sequence[float] | None = None, workers: int | None = None) -> list[Any]:
+    """[fn(*shared, *task) for task in tasks], in task order, under `cpu_threads(on, work)`.
+
+    Where that is one torch thread (the CPU, steps below `SMALL_STEP`) and there are several cores, the tasks run in a
+    process per core (spawned: `shared` is sent to each once), each with one torch thread as here: the same
+    operations in the same order, so the numbers are the same bit for bit whatever the number of cores. They start
+    in the order of their `costs`, largest first, so that no core is left with a long task at the end. A run of
+    ELEVATER's small searches then uses every core instead of one (docs/benchmarks.md, "First run"). `workers`:
+    at most this many processes (default: one per core this process may use)."""
+    workers = min(len(tasks), workers or len(os.sched_getaffinity(0)))
+    if on.type != "cpu" or work >= SMALL_STEP or workers < 2:
+        with cpu_threads(on, work):
+            return [fn(*shared, *task) for task in tasks]
+    order = np.argsort(-np.asarray(costs, dtype=float), kind="stable") if costs is not None else np.arange(len(tasks))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+                             initargs=(shared,)) as executor:
+        done = list(executor.map(partial(_run_task, fn), [tasks[i] for i in order]))
+    results: list[Any] = [None] * len(tasks)
+    for i, result in zip(order, done):
+        results[i] = result
+    return results
+
+
+_SHARED: tuple = ()  # in a map_runs worker: the arguments every task shares
+
+
+def _start_worker(shared: tuple) -> None:
+    import torch
+
+    global _SHARED
+    torch.set_num_threads(1)
+    _SHARED = shared
+
+
+def _run_task(fn: Callable[..., Any], task: tuple) -> Any:
+    return fn(*_SHARED, *task)
 
 
 def pytorch_linear_init(dim: int, num_classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -34,7 +34,7 @@ from vlbench.analyses.adapt.common import (
     AdaptError,
     LinearHeads,
     ProtocolResult,
-    cpu_threads,
+    map_runs,
     mean_std,
     pytorch_linear_init,
     score_heads,
@@ -521,6 +521,20 @@ def run_setting(pool: Pool, init: HeadInit, s: Settings, shots, seed: int, datas
             "search_seconds": searched, "trace": outcome.trace}
 
 
+def run_group(groups: list[tuple[Pool, Settings]], init: HeadInit, dataset: str, on, g: int, shots,
+              seed: int) -> dict[str, Any]:
+    """`run_setting` for the heads of `groups[g]` (a task of `map_runs`: the groups travel to each worker once)."""
+    pool, s = groups[g]
+    return run_setting(pool, init, s, shots, seed, dataset, on)
+
+
+def run_cost(group: tuple[Pool, Settings], shots) -> float:
+    """A run's relative cost: feature width x heads x training rows (every class's shots, or the whole pool)."""
+    pool, s = group
+    rows = len(pool.labels) if shots == "full" else min(len(pool.labels), int(shots) * pool.num_classes)
+    return float(pool.x.shape[1] * len(s.heads) * rows)
+
+
 def _sample(pool: Pool, per_class: int | None, seed: int) -> np.ndarray:
     if per_class is None:
         return np.arange(len(pool.labels))
@@ -696,9 +710,11 @@ def evaluate(inputs, cfg: Mapping[str, Any], seed: int) -> ProtocolResult:
     groups = head_groups(trained, pool, pre)
     started = time.perf_counter()
     work = s.batch_size * max(p.x.shape[1] for p, _ in groups) * pool.num_classes * len(s.heads) * s.lr_num * 7
-    with cpu_threads(on, work):
-        runs = [merge_runs([run_setting(p, init, gs, shots, sd, inputs.meta.name, on) for p, gs in groups])
-                for shots in s.shots for sd in (s.seeds if shots != "full" else s.seeds[:1])]
+    settings = [(shots, sd) for shots in s.shots for sd in (s.seeds if shots != "full" else s.seeds[:1])]
+    tasks = [(g, shots, sd) for shots, sd in settings for g in range(len(groups))]
+    parts = map_runs(run_group, (groups, init, inputs.meta.name, on), tasks, on, work,
+                     costs=[run_cost(groups[g], shots) for g, shots, _ in tasks])
+    runs = [merge_runs(parts[i:i + len(groups)]) for i in range(0, len(parts), len(groups))]
     seconds = time.perf_counter() - started
     if knowledge:
         runs = [select_knowledge(r, s.heads, list(knowledge)) for r in runs]
