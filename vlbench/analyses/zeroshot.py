@@ -29,9 +29,11 @@ import pyarrow as pa
 from vlbench import metrics as metric_fns
 from vlbench.analyses.base import Result
 from vlbench.analyses.scoring import (
+    LOGIT_SCALE,
     PRECOMPUTED_WEIGHTS,
     check_scoring,
     knowledge_variant,
+    l2_normalize,
     label_matrix,
     precomputed_variant,
     sample_groups,
@@ -40,8 +42,6 @@ from vlbench.analyses.scoring import (
     weights_metrics,
     zeroshot_logits,
 )
-from vlbench import metrics as metric_functions
-from vlbench.analyses.scoring import LOGIT_SCALE, l2_normalize
 from vlbench.datasets.canonical import (
     ASSOCIATION_COLUMN,
     GROUP_COLUMN,
@@ -214,9 +214,9 @@ def evaluate_winogavil(image_table, image_emb: np.ndarray, text_table, text_emb:
     instances, starts = np.unique(labels, return_index=True)
     rows = [np.flatnonzero(labels == i) for i in instances[np.argsort(starts)]]
     cases = [(scores[r], truth[r]) for r in rows]
-    picks = [metric_functions.winogavil_case(s, t, f"dataset {meta.name!r} instance {meta.classes[labels[r[0]]].key!r}")
+    picks = [metric_fns.winogavil_case(s, t, f"dataset {meta.name!r} instance {meta.classes[labels[r[0]]].key!r}")
              for r, (s, t) in zip(rows, cases)]
-    headline = metric_functions.winogavil_jaccard(cases, WINOGAVIL_MIN_CANDIDATES)
+    headline = metric_fns.winogavil_jaccard(cases, WINOGAVIL_MIN_CANDIDATES)
     table = pa.table({
         "sample_id": pa.array([ids[r[0]].split("/")[0] for r in rows], pa.string()),
         "label": pa.array([int(labels[r[0]]) for r in rows], pa.int64()),
