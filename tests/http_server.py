@@ -100,7 +100,9 @@ def git_blob_id(data: bytes) -> str:
 
 
 def lfs_pointer(data: bytes) -> bytes:
-    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\nsize {len(data)}\n".encode()
+    """The text git keeps for an LFS file (its pointer)."""
+    oid = hashlib.sha256(data).hexdigest()
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {len(data)}\n".encode()
 
 
 def _sibling(name: str, data: bytes) -> dict:

@@ -75,9 +75,10 @@ def caption_samples(captions: list[list[str]], seed: int = 0) -> list[dict]:
 
 
 def entry(name: str, **prepare) -> dict:
-    """The real conf/dataset/<name>.yaml entry at revision `REVISION` (the local hub is env HF_ENDPOINT)."""
+    """The real conf/dataset/<name>.yaml entry at revision `REVISION` unless `prepare` gives another (the local hub
+    is env HF_ENDPOINT)."""
     found = yaml.safe_load((CONF / f"{name}.yaml").read_text())
-    found["prepare"].update(revision=REVISION, **prepare)
+    found["prepare"].update({"revision": REVISION, **prepare})
     return found
 
 

@@ -58,6 +58,7 @@ CHUNK = 1 << 20
 USER_AGENT = "vlbench (+https://github.com/; dataset preparation)"
 RESOURCE_KEYS = ("file", "url", "urls", "sha256", "md5", "manual")
 CHECKSUMS = ("sha256", "md5", "git_sha1")  # the checksums a Resource may carry, checked in this order
+UPSTREAM_CHANGED = "if upstream changed the file, update the checksum in the dataset entry"  # a mismatch's default remedy
 # HTTP answers that another attempt on the same URL would not change: go to the next mirror at once.
 PERMANENT_HTTP = {400, 401, 403, 404, 405, 410, 451}
 
@@ -123,7 +124,7 @@ class Resource:
     sha256: str | None = None
     md5: str | None = None
     manual: str | None = None
-    git_sha1: str | None = None  # git's blob id (sha1 of "blob <size>\0" + bytes): what a hub declares for a non-LFS file
+    git_sha1: str | None = None  # git's blob id (sha1 of "blob <size>\0" + bytes): a hub's hash of a non-LFS file
     remedy: str | None = None  # what to do when the file's checksum differs (default: update the entry's checksum)
 
     def __post_init__(self) -> None:
@@ -274,7 +275,7 @@ def fetch(
     folder = cache_dir(cache)
     folder.mkdir(parents=True, exist_ok=True)
     dest = folder / res.filename
-    with _locked(folder, res.filename):
+    with file_lock(folder, res.filename):
         if dest.exists() and _cached_is_valid(res, dest, dataset):
             return dest
         mirror_path = mirror_dir(mirror)
@@ -286,7 +287,7 @@ def fetch(
 
 
 @contextlib.contextmanager
-def _locked(folder: Path, filename: str) -> Iterator[None]:
+def file_lock(folder: Path, filename: str) -> Iterator[None]:
     """One process at a time per cached file (two prepare stages may want the same file)."""
     if fcntl is None:  # pragma: no cover
         yield
@@ -399,7 +400,7 @@ def _download(res: Resource, dataset: str, dest: Path, mirror: Path | None, prog
         others = f" (other URLs failed: {'; '.join(failures)})" if failures else ""
         raise ChecksumError(
             f"dataset {dataset!r}: checksum mismatch for {res.filename!r}: {'; '.join(mismatches)}{others}. "
-            f"The bad download was deleted; {res.remedy or 'if upstream changed the file, update the checksum in the dataset entry'}"
+            f"The bad download was deleted; {res.remedy or UPSTREAM_CHANGED}"
         )
     if res.manual:
         raise ManualDownloadError(_manual_message(res, dataset, dest, mirror, failures))

@@ -47,9 +47,9 @@ from vlbench.datasets.download import (
     DownloadError,
     Resource,
     RetryPolicy,
-    _locked,
     cache_dir,
     fetch,
+    file_lock,
 )
 from vlbench.io import atomic_path
 
@@ -118,7 +118,8 @@ def cache_name(repo: str, commit: str, path: str) -> str:
 
 
 def read_lock(path: Path | None = None) -> dict[str, Pin]:
-    """{entry: Pin} of the lock file (empty when there is none); a malformed lock is an error naming file, entry, key."""
+    """{entry: Pin} of the lock file (empty when there is none); a malformed lock is an error naming the file, the
+    entry and the key."""
     path = path or lock_path()
     try:
         data = yaml.safe_load(path.read_text()) if path.exists() else {}
@@ -153,7 +154,7 @@ def _pin(path: Path, name: str, value) -> Pin:
 def _editing_lock() -> Iterator[dict[str, Pin]]:
     """The lock's pins, read and written back (atomically) under a file lock: two prepare stages may pin at once."""
     path = lock_path()
-    with _locked(_lock_guard_dir(), "hub-lock"):
+    with file_lock(_lock_guard_dir(), "hub-lock"):
         pins = read_lock(path)
         yield pins
         with atomic_path(path) as tmp:
@@ -176,13 +177,15 @@ def record_file(dataset: str, path: str, sha256: str, size: int) -> None:
 
 def repin(dataset: str, repo: str, revision: str) -> tuple[Pin | None, Pin]:
     """Resolve `revision` of `repo` at the hub now and pin `dataset` to that commit, with no file recorded yet (the
-    next prepare downloads and verifies them at the new commit). Returns (the old pin or None, the new pin)."""
+    next prepare downloads and verifies them at the new commit); a pin already there keeps its files. Returns (the
+    old pin or None, the new pin)."""
     if offline():
         raise PinError(f"dataset {dataset!r}: {OFFLINE_ENV} is set: pinning {repo}@{revision} needs the hub")
     commit = resolve(repo, revision)
     with _editing_lock() as pins:
         old = pins.get(dataset)
-        pins[dataset] = Pin(repo, revision, commit)
+        if old is None or (old.repository, old.revision, old.commit) != (repo, revision, commit):
+            pins[dataset] = Pin(repo, revision, commit)
     return old, pins[dataset]
 
 
@@ -241,7 +244,8 @@ def _revision_info(endpoint_url: str, repo: str, revision: str) -> dict:
         raise DownloadError(f"the hub's revision API {url} answered HTTP {err.code} ({why})") from None
     except (urllib.error.URLError, OSError, ValueError) as err:
         raise DownloadError(f"the hub's revision API {url} could not be read ({getattr(err, 'reason', err)}); "
-                            f"without network, a pinned entry's files in the cache or mirror folder need no hub") from None
+                            "without network, a pinned entry's files in the cache or mirror folder need no hub"
+                            ) from None
     if not isinstance(info, dict):
         raise DownloadError(f"the hub's revision API {url} gave no JSON object")
     return info
@@ -277,7 +281,8 @@ def hub_file(dataset: str, repo: str, revision: str, path: str, sha256: str | No
         raise ChecksumError(f"dataset {dataset!r}: {repo}@{pin.commit} {path!r} ({local}) has {size} bytes, "
                             f"{'the lock records' if recorded else 'the hub declares'} {expected['size']}; "
                             f"{res.remedy}")
-    provenance = {"path": path, **res.provenance(local), "commit": pin.commit}
+    # no URL: the endpoint (HF_ENDPOINT, offline or not) must not change what the prepared dataset records
+    provenance = {"path": path, **{k: v for k, v in res.provenance(local).items() if k != "urls"}, "commit": pin.commit}
     if recorded is None:
         record_file(dataset, path, provenance["sha256"], size)
     return HubFile(local, pin.commit, provenance)
