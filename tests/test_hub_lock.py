@@ -21,6 +21,7 @@ from vlbench.datasets.canonical import load_meta
 from vlbench.datasets.download import ChecksumError, ManualDownloadError, _hash_file
 from vlbench.datasets.hub import PinError, read_lock
 from vlbench.datasets.registry import prepare_dataset
+from vlbench.datasets.wds import catalogue_row
 
 NAME, REPO = "wds-vtab-pets", "djghosh/wds_vtab-pets_test"
 C1, C2 = "1" * 40, "2" * 40
@@ -211,11 +212,13 @@ def test_a_branch_with_slashes_is_resolved_through_the_api(dirs):
 def test_lock_shows_the_pins(dirs):
     www, _, out = dirs
     assert "no pins yet" in CliRunner().invoke(main, ["--conf", str(CONF.parent), "lock"]).output
+    assert catalogue_row(NAME, entry(NAME, revision="main")["prepare"])["pinned"] is None
     _hub(www)
     with serve(www):
         _prepare(out)
     shown = CliRunner().invoke(main, ["--conf", str(CONF.parent), "lock"]).output
     assert f"{NAME} {REPO}@main -> {C1}  4 files" in shown
+    assert catalogue_row(NAME, entry(NAME, revision="main")["prepare"])["pinned"] == C1
     as_json = json.loads(CliRunner().invoke(main, ["--conf", str(CONF.parent), "lock", "--json"]).output)
     assert as_json[NAME]["commit"] == C1 and sorted(as_json[NAME]["files"]) == sorted(FILES)
     result = CliRunner().invoke(main, ["--conf", str(CONF.parent), "lock", "--update", "cifar10"])

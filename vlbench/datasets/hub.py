@@ -102,6 +102,12 @@ def lock_path() -> Path:
     return Path(os.environ.get(LOCK_ENV) or DEFAULT_LOCK)
 
 
+def pinned_commit(dataset: str) -> str | None:
+    """The commit the lock pins `dataset` to, or None (pinned at its first download)."""
+    pin = read_lock().get(dataset)
+    return pin.commit if pin else None
+
+
 def update_command(dataset: str) -> str:
     return f"vlbench lock --update {dataset}"
 

@@ -64,7 +64,7 @@ from vlbench.datasets.canonical import (
     write_dataset,
 )
 from vlbench.datasets import winogavil
-from vlbench.datasets.hub import hub_file
+from vlbench.datasets.hub import hub_file, pinned_commit
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 from vlbench.metrics import mean_recall_at_1
@@ -141,7 +141,8 @@ def catalogue_row(name: str, spec: dict) -> dict:
            "splits": {cfg.split: cfg.size} if cfg.size is not None else {},
            "metric": RETRIEVAL_METRIC if cfg.kind == "retrieval" else cfg.metric,
            "main_metric": datacomp.get("main_metric"), "task": datacomp.get("name", spec.get("task")),
-           "manual_download": False, "repo": f"{cfg.repo}@{cfg.revision}", "shards_verified": bool(cfg.sha256)}
+           "manual_download": False, "repo": f"{cfg.repo}@{cfg.revision}",
+           "shards_verified": True, "pinned": pinned_commit(name)}  # verified: against the hub, then hub.lock
     unknown = [what for what, value in (("classes", row["classes"] if cfg.kind == "classification" else 0),
                                         ("test size", cfg.size)) if value is None]
     if unknown:

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlbench.datasets.canonical import ASSOCIATION_COLUMN, ClassInfo, DatasetError, DatasetMeta, write_dataset
-from vlbench.datasets.hub import hub_file
+from vlbench.datasets.hub import hub_file, pinned_commit
 from vlbench.datasets.images import checked_rows, image_problem
 from vlbench.datasets.spec import check_keys
 
@@ -93,7 +93,8 @@ def catalogue_row(name: str, spec: dict) -> dict:
     datacomp = spec.get("datacomp") or {}
     return {"classes": None, "splits": {}, "instances": cfg.size, "metric": METRIC,
             "main_metric": datacomp.get("main_metric"), "task": datacomp.get("name", spec.get("task")),
-            "manual_download": False, "repo": f"{cfg.repo}@{cfg.revision}", "shards_verified": bool(cfg.sha256),
+            "manual_download": False, "repo": f"{cfg.repo}@{cfg.revision}",
+            "shards_verified": True, "pinned": pinned_commit(name),  # verified: against the hub, then hub.lock
             "note": "test size in instances (one class each, its cue), each of 5 to 12 candidate images; the number "
                     "of images is known after prepare"}
 
