@@ -137,8 +137,9 @@ def lock_cmd(ctx: click.Context, update: tuple[str, ...], as_json: bool) -> None
     """Show the Hugging Face pins (hub.lock: each entry's repository, revision, commit and files' sha256), or move
     the pins of --update ENTRY on purpose (docs/downloads.md)."""
     try:
+        registered = entries(config_dir=_conf(ctx)) if update else {}
         for name in update:
-            _update_pin(name, entries(config_dir=_conf(ctx)))
+            _update_pin(name, registered)
         pins = read_lock()
     except VlbenchError as err:
         raise click.ClickException(str(err)) from err
@@ -147,7 +148,7 @@ def lock_cmd(ctx: click.Context, update: tuple[str, ...], as_json: bool) -> None
     elif not update:
         if not pins:
             click.echo(f"{lock_path()}: no pins yet (an entry is pinned at its first download)")
-        width = max([len("dataset")] + [len(name) for name in pins])
+        width = max([0] + [len(name) for name in pins])
         for name, pin in sorted(pins.items()):
             size = sum(f["size"] for f in pin.files.values())
             click.echo(f"{name:{width}s} {pin.repository}@{pin.revision} -> {pin.commit}  {len(pin.files)} files, "

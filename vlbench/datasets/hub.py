@@ -174,23 +174,27 @@ def _lock_guard_dir() -> Path:
     return folder
 
 
-def record_file(dataset: str, path: str, sha256: str, size: int) -> None:
+def record_file(dataset: str, commit: str, path: str, sha256: str, size: int) -> None:
+    """Add a file verified at `commit` to `dataset`'s pin (an error if the pin moved meanwhile)."""
     with _editing_lock() as pins:
-        pin = pins[dataset]
+        pin = pins.get(dataset)
+        if pin is None or pin.commit != commit:
+            raise PinError(f"dataset {dataset!r}: its pin in {lock_path()} moved from {commit} while {path!r} was "
+                           f"downloaded (`{update_command(dataset)}` ran meanwhile?); run prepare again")
         pins[dataset] = Pin(pin.repository, pin.revision, pin.commit, {**pin.files, path: {"sha256": sha256,
                                                                                             "size": size}})
 
 
-def repin(dataset: str, repo: str, revision: str) -> tuple[Pin | None, Pin]:
+def repin(dataset: str, repo: str, revision: str, first: bool = False) -> tuple[Pin | None, Pin]:
     """Resolve `revision` of `repo` at the hub now and pin `dataset` to that commit, with no file recorded yet (the
-    next prepare downloads and verifies them at the new commit); a pin already there keeps its files. Returns (the
-    old pin or None, the new pin)."""
+    next prepare downloads and verifies them at the new commit); a pin already at that commit keeps its files, and
+    with `first` any pin there is kept (another prepare pinned it meanwhile). Returns (the old pin or None, the pin)."""
     if offline():
         raise PinError(f"dataset {dataset!r}: {OFFLINE_ENV} is set: pinning {repo}@{revision} needs the hub")
     commit = resolve(repo, revision)
     with _editing_lock() as pins:
         old = pins.get(dataset)
-        if old is None or (old.repository, old.revision, old.commit) != (repo, revision, commit):
+        if old is None or (not first and (old.repository, old.revision, old.commit) != (repo, revision, commit)):
             pins[dataset] = Pin(repo, revision, commit)
     return old, pins[dataset]
 
@@ -290,7 +294,7 @@ def hub_file(dataset: str, repo: str, revision: str, path: str, sha256: str | No
     # no URL: the endpoint (HF_ENDPOINT, offline or not) must not change what the prepared dataset records
     provenance = {"path": path, **{k: v for k, v in res.provenance(local).items() if k != "urls"}, "commit": pin.commit}
     if recorded is None:
-        record_file(dataset, path, provenance["sha256"], size)
+        record_file(dataset, pin.commit, path, provenance["sha256"], size)
     return HubFile(local, pin.commit, provenance)
 
 
@@ -301,7 +305,7 @@ def _pin_of(dataset: str, repo: str, revision: str) -> Pin:
             raise PinError(f"dataset {dataset!r}: {OFFLINE_ENV} is set and {lock_path()} has no pin for it: run its "
                            f"prepare once with network (it pins {repo}@{revision}), or use a {lock_path().name} that "
                            f"has one")
-        return repin(dataset, repo, revision)[1]
+        pin = repin(dataset, repo, revision, first=True)[1]
     if (pin.repository, pin.revision) != (repo, revision):
         raise PinError(f"dataset {dataset!r}: the entry reads {repo}@{revision}, {lock_path()} pins "
                        f"{pin.repository}@{pin.revision} (commit {pin.commit}); run `{update_command(dataset)}` to "
