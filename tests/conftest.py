@@ -81,11 +81,12 @@ def toy_model_cfg(tmp_path_factory):
 @pytest.fixture
 def dirs(tmp_path, monkeypatch):
     """For the download-source tests: (www: the served folder, mirror: the local mirror folder, out: prepared
-    datasets); the download cache is private to the test."""
+    datasets); the download cache and the hub lock (VLBENCH_HUB_LOCK) are private to the test."""
     www, mirror = tmp_path / "www", tmp_path / "mirror"
     www.mkdir()
     mirror.mkdir()
     monkeypatch.setenv("VLBENCH_DOWNLOADS", str(tmp_path / "cache"))
+    monkeypatch.setenv("VLBENCH_HUB_LOCK", str(tmp_path / "hub.lock"))
     monkeypatch.setenv("VLBENCH_MIRROR", str(mirror))
     monkeypatch.setenv("VLBENCH_DOWNLOAD_BACKOFF", "0")
     return www, mirror, tmp_path / "out"

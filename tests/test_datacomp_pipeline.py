@@ -62,12 +62,12 @@ def repo(tmp_path_factory):
                FAIRFACE_CLASSES, FAIRFACE_TEMPLATES)
     write_winogavil(www, WINOGAVIL)
     repo = make_repo(base / "repo")
-    with serve(www) as base_url:
+    with serve(www):
         suite = read_suite(repo, "smoke")
-        suite["datasets"] = {name: entry(name, base_url, size=14, classes=len(spec[2])) for name, spec in TASKS.items()}
-        suite["datasets"]["wds-mscoco"] = entry("wds-mscoco", base_url)
-        suite["datasets"]["wds-fairface"] = entry("wds-fairface", base_url, size=len(FACES))
-        suite["datasets"]["wds-winogavil"] = entry("wds-winogavil", base_url, size=len(WINOGAVIL))
+        suite["datasets"] = {name: entry(name, size=14, classes=len(spec[2])) for name, spec in TASKS.items()}
+        suite["datasets"]["wds-mscoco"] = entry("wds-mscoco")
+        suite["datasets"]["wds-fairface"] = entry("wds-fairface", size=len(FACES))
+        suite["datasets"]["wds-winogavil"] = entry("wds-winogavil", size=len(WINOGAVIL))
         suite.update(embed=[*TASKS, "wds-mscoco", "wds-fairface", "wds-winogavil"],
                      zeroshot=[*TASKS, "wds-fairface", "wds-winogavil"], linear_probe=[], retrieval=["wds-mscoco"])
         write_suite(repo, suite)

@@ -14,6 +14,7 @@ from tests.archives import sha256
 from tests.http_server import serve
 from tests.wds_shards import REVISION, caption_samples, classification_samples, entry, write_repo
 from vlbench.datasets.canonical import DatasetError, load_meta
+from vlbench.datasets.hub import read_lock
 from vlbench.datasets.registry import prepare_dataset
 from vlbench.datasets.wds import catalogue_row
 from vlbench.texts import build_text_sets
@@ -26,11 +27,11 @@ def test_classification_shards_prepared_in_order_with_their_classes_and_template
     www, _, out = dirs
     shards = [classification_samples([0, 1, 2, 1], 0, prefix="a"), classification_samples([2, 0], 1, prefix="b")]
     root = write_repo(www, "djghosh/wds_vtab-pets_test", shards, CLASSES, TEMPLATES)
-    with serve(www) as base_url:
-        spec = entry("wds-vtab-pets", base_url, size=6, classes=3,
+    with serve(www):
+        spec = entry("wds-vtab-pets", size=6, classes=3,
                      sha256={"test/0.tar": sha256(root / "test/0.tar")})["prepare"]
         meta = prepare_dataset("wds-vtab-pets", spec, out)
-    assert "has no published checksum; not verified" in capsys.readouterr().err  # test/1.tar, the text files
+    assert "not verified" not in capsys.readouterr().err  # every file verified against the hub's declaration
     assert (meta.task, meta.metric, meta.splits, meta.class_names) == ("single-label", "mean_per_class", {"test": 6},
                                                                        CLASSES)
     rows = pq.read_table(out / "splits/test.parquet").to_pylist()
@@ -40,9 +41,12 @@ def test_classification_shards_prepared_in_order_with_their_classes_and_template
     prov = load_meta(out).provenance
     assert (prov["repo"], prov["revision"], prov["nshards"], prov["templates"]) == (
         "djghosh/wds_vtab-pets_test", REVISION, 2, TEMPLATES)
-    verified = {f["path"]: f["verified"] for f in prov["files"]}
-    assert verified == {"test/nshards.txt": False, "classnames.txt": False,
-                        "zeroshot_classification_templates.txt": False, "test/0.tar": True, "test/1.tar": False}
+    assert prov["commit"] == REVISION
+    paths = ["test/nshards.txt", "classnames.txt", "zeroshot_classification_templates.txt", "test/0.tar", "test/1.tar"]
+    assert [(f["path"], f["verified"], f["commit"]) for f in prov["files"]] == [(p, True, REVISION) for p in paths]
+    pinned = read_lock()["wds-vtab-pets"]  # the entry pinned at the first download, every file's sha256 and size
+    assert (pinned.repository, pinned.revision, pinned.commit) == ("djghosh/wds_vtab-pets_test", REVISION, REVISION)
+    assert pinned.files == {p: {"sha256": sha256(root / p), "size": (root / p).stat().st_size} for p in paths}
     assert pq.ParquetFile(out / "splits/test.parquet").metadata.num_row_groups == 1
 
 
@@ -51,8 +55,8 @@ def test_prepared_templates_are_the_entrys_prompts(dirs, monkeypatch, tmp_path):
     write_repo(www, "djghosh/wds_vtab-pets_test", [classification_samples([0, 1, 2])], CLASSES, TEMPLATES)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "data/prepared/wds-vtab-pets"
-    with serve(www) as base_url:
-        found = entry("wds-vtab-pets", base_url, size=3, classes=3)
+    with serve(www):
+        found = entry("wds-vtab-pets", size=3, classes=3)
         meta = prepare_dataset("wds-vtab-pets", found["prepare"], out)
     prompts = build_text_sets(meta, out, found["texts"])["prompts"].to_pylist()
     assert [p["text"] for p in prompts] == [t.replace("{c}", c) for c in CLASSES for t in TEMPLATES]
@@ -63,10 +67,10 @@ def test_group_from_the_npy_metadata_and_captions(dirs):
     write_repo(www, "djghosh/wds_dollar_street_test",
                [classification_samples([0, 1, 2], groups=[[3, 7, 1], [0, 2, 2], [3, 1, 0]])], CLASSES, TEMPLATES)
     write_repo(www, "clip-benchmark/wds_mscoco_captions", [caption_samples([["a dog.", "a dog running."], ["a cat."]])])
-    with serve(www) as base_url:
-        prepare_dataset("wds-dollar_street", entry("wds-dollar_street", base_url, size=3, classes=3)["prepare"],
+    with serve(www):
+        prepare_dataset("wds-dollar_street", entry("wds-dollar_street", size=3, classes=3)["prepare"],
                         out / "ds")
-        meta = prepare_dataset("wds-mscoco", entry("wds-mscoco", base_url)["prepare"], out / "coco")
+        meta = prepare_dataset("wds-mscoco", entry("wds-mscoco")["prepare"], out / "coco")
     assert pq.read_table(out / "ds/splits/test.parquet").column("group").to_pylist() == [
         "income_ds:3", "income_ds:0", "income_ds:3"]
     assert (meta.task, meta.class_names, meta.splits) == ("captions", ["image"], {"test": 2})
@@ -88,9 +92,9 @@ def test_bad_shards_are_one_line_errors_naming_the_sample(dirs, problem, spec, m
     if problem == "image":
         del samples[1]["png"]
     write_repo(www, "djghosh/wds_vtab-pets_test", [samples], CLASSES, TEMPLATES)
-    with serve(www) as base_url:
+    with serve(www):
         with pytest.raises(DatasetError, match="wds-vtab-pets") as err:
-            prepare_dataset("wds-vtab-pets", entry("wds-vtab-pets", base_url, **{"size": 3, "classes": 3, **spec})[
+            prepare_dataset("wds-vtab-pets", entry("wds-vtab-pets", **{"size": 3, "classes": 3, **spec})[
                 "prepare"], out)
     assert message in str(err.value) and "\n" not in str(err.value)
     assert not out.exists()
@@ -99,7 +103,7 @@ def test_bad_shards_are_one_line_errors_naming_the_sample(dirs, problem, spec, m
 def test_an_unsupported_entry_says_why():
     """An entry marked `unsupported` (tools/datacomp_conf.py `UNSUPPORTED`, empty since WinoGAViL, FairFace and UTKFace
     can be prepared) stops prepare with its reason, before any download; the catalogue carries the reason too."""
-    spec = dict(entry("wds-cars", "http://127.0.0.1:1")["prepare"], unsupported="its shards are not readable yet")
+    spec = dict(entry("wds-cars")["prepare"], unsupported="its shards are not readable yet")
     with pytest.raises(DatasetError, match="wds-cars.*its shards are not readable yet"):
         prepare_dataset("wds-cars", spec, "/nonexistent")
     assert catalogue_row("wds-cars", spec)["unsupported"] == "its shards are not readable yet"
@@ -134,9 +138,9 @@ def test_the_entries_are_the_tools_output(tmp_path):
 def test_a_result_gives_its_datacomp_cell():
     from vlbench.datasets.wds import datacomp_cell
 
-    iwildcam = entry("wds-wilds-iwildcam", "http://127.0.0.1:1")["prepare"]
+    iwildcam = entry("wds-wilds-iwildcam")["prepare"]
     assert datacomp_cell("wds-wilds-iwildcam", iwildcam, {"f1_macro": 0.25, "accuracy": 0.5}) == ("iWildCam", 0.25)
-    coco = entry("wds-mscoco", "http://127.0.0.1:1")["prepare"]
+    coco = entry("wds-mscoco")["prepare"]
     assert datacomp_cell("wds-mscoco", coco, {"i2t_r1": 0.5, "t2i_r1": 0.3, "i2t_r5": 0.9}) == ("MSCOCO", 0.4)
     with pytest.raises(DatasetError, match="no 't2i_r1'"):
         datacomp_cell("wds-mscoco", coco, {"i2t_r1": 0.5})

@@ -36,8 +36,8 @@ def test_faces_prepared_with_every_objective_and_prompts_per_objective(dirs, mon
     meta_rows = fairface_metadata(7, seed=1)
     write_repo(www, REPO, [face_samples(meta_rows[:4]), face_samples(meta_rows[4:], 1, "g")], FAIRFACE_CLASSES,
                FAIRFACE_TEMPLATES)
-    with serve(www) as base_url:
-        found = entry("wds-fairface", base_url, size=7)
+    with serve(www):
+        found = entry("wds-fairface", size=7)
         meta = prepare_dataset("wds-fairface", found["prepare"], out)
     assert meta.class_names == FAIRFACE_CLASSES and meta.metric == "accuracy"  # as the shards name them
     rows = pq.read_table(out / "splits/test.parquet").to_pylist()
@@ -59,8 +59,8 @@ def test_faces_prepared_with_every_objective_and_prompts_per_objective(dirs, mon
 def test_plain_templates_serve_every_objective(dirs):
     www, _, out = dirs
     write_repo(www, REPO, [face_samples(fairface_metadata(3, seed=2))], FAIRFACE_CLASSES, FAIRFACE_TEMPLATES)
-    with serve(www) as base_url:
-        meta = prepare_dataset("wds-fairface", entry("wds-fairface", base_url, size=3)["prepare"], out)
+    with serve(www):
+        meta = prepare_dataset("wds-fairface", entry("wds-fairface", size=3)["prepare"], out)
     texts = build_text_sets(meta, out, {"templates": ["gender:a {c} face.", "an image of a {c}."]})["prompts"]
     by_class = {}
     for t in texts.to_pylist():
@@ -98,9 +98,9 @@ def test_bad_faces_are_one_line_errors_naming_file_and_sample(dirs, problem, mes
     else:
         templates = templates[:-1]
     write_repo(www, REPO, [samples], classes, templates)
-    with serve(www) as base_url:
+    with serve(www):
         with pytest.raises(DatasetError, match="'wds-fairface'") as err:
-            prepare_dataset("wds-fairface", entry("wds-fairface", base_url, size=3)["prepare"], out)
+            prepare_dataset("wds-fairface", entry("wds-fairface", size=3)["prepare"], out)
     assert message in str(err.value) and "\n" not in str(err.value)
     assert not out.exists()
 
@@ -108,7 +108,7 @@ def test_bad_faces_are_one_line_errors_naming_file_and_sample(dirs, problem, mes
 @pytest.mark.parametrize("objectives", [{"label": "hair", "metadata": ["age"]}, {"metadata": ["age"]},
                                         {"label": "label", "metadata": ["label"]}, ["age"]])
 def test_a_bad_objectives_key_is_named(objectives):
-    spec = {**entry("wds-fairface", "http://127.0.0.1:1")["prepare"], "objectives": objectives}
+    spec = {**entry("wds-fairface")["prepare"], "objectives": objectives}
     with pytest.raises(DatasetError, match="'wds-fairface': 'objectives' must be"):
         prepare_dataset("wds-fairface", spec, "/nonexistent")
 

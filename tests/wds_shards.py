@@ -1,8 +1,9 @@
 """Miniature webdataset task repositories in DataComp's / CLIP_benchmark's exact layout, for tests:
 
-    <www>/<repo>/resolve/<revision>/classnames.txt, zeroshot_classification_templates.txt,
-                                    test/nshards.txt, test/<i>.tar
+    <www>/datasets/<repo>/resolve/<revision>/classnames.txt, zeroshot_classification_templates.txt,
+                                             test/nshards.txt, test/<i>.tar
 
+served as a Hugging Face hub by tests/http_server.py `serve` (which points HF_ENDPOINT at itself)
 each tar of `<key>.<ext>` members, one sample's members consecutive (`.png` image, `.cls` or `.txt`, `.npy`)."""
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def write_tar(path: Path, samples: list[dict]) -> None:
 
 def write_repo(www: Path, repo: str, shards: list[list[dict]], classnames: list[str] | None = None,
                templates: list[str] | None = None, revision: str = REVISION) -> Path:
-    root = www / repo / "resolve" / revision
+    root = www / "datasets" / repo / "resolve" / revision
     (root / "test").mkdir(parents=True, exist_ok=True)
     if classnames is not None:
         (root / "classnames.txt").write_text("\n".join(classnames) + "\n")
@@ -73,10 +74,11 @@ def caption_samples(captions: list[list[str]], seed: int = 0) -> list[dict]:
             for i, c in enumerate(captions)]
 
 
-def entry(name: str, base_url: str, **prepare) -> dict:
-    """The real conf/dataset/<name>.yaml entry, pointed at the local server and pinned at `REVISION`."""
+def entry(name: str, **prepare) -> dict:
+    """The real conf/dataset/<name>.yaml entry at revision `REVISION` unless `prepare` gives another (the local hub
+    is env HF_ENDPOINT)."""
     found = yaml.safe_load((CONF / f"{name}.yaml").read_text())
-    found["prepare"].update(base_url=str(base_url), revision=REVISION, **prepare)
+    found["prepare"].update({"revision": REVISION, **prepare})
     return found
 
 
@@ -123,7 +125,7 @@ def write_winogavil(www: Path, instances: list[dict], path: str = "default/test/
              "num_associations": len(i["associations"]),
              "candidate_images": [{"bytes": b, "path": f"{c}.png"} for c, b in zip(i["candidates"], i["images"])]}
             for i in instances]
-    target = www / repo / "resolve" / revision / path
+    target = www / "datasets" / repo / "resolve" / revision / path
     target.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), target, row_group_size=row_group_size)
     return target

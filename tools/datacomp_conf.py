@@ -16,8 +16,9 @@ FairFace and UTKFace (`FAIRNESS`) label each face with several objectives: their
 eval_utils/fairness_eval.py; not part of the average).
 
 `REVISION` and `SHA256`: the hub's commit of each repository and the sha256 of each shard (the LFS oid the hub
-publishes). None were known when this table was written (no network): every repository is read at `main` and every
-file is recorded as unverified with a warning and its computed sha256 (docs/datasets.md says how to pin them).
+publishes), written into the entries. None were known when this table was written (no network): every repository is
+read at `main`, which the first prepare pins to its commit in `hub.lock`, each file verified against the hash the hub
+declares and recorded there (vlbench/datasets/hub.py, docs/downloads.md).
 """
 
 from __future__ import annotations

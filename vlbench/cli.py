@@ -23,6 +23,7 @@ from vlbench.config import (
     link_data_root,
     missing_finetuned,
 )
+from vlbench.datasets.hub import lock_path, read_lock, repin
 from vlbench.datasets.leaves import dataset_leaves
 from vlbench.datasets.registry import catalogue, entries
 from vlbench.errors import VlbenchError
@@ -125,6 +126,49 @@ def params_yaml(params: dict) -> str:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_yaml(OmegaConf.create(params))
+
+
+@main.command("lock")
+@click.option("--update", "update", multiple=True, metavar="ENTRY",
+              help="re-resolve the entry's revision at the hub and pin its current commit (repeatable)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output: the lock's pins")
+@click.pass_context
+def lock_cmd(ctx: click.Context, update: tuple[str, ...], as_json: bool) -> None:
+    """Show the Hugging Face pins (hub.lock: each entry's repository, revision, commit and files' sha256), or move
+    the pins of --update ENTRY on purpose (docs/downloads.md)."""
+    try:
+        registered = entries(config_dir=_conf(ctx)) if update else {}
+        for name in update:
+            _update_pin(name, registered)
+        pins = read_lock()
+    except VlbenchError as err:
+        raise click.ClickException(str(err)) from err
+    if as_json:
+        click.echo(json.dumps({name: pin.as_yaml() for name, pin in pins.items()}, indent=2))
+    elif not update:
+        if not pins:
+            click.echo(f"{lock_path()}: no pins yet (an entry is pinned at its first download)")
+        width = max([0] + [len(name) for name in pins])
+        for name, pin in sorted(pins.items()):
+            size = sum(f["size"] for f in pin.files.values())
+            click.echo(f"{name:{width}s} {pin.repository}@{pin.revision} -> {pin.commit}  {len(pin.files)} files, "
+                       f"{size:,} bytes")
+
+
+def _update_pin(name: str, registered: dict) -> None:
+    prepare = (registered.get(name) or {}).get("prepare") or {}
+    if not isinstance(prepare.get("repo"), str) or not isinstance(prepare.get("revision"), str):
+        raise click.ClickException(f"{name!r} is not a registered Hugging Face dataset entry (conf/dataset/{name}.yaml "
+                                   f"with prepare.repo and prepare.revision)")
+    old, new = repin(name, prepare["repo"], prepare["revision"])
+    where = f"{name}: {new.repository}@{new.revision}"
+    if old is not None and old.commit == new.commit and old.files == new.files:
+        click.echo(f"{where} is still at {new.commit}; {lock_path()} unchanged")
+        return
+    was = f"moved from {old.commit} ({len(old.files)} files forgotten)" if old is not None else "pinned"
+    click.echo(f"{where} {was} to {new.commit} in {lock_path()}; its files are downloaded and verified against the "
+               f"hub at the next prepare, which DVC does not rerun by itself (the lock is no stage dependency): "
+               f"dvc repro -f -s prepare@{name}")
 
 
 @main.command("data-root")

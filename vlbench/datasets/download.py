@@ -57,6 +57,8 @@ PART_SUFFIX = ".part"
 CHUNK = 1 << 20
 USER_AGENT = "vlbench (+https://github.com/; dataset preparation)"
 RESOURCE_KEYS = ("file", "url", "urls", "sha256", "md5", "manual")
+CHECKSUMS = ("sha256", "md5", "git_sha1")  # the checksums a Resource may carry, checked in this order
+UPSTREAM_CHANGED = "if upstream changed the file, update the checksum in the dataset entry"  # a mismatch's default remedy
 # HTTP answers that another attempt on the same URL would not change: go to the next mirror at once.
 PERMANENT_HTTP = {400, 401, 403, 404, 405, 410, 451}
 
@@ -122,12 +124,14 @@ class Resource:
     sha256: str | None = None
     md5: str | None = None
     manual: str | None = None
+    git_sha1: str | None = None  # git's blob id (sha1 of "blob <size>\0" + bytes): a hub's hash of a non-LFS file
+    remedy: str | None = None  # what to do when the file's checksum differs (default: update the entry's checksum)
 
     def __post_init__(self) -> None:
         if not self.filename or self.filename in (".", "..") or "/" in self.filename or "\\" in self.filename:
             raise DatasetError(f"resource file name {self.filename!r} must be a plain file name (no folders)")
         object.__setattr__(self, "urls", tuple(self.urls))
-        for algo, length in (("sha256", 64), ("md5", 32)):
+        for algo, length in (("sha256", 64), ("md5", 32), ("git_sha1", 40)):
             value = getattr(self, algo)
             if value is not None:
                 value = str(value).strip().lower()
@@ -139,7 +143,12 @@ class Resource:
 
     @property
     def verifiable(self) -> bool:
-        return bool(self.sha256 or self.md5)
+        return bool(self.sha256 or self.md5 or self.git_sha1)
+
+    @property
+    def extra_digests(self) -> tuple[str, ...]:
+        """The digests besides sha256 (always computed) that verifying this file needs."""
+        return tuple(algo for algo in ("md5", "git_sha1") if getattr(self, algo))
 
     def mirror_names(self) -> tuple[str, ...]:
         """The names a mirror file may have: the cache name, then, for a resource with a checksum, each URL's
@@ -154,14 +163,14 @@ class Resource:
 
     def expected(self) -> str:
         """The expected checksum in words, for messages."""
-        parts = [f"{algo} {getattr(self, algo)}" for algo in ("sha256", "md5") if getattr(self, algo)]
+        parts = [f"{algo} {getattr(self, algo)}" for algo in CHECKSUMS if getattr(self, algo)]
         return ", ".join(parts) or "none (no checksum is published)"
 
     def provenance(self, path: str | os.PathLike) -> dict:
         """What the prepared dataset records about this file: name, URLs, sha256 (always, computed or taken from a
         still-valid sidecar), the upstream md5 where given, size, and whether a published checksum verified it."""
         path = Path(path)
-        digests, _ = _digests(path, want_md5=bool(self.md5))
+        digests, _ = _digests(path, self.extra_digests)
         record = {"file": self.filename, "urls": list(self.urls), "sha256": digests["sha256"]}
         if self.md5:
             record["md5"] = self.md5
@@ -266,7 +275,7 @@ def fetch(
     folder = cache_dir(cache)
     folder.mkdir(parents=True, exist_ok=True)
     dest = folder / res.filename
-    with _locked(folder, res.filename):
+    with file_lock(folder, res.filename):
         if dest.exists() and _cached_is_valid(res, dest, dataset):
             return dest
         mirror_path = mirror_dir(mirror)
@@ -278,7 +287,7 @@ def fetch(
 
 
 @contextlib.contextmanager
-def _locked(folder: Path, filename: str) -> Iterator[None]:
+def file_lock(folder: Path, filename: str) -> Iterator[None]:
     """One process at a time per cached file (two prepare stages may want the same file)."""
     if fcntl is None:  # pragma: no cover
         yield
@@ -294,7 +303,7 @@ def _locked(folder: Path, filename: str) -> Iterator[None]:
 def _cached_is_valid(res: Resource, dest: Path, dataset: str) -> bool:
     """Whether the cached file matches; one that does not is deleted if vlbench put it there (it has a sidecar),
     and is an error if a person did (a hand-placed file is never deleted)."""
-    digests, from_sidecar = _digests(dest, want_md5=bool(res.md5))
+    digests, from_sidecar = _digests(dest, res.extra_digests)
     bad = _mismatch(res, digests)
     if bad is None:
         if not from_sidecar:
@@ -304,7 +313,7 @@ def _cached_is_valid(res: Resource, dest: Path, dataset: str) -> bool:
     if not sidecar_path(dest).exists():
         raise ChecksumError(
             f"dataset {dataset!r}: the file {dest} (placed by hand?) has {algo} {actual}, expected {expected}; "
-            "replace it with the right file, or delete it so that it is fetched again"
+            f"replace it with the right file, or delete it so that it is fetched again{_remedy(res, '; ')}"
         )
     _warn(f"dataset {dataset!r}: cached {dest} has {algo} {actual}, expected {expected}; deleting it and fetching again")
     _delete(dest)
@@ -326,6 +335,7 @@ def _from_mirror(res: Resource, dataset: str, mirror: Path, dest: Path) -> Path 
         raise ChecksumError(
             f"dataset {dataset!r}: mirror file(s) for {res.filename!r} do not match the expected checksum "
             f"({res.expected()}): {'; '.join(failures)}. Replace the mirror file with the correct one (it was not deleted)"
+            f"{_remedy(res, '; ')}"
         )
     return None
 
@@ -338,7 +348,7 @@ def _install_from_mirror(res: Resource, source: Path, dest: Path) -> dict:
     """Link or copy `source` into the cache as `dest`, verified; a mismatch leaves the cache as it was."""
     with atomic_path(dest) as tmp:
         _link_or_copy(source, tmp)
-        digests = _hash_file(tmp, want_md5=bool(res.md5))
+        digests = _hash_file(tmp, res.extra_digests)
         bad = _mismatch(res, digests)
         if bad is not None:
             raise _MirrorMismatch(f"{bad[0]} {bad[2]}")
@@ -375,7 +385,7 @@ def _download(res: Resource, dataset: str, dest: Path, mirror: Path | None, prog
         except _UrlFailed as err:
             failures.append(f"{url}: {err}")
             continue
-        digests = _hash_file(part, want_md5=bool(res.md5))
+        digests = _hash_file(part, res.extra_digests)
         bad = _mismatch(res, digests)
         if bad is not None:
             _delete(part)
@@ -390,7 +400,7 @@ def _download(res: Resource, dataset: str, dest: Path, mirror: Path | None, prog
         others = f" (other URLs failed: {'; '.join(failures)})" if failures else ""
         raise ChecksumError(
             f"dataset {dataset!r}: checksum mismatch for {res.filename!r}: {'; '.join(mismatches)}{others}. "
-            "The bad download was deleted; if upstream changed the file, update the checksum in the dataset entry"
+            f"The bad download was deleted; {res.remedy or UPSTREAM_CHANGED}"
         )
     if res.manual:
         raise ManualDownloadError(_manual_message(res, dataset, dest, mirror, failures))
@@ -518,20 +528,23 @@ def _write(out, part: Path, block: bytes) -> None:
 # ---------------------------------------------------------------------------------------------------- checksums
 
 
-def _hash_file(path: Path, want_md5: bool) -> dict:
-    sha = hashlib.sha256()
-    md5 = hashlib.md5(usedforsecurity=False) if want_md5 else None
+def _hash_file(path: Path, extra: tuple[str, ...] = ()) -> dict:
+    """{"sha256": hex} and the `extra` digests ("md5"; "git_sha1", git's blob id: sha1 of "blob <size>\\0" + bytes)."""
+    hashes = {"sha256": hashlib.sha256()}
+    if "md5" in extra:
+        hashes["md5"] = hashlib.md5(usedforsecurity=False)
+    if "git_sha1" in extra:
+        hashes["git_sha1"] = hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False)
     with open(path, "rb") as f:
         while block := f.read(CHUNK):
-            sha.update(block)
-            if md5 is not None:
-                md5.update(block)
-    return {"sha256": sha.hexdigest(), **({"md5": md5.hexdigest()} if md5 is not None else {})}
+            for digest in hashes.values():
+                digest.update(block)
+    return {algo: digest.hexdigest() for algo, digest in hashes.items()}
 
 
 def _mismatch(res: Resource, digests: Mapping) -> tuple[str, str, str] | None:
     """(algorithm, expected, actual) of the first published checksum the digests fail, else None."""
-    for algo in ("sha256", "md5"):
+    for algo in CHECKSUMS:
         expected = getattr(res, algo)
         if expected and digests.get(algo) != expected:
             return algo, expected, digests.get(algo, "?")
@@ -561,12 +574,12 @@ def read_sidecar(path: str | os.PathLike) -> dict | None:
     return record
 
 
-def _digests(path: Path, want_md5: bool) -> tuple[dict, bool]:
+def _digests(path: Path, extra: tuple[str, ...] = ()) -> tuple[dict, bool]:
     """(digests, whether they came from a still-valid sidecar): the sidecar's when it has the ones wanted."""
     record = read_sidecar(path)
-    if record and "sha256" in record and (not want_md5 or "md5" in record):
+    if record and all(algo in record for algo in ("sha256", *extra)):
         return record, True
-    return _hash_file(path, want_md5), False
+    return _hash_file(path, extra), False
 
 
 def forget_verification(path: str | os.PathLike) -> str:
@@ -593,6 +606,10 @@ def forget_verification(path: str | os.PathLike) -> str:
 def _delete(path: Path) -> None:
     path.unlink(missing_ok=True)
     sidecar_path(path).unlink(missing_ok=True)
+
+
+def _remedy(res: Resource, before: str) -> str:
+    return f"{before}{res.remedy}" if res.remedy else ""
 
 
 def _warn(message: str) -> None:
@@ -636,15 +653,3 @@ def all_missing(messages: list[str]) -> ManualDownloadError:
         return ManualDownloadError(messages[0])
     listed = " ".join(f"({i}) {message}" for i, message in enumerate(messages, 1))
     return ManualDownloadError(f"{len(messages)} files must be downloaded by hand: {listed}")
-
-
-# Hugging Face dataset repositories (the wds and winogavil sources): a file at a revision
-HUB_BASE_URL = "https://huggingface.co/datasets"
-
-
-def hub_resource(base_url: str, repo: str, revision: str, path: str, sha256: str | None) -> Resource:
-    """A dataset repository's file `path` at `revision` (`<base_url>/<repo>/resolve/<revision>/<path>`), cached under a
-    name that carries the repository and revision; verified by `sha256` where known."""
-    cache_name = f"{repo.replace('/', '__')}@{revision.replace('/', '__')}__{path.replace('/', '__')}"
-    url = f"{base_url.rstrip('/')}/{repo}/resolve/{revision}/{path}"
-    return Resource(cache_name, (url,), sha256=sha256)

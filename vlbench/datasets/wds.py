@@ -27,10 +27,12 @@ index among all classes). Classes stay as the shards name them; provenance `obje
 and the fields (canonical.objective_classes). The zero-shot analysis scores each objective over its own classes with
 its own templates (vlbench/texts.py `prompts`, vlbench.metrics.fairness_outcomes).
 
-Files come through the download layer (vlbench/datasets/download.py): from `<base_url>/<repo>/resolve/<revision>/
-<path>`, the repository pinned by `revision`, each shard verified by the sha256 the hub publishes for it (the
-spec's `sha256: {<split>/<i>.tar: hex}`); a file with no known checksum is recorded as unverified with a warning,
-its sha256 kept in provenance. Cache names carry the repository and revision, so two revisions never share a file.
+Files come through the hub layer (vlbench/datasets/hub.py, on the download layer's cache and mirror folder): the
+entry's `revision` (a branch such as `main`) is resolved to a commit at the first download and pinned in `hub.lock`;
+every file comes from `{HF_ENDPOINT}/datasets/<repo>/resolve/<commit>/<path>`, verified against the hash the hub
+declares for it (an LFS file's sha256, a git file's blob id) at its first download and against the lock after it. The
+spec's `sha256: {<split>/<i>.tar: hex}`, where given, must agree with both. Provenance records the commit and every
+file's sha256.
 
 Prepared dataset: one split (the spec's `split`, `test`), its samples in shard order then tar order, each read from
 the tar as a stream (`tarfile` mode "r|") and written row group by row group, never a split in memory; `sample_id`
@@ -61,13 +63,13 @@ from vlbench.datasets.canonical import (
     objective_classes,
     write_dataset,
 )
-from vlbench.datasets.download import HUB_BASE_URL, Resource, fetch, hub_resource
 from vlbench.datasets import winogavil
+from vlbench.datasets.hub import hub_file, pinned_commit
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 from vlbench.metrics import mean_recall_at_1
 
-SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "base_url", "split", "kind", "metric", "group", "size",
+SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "split", "kind", "metric", "group", "size",
              "classes", "sha256", "unsupported", "skip_corrupt", "objectives")
 KINDS = ("classification", "retrieval")
 IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")  # CLIP_benchmark's order
@@ -82,7 +84,6 @@ RESERVED_COLUMNS = ("sample_id", "label", "labels", "image", "captions", GROUP_C
 class WdsSpec:
     repo: str
     revision: str
-    base_url: str
     split: str
     kind: str
     metric: str
@@ -93,10 +94,6 @@ class WdsSpec:
     skip_corrupt: bool
     objectives: tuple[str, tuple[str, ...]] | None = None  # (the label objective, the .npy metadata fields)
 
-    def resource(self, path: str) -> Resource:
-        """The repository file `path` (e.g. 'test/0.tar') pinned at the revision, with its published sha256 if any."""
-        return hub_resource(self.base_url, self.repo, self.revision, path, self.sha256.get(path))
-
 
 # ------------------------------------------------------------------------------------------------ public
 
@@ -106,10 +103,9 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
     files: list[dict] = []
 
     def get(path: str) -> Path:
-        res = cfg.resource(path)
-        found = fetch(res, name)
-        files.append({"path": path, **res.provenance(found)})
-        return found
+        found = hub_file(name, cfg.repo, cfg.revision, path, cfg.sha256.get(path))
+        files.append(found.provenance)
+        return found.local
 
     nshards = read_nshards(name, get(f"{cfg.split}/nshards.txt"))
     classes, templates = CAPTION_CLASSES, []
@@ -123,7 +119,8 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
     provenance = {
         **({OBJECTIVES_KEY: {"label": cfg.objectives[0], "metadata": list(cfg.objectives[1])}} if cfg.objectives
            else {}),
-        "source": "wds", "repo": cfg.repo, "revision": cfg.revision, "split": cfg.split, "nshards": nshards,
+        "source": "wds", "repo": cfg.repo, "revision": cfg.revision, "commit": files[0]["commit"], "split": cfg.split,
+        "nshards": nshards,
         "files": files, "templates": templates, "group": {"field": cfg.group[0], "index": cfg.group[1]} if cfg.group
         else None, "counts": {}, "skipped_corrupt": [],
     }
@@ -144,7 +141,8 @@ def catalogue_row(name: str, spec: dict) -> dict:
            "splits": {cfg.split: cfg.size} if cfg.size is not None else {},
            "metric": RETRIEVAL_METRIC if cfg.kind == "retrieval" else cfg.metric,
            "main_metric": datacomp.get("main_metric"), "task": datacomp.get("name", spec.get("task")),
-           "manual_download": False, "repo": f"{cfg.repo}@{cfg.revision}", "shards_verified": bool(cfg.sha256)}
+           "manual_download": False, "repo": f"{cfg.repo}@{cfg.revision}",
+           "shards_verified": True, "pinned": pinned_commit(name)}  # verified: against the hub, then hub.lock
     unknown = [what for what, value in (("classes", row["classes"] if cfg.kind == "classification" else 0),
                                         ("test size", cfg.size)) if value is None]
     if unknown:
@@ -186,7 +184,7 @@ def parse_spec(name: str, spec: Mapping) -> WdsSpec:
     for key in ("repo", "revision"):
         if not isinstance(spec.get(key), str) or not spec[key].strip() or spec[key].startswith("/"):
             raise DatasetError(f"dataset {name!r}: {key!r} must name the dataset repository's "
-                               f"{'owner/name' if key == 'repo' else 'commit or tag'}, got {spec.get(key)!r}")
+                               f"{'owner/name' if key == 'repo' else 'branch, tag or commit'}, got {spec.get(key)!r}")
     kind = spec.get("kind", "classification")
     if kind not in KINDS:
         raise DatasetError(f"dataset {name!r}: 'kind' must be one of {list(KINDS)}, got {kind!r}")
@@ -201,8 +199,7 @@ def parse_spec(name: str, spec: Mapping) -> WdsSpec:
                            f"sample's .npy metadata that is its group), got {group!r}")
     objectives = parse_objectives(name, spec.get("objectives"), kind, group)
     return WdsSpec(
-        repo=spec["repo"], revision=spec["revision"], base_url=str(spec.get("base_url", HUB_BASE_URL)),
-        split=str(spec.get("split", "test")), kind=kind,
+        repo=spec["repo"], revision=spec["revision"], split=str(spec.get("split", "test")), kind=kind,
         metric=spec.get("metric", "accuracy"), group=(group["field"], group["index"]) if group else None,
         size=_optional_int(name, spec, "size"), classes=_optional_int(name, spec, "classes"),
         sha256=dict(sha), skip_corrupt=check_flag(name, spec, "skip_corrupt"), objectives=objectives)

@@ -4,14 +4,14 @@ DataComp's eval_utils/wino_eval.py reads the Hugging Face dataset `nlphuji/winog
 `datasets.load_dataset`: per instance a `cue` (text), `candidates` (the candidate images' names), `associations`
 (the names among them the cue is associated with) and `candidate_images` (the images, in the order of
 `candidates`). vlbench reads the same rows from the dataset's Parquet files instead: the spec's `files` (paths in the
-repository, in order), fetched through the download layer (vlbench/datasets/download.py) from
-`<base_url>/<repo>/resolve/<revision>/<path>`, each verified by the spec's `sha256: {<path>: hex}` where given and
-otherwise recorded as unverified with a warning (as the wds source's shards). The files are the hub's standard
-Parquet encoding of a `datasets` table: a list of `Image` features is a list of structs {bytes: binary, path:
-string}. This layout, the files' names and the revision that holds them (the hub's Parquet conversion,
-`refs/convert/parquet`) are assumptions not checked against the hub (written offline; docs/datasets.md says how to
-pin them). vlbench sends no hub token: should the repository be gated, download the files yourself and put them in
-the mirror folder (`downloads.mirror`) under their cache names (docs/downloads.md).
+repository, in order), fetched through the hub layer (vlbench/datasets/hub.py: the revision pinned to a commit in
+`hub.lock` at the first download, each file verified against the hash the hub declares for it, then against the
+lock; the spec's `sha256: {<path>: hex}`, where given, must agree). The files are the hub's standard Parquet encoding
+of a `datasets` table: a list of `Image` features is a list of structs {bytes: binary, path: string}. This layout,
+the files' names and the revision that holds them (the hub's Parquet conversion, `refs/convert/parquet`) are
+assumptions not checked against the hub (written offline; the first prepare pins the branch's commit). vlbench sends
+no hub token: should the repository be gated, download the files yourself and put them in the mirror folder
+(`downloads.mirror`) under their cache names (docs/downloads.md).
 
 Prepared dataset: one split (`test`), read one Parquet row group at a time (never the split in memory). An instance
 is a class: its name is DataComp's prompt of the cue (`prompt`, wino_eval.py's `get_clip_prompt`), its `key` the cue
@@ -36,11 +36,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlbench.datasets.canonical import ASSOCIATION_COLUMN, ClassInfo, DatasetError, DatasetMeta, write_dataset
-from vlbench.datasets.download import HUB_BASE_URL, fetch, hub_resource
+from vlbench.datasets.hub import hub_file, pinned_commit
 from vlbench.datasets.images import checked_rows, image_problem
 from vlbench.datasets.spec import check_keys
 
-SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "base_url", "split", "files", "metric", "size",
+SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "split", "files", "metric", "size",
              "sha256")
 METRIC = "winogavil_jaccard"
 COLUMNS = ("cue", "candidates", "associations", "candidate_images")
@@ -52,7 +52,6 @@ VOWELS = ("a", "e", "i", "o", "u")
 class WinoSpec:
     repo: str
     revision: str
-    base_url: str
     split: str
     files: tuple[str, ...]
     size: int | None
@@ -73,13 +72,13 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
     cfg = parse_spec(name, spec)
     files, paths = [], []
     for path in cfg.files:
-        res = hub_resource(cfg.base_url, cfg.repo, cfg.revision, path, cfg.sha256.get(path))
-        found = fetch(res, name)
-        files.append({"path": path, **res.provenance(found)})
-        paths.append((path, found))
+        found = hub_file(name, cfg.repo, cfg.revision, path, cfg.sha256.get(path))
+        files.append(found.provenance)
+        paths.append((path, found.local))
     cases = read_cases(name, cfg, paths)
     classes = [ClassInfo(index=i, name=prompt(cue), key=cue) for i, (cue, _, _) in enumerate(cases)]
-    provenance = {"source": "winogavil", "repo": cfg.repo, "revision": cfg.revision, "split": cfg.split,
+    provenance = {"source": "winogavil", "repo": cfg.repo, "revision": cfg.revision, "commit": files[0]["commit"],
+                  "split": cfg.split,
                   "files": files, "templates": ["{c}"], "counts": {}, "skipped_corrupt": []}
     meta = DatasetMeta(name=name, task="single-label", metric=METRIC, classes=classes, provenance=provenance)
     # each image is checked as it streams (candidate_rows); checked_rows adds Pillow's strictness check and the count
@@ -94,7 +93,8 @@ def catalogue_row(name: str, spec: dict) -> dict:
     datacomp = spec.get("datacomp") or {}
     return {"classes": None, "splits": {}, "instances": cfg.size, "metric": METRIC,
             "main_metric": datacomp.get("main_metric"), "task": datacomp.get("name", spec.get("task")),
-            "manual_download": False, "repo": f"{cfg.repo}@{cfg.revision}", "shards_verified": bool(cfg.sha256),
+            "manual_download": False, "repo": f"{cfg.repo}@{cfg.revision}",
+            "shards_verified": True, "pinned": pinned_commit(name),  # verified: against the hub, then hub.lock
             "note": "test size in instances (one class each, its cue), each of 5 to 12 candidate images; the number "
                     "of images is known after prepare"}
 
@@ -119,8 +119,7 @@ def parse_spec(name: str, spec: Mapping) -> WinoSpec:
     size = spec.get("size")
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise DatasetError(f"dataset {name!r}: 'size' must be a positive integer or null, got {size!r}")
-    return WinoSpec(repo=spec["repo"], revision=spec["revision"], base_url=str(spec.get("base_url", HUB_BASE_URL)),
-                    split=str(spec.get("split", "test")), files=tuple(files), size=size, sha256=dict(sha))
+    return WinoSpec(repo=spec["repo"], revision=spec["revision"], split=str(spec.get("split", "test")), files=tuple(files), size=size, sha256=dict(sha))
 
 
 def extra_columns() -> dict[str, pa.DataType]:
