@@ -7,12 +7,14 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from tests.archives import sha256
 from tests.http_server import serve
-from tests.wds_shards import REVISION, caption_samples, classification_samples, entry, write_repo
+from tests.wds_shards import (REVISION, caption_samples, classification_samples, cut_tar, entry, huge_member_tar,
+                              npy, write_repo)
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.datasets.registry import prepare_dataset
 from vlbench.datasets.wds import catalogue_row
@@ -75,7 +77,9 @@ def test_group_from_the_npy_metadata_and_captions(dirs):
 
 
 @pytest.mark.parametrize("problem,spec,message", [
-    ("size", {"size": 4}, "hold 3 samples in 'test', the entry expects 4"),
+    ("size", {"size": 4}, "the 1 shard(s) test/nshards.txt of djghosh/wds_vtab-pets_test@"
+                          "0123456789abcdef0123456789abcdef01234567 declares hold 3 samples in 'test' (test/0.tar 3), "
+                          "the entry expects 4 (spec 'size')"),
     ("classes", {"classes": 4}, "classnames.txt of djghosh/wds_vtab-pets_test@0123456789abcdef0123456789abcdef01234567 "
                                 "has 3 classes, the entry expects 4"),
     ("label", {}, "test/0.tar sample 's00002': .cls must be a class index in [0, 3), got '7'"),
@@ -93,6 +97,95 @@ def test_bad_shards_are_one_line_errors_naming_the_sample(dirs, problem, spec, m
             prepare_dataset("wds-vtab-pets", entry("wds-vtab-pets", base_url, **{"size": 3, "classes": 3, **spec})[
                 "prepare"], out)
     assert message in str(err.value) and "\n" not in str(err.value)
+    assert not out.exists()
+
+
+def test_a_shard_cut_at_a_member_boundary_is_an_error_even_without_a_size(dirs):
+    """A tar cut between two samples reads as a valid, shorter tar: without the entry's size (the retrieval entries
+    had none) it was prepared with 1 of its 2 samples; its missing end-of-archive blocks name it."""
+    www, _, out = dirs
+    root = write_repo(www, "clip-benchmark/wds_mscoco_captions",
+                      [caption_samples([["a dog."], ["a cat."]]), caption_samples([["a cow."], ["a hen."]], 1)])
+    cut_tar(root / "test/1.tar", 2)  # im00000.jpg, im00000.txt: the first sample whole, the second gone
+    with serve(www) as base_url:
+        spec = entry("wds-mscoco-shards", base_url, size=None)["prepare"]
+        with pytest.raises(DatasetError) as err:
+            prepare_dataset("wds-mscoco-shards", spec, out)
+    assert str(err.value) == ("dataset 'wds-mscoco-shards': shard test/1.tar ends without the tar end-of-archive "
+                              "blocks after member 'im00000.txt': it was cut short; re-download the shard")
+    assert not out.exists()
+
+
+def test_a_missing_shard_count_file_is_an_error_not_one_shard(dirs):
+    www, _, out = dirs
+    root = write_repo(www, "djghosh/wds_vtab-pets_test", [classification_samples([0, 1]), classification_samples([2])],
+                      CLASSES, TEMPLATES)
+    (root / "test/nshards.txt").unlink()
+    with serve(www) as base_url:
+        with pytest.raises(DatasetError, match="test/nshards.txt") as err:
+            prepare_dataset("wds-vtab-pets", entry("wds-vtab-pets", base_url, size=3, classes=3)["prepare"], out)
+    assert "\n" not in str(err.value) and not out.exists()
+
+
+def test_a_shard_count_file_declaring_fewer_shards_names_each_shards_count(dirs):
+    www, _, out = dirs
+    root = write_repo(www, "djghosh/wds_vtab-pets_test", [classification_samples([0, 1]), classification_samples([2])],
+                      CLASSES, TEMPLATES)
+    (root / "test/nshards.txt").write_text("1\n")
+    with serve(www) as base_url:
+        with pytest.raises(DatasetError) as err:
+            prepare_dataset("wds-vtab-pets", entry("wds-vtab-pets", base_url, size=3, classes=3)["prepare"], out)
+    assert "the 1 shard(s) test/nshards.txt of djghosh/wds_vtab-pets_test@" in str(err.value)
+    assert "hold 2 samples in 'test' (test/0.tar 2), the entry expects 3 (spec 'size')" in str(err.value)
+    assert not out.exists()
+
+
+def test_every_datacomp_entry_declares_the_tasklists_size():
+    """All 38 tasks (and the two fairness extras) have a test size in tasklist.yml; each entry checks it at prepare
+    (WinoGAViL: instances; Flickr and MSCOCO: images, their captions too)."""
+    from tools.datacomp_conf import FAIRNESS, TABLE, slug
+
+    for key, _, size, *_ in [*TABLE, *FAIRNESS]:
+        spec = entry(slug(key), "http://127.0.0.1:1")["prepare"]
+        assert spec["size"] == size, key
+    assert entry("wds-mscoco", "http://127.0.0.1:1")["prepare"]["captions"] == 25010
+    assert entry("wds-flickr30k", "http://127.0.0.1:1")["prepare"]["captions"] == 5000
+
+
+@pytest.mark.parametrize("fault,message", [
+    ("not a tar", "shard test/0.tar is not a readable tar"),
+    ("cut inside a member", "shard test/0.tar member 's00000.png' declares 1,820 bytes, the shard has 1,488 after"),
+    ("8 GiB member", "shard test/0.tar member 's00003.png' declares 8,589,934,592 bytes, the shard has 1,034 after "
+                     "its header"),
+    ("corrupt npy", "test/0.tar sample 's00001': member 's00001.npy' is not a numpy array of numbers"),
+    ("pickled npy", "test/0.tar sample 's00002': member 's00002.npy' is not a numpy array of numbers (Object arrays "
+                    "cannot be loaded when allow_pickle=False)"),
+])
+def test_shard_faults_are_one_line_errors_naming_shard_and_member(dirs, fault, message):
+    """Dollar Street's layout (a group in each sample's .npy): every fault stopped with tarfile's or numpy's own
+    error, naming no shard; now one line naming the shard and the member, and nothing written."""
+    www, _, out = dirs
+    samples = classification_samples([0, 1, 2], groups=[[3, 7, 1], [0, 2, 2], [3, 1, 0]])
+    if fault == "corrupt npy":
+        samples[1]["npy"] = b"\x93NUMPY\x01\x00garbage"
+    if fault == "pickled npy":
+        buf = __import__("io").BytesIO()
+        np.save(buf, np.array([{"region": 1}], dtype=object), allow_pickle=True)
+        samples[2]["npy"] = buf.getvalue()
+    root = write_repo(www, "djghosh/wds_dollar_street_test", [samples], CLASSES, TEMPLATES)
+    shard = root / "test/0.tar"
+    if fault == "not a tar":
+        shard.write_bytes(b"<html>rate limited</html>" * 40)
+    if fault == "cut inside a member":
+        shard.write_bytes(shard.read_bytes()[:2000])
+    if fault == "8 GiB member":
+        huge_member_tar(shard, samples, "s00003.png", 8 << 30)
+    with serve(www) as base_url:
+        with pytest.raises(DatasetError) as err:
+            prepare_dataset("wds-dollar_street", entry("wds-dollar_street", base_url, size=None, classes=3)["prepare"],
+                            out)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).startswith("dataset 'wds-dollar_street': ")
     assert not out.exists()
 
 

@@ -45,6 +45,28 @@ def write_tar(path: Path, samples: list[dict]) -> None:
                 tar.addfile(info, io.BytesIO(data))
 
 
+def cut_tar(path: Path, members: int) -> None:
+    """Cut the tar at `path` right after its first `members` members (at a member boundary: no end-of-archive blocks),
+    as a download or copy stopped between two files leaves it."""
+    with tarfile.open(path) as tar:
+        kept = tar.getmembers()[:members]
+    end = kept[-1].offset_data + -(-kept[-1].size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    path.write_bytes(path.read_bytes()[:end])
+
+
+def huge_member_tar(path: Path, samples: list[dict], member: str, size: int) -> None:
+    """The tar of `samples` followed by a member `member` whose header declares `size` bytes (8 GiB: GNU's base-256
+    size field) with only 10 bytes of data and the end-of-archive blocks after them."""
+    write_tar(path, samples)
+    data = path.read_bytes()
+    with tarfile.open(path) as tar:
+        last = tar.getmembers()[-1]
+    end = last.offset_data + -(-last.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    info = tarfile.TarInfo(member)
+    info.size = size
+    path.write_bytes(data[:end] + info.tobuf(tarfile.GNU_FORMAT) + b"x" * 10 + bytes(2 * tarfile.BLOCKSIZE))
+
+
 def write_repo(www: Path, repo: str, shards: list[list[dict]], classnames: list[str] | None = None,
                templates: list[str] | None = None, revision: str = REVISION) -> Path:
     root = www / repo / "resolve" / revision
