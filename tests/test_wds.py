@@ -68,7 +68,8 @@ def test_group_from_the_npy_metadata_and_captions(dirs):
     with serve(www) as base_url:
         prepare_dataset("wds-dollar_street", entry("wds-dollar_street", base_url, size=3, classes=3)["prepare"],
                         out / "ds")
-        meta = prepare_dataset("wds-mscoco", entry("wds-mscoco", base_url)["prepare"], out / "coco")
+        meta = prepare_dataset("wds-mscoco-shards", entry("wds-mscoco-shards", base_url, size=2)["prepare"],
+                               out / "coco")
     assert pq.read_table(out / "ds/splits/test.parquet").column("group").to_pylist() == [
         "income_ds:3", "income_ds:0", "income_ds:3"]
     assert (meta.task, meta.class_names, meta.splits) == ("captions", ["image"], {"test": 2})
@@ -207,8 +208,9 @@ def test_the_catalogue_lists_datacomps_38_without_a_download():
         "classes": 182, "splits": {"test": 42791}, "metric": "f1_macro", "main_metric": "F1-macro_all"}
     assert rows["wds-geode"]["metric"] == "worst_group_accuracy" and rows["wds-dollar_street"]["metric"] == \
         "worst_group_top5"
-    assert rows["wds-flickr30k"]["metric"] == "mean_recall_at_1" and "test size not known" in rows["wds-flickr30k"][
-        "note"]
+    assert {k: rows["wds-flickr30k"][k] for k in ("source", "metric", "splits", "captions")} == {
+        "source": "hf_captions", "metric": "mean_recall_at_1", "splits": {"test": 1000}, "captions": 5000}
+    assert (rows["wds-mscoco"]["splits"], rows["wds-mscoco"]["captions"]) == ({"test": 5000}, 25010)
     assert sorted(r["task"] for r in rows.values()) == sorted(__import__("vlbench.metrics").metrics.DATACOMP_TASKS)
 
 

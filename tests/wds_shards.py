@@ -164,3 +164,28 @@ def winogavil_instances(sizes: list[int], seed: int = 0) -> list[dict]:
                     "associations": sorted(rng.choice(names, k, replace=False).tolist()),
                     "images": [png(seed * 10000 + i * 100 + j, size=16) for j in range(n)]})
     return out
+
+
+def write_hf_captions(www: Path, repo: str, captions: list[list[str]], files: list[str], seed: int = 0,
+                      revision: str = REVISION, row_group_size: int = 2) -> list[Path]:
+    """A miniature of DataComp's Flickr or MSCOCO (nlphuji/..._image_text_retrieval) as the hub's Parquet conversion
+    stores the loading script's rows: `image` (an `Image` feature, a struct {bytes, path}), `caption` (the image's
+    captions), and columns DataComp does not read (`filename`, `sentids`); the images spread over `files` in order,
+    several row groups each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("image", image), ("filename", pa.string()), ("caption", pa.list_(pa.string())),
+                        ("sentids", pa.list_(pa.string()))])
+    rows = [{"image": {"bytes": png(seed * 1000 + i), "path": None}, "filename": f"{i}.jpg", "caption": texts,
+             "sentids": [str(5 * i + j) for j in range(len(texts))]} for i, texts in enumerate(captions)]
+    per_file = -(-len(rows) // len(files))
+    out = []
+    for n, path in enumerate(files):
+        target = www / repo / "resolve" / revision / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows[n * per_file:(n + 1) * per_file], schema=schema), target,
+                       row_group_size=row_group_size)
+        out.append(target)
+    return out

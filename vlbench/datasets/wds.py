@@ -63,7 +63,7 @@ from vlbench.datasets.canonical import (
     write_dataset,
 )
 from vlbench.datasets.download import HUB_BASE_URL, Resource, fetch, hub_resource
-from vlbench.datasets import winogavil
+from vlbench.datasets import hf_captions, winogavil
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
 from vlbench.metrics import mean_recall_at_1
@@ -159,11 +159,15 @@ def catalogue_row(name: str, spec: dict) -> dict:
 def datacomp_cell(name: str, spec: Mapping, result_metrics: Mapping[str, float]) -> tuple[str, float]:
     """(DataComp's display name of the task, its main metric) from the `metrics` of the entry's result file: the
     zero-shot result's `metric` for a classification task, `metrics.mean_recall_at_1` of the retrieval result's
-    `i2t_r1` and `t2i_r1` for a retrieval task, the zero-shot result's `winogavil_jaccard` for WinoGAViL (`source:
-    winogavil`). The 38 cells are what `metrics.datacomp_average` takes."""
+    `i2t_r1` and `t2i_r1` for a retrieval task (the wds source's, or Flickr's and MSCOCO's `source: hf_captions`), the
+    zero-shot result's `winogavil_jaccard` for WinoGAViL (`source: winogavil`). The 38 cells are what
+    `metrics.datacomp_average` takes."""
     if spec.get("source") == "winogavil":
         winogavil.parse_spec(name, spec)  # the spec's own checks
         kind, metric, objectives = "classification", winogavil.METRIC, None
+    elif spec.get("source") == "hf_captions":
+        hf_captions.parse_spec(name, spec)
+        kind, metric, objectives = "retrieval", RETRIEVAL_METRIC, None
     else:
         cfg = parse_spec(name, spec)
         kind, metric, objectives = cfg.kind, cfg.metric, cfg.objectives
