@@ -60,6 +60,28 @@ def test_prepared_templates_are_the_entrys_prompts(dirs, monkeypatch, tmp_path):
     assert [p["text"] for p in prompts] == [t.replace("{c}", c) for c in CLASSES for t in TEMPLATES]
 
 
+def test_prepared_templates_are_filled_with_str_format_as_datacomp_fills_them(dirs, monkeypatch, tmp_path):
+    """CLIP_benchmark's zero_shot_classifier (DataComp's wds_eval.py) fills each template with
+    `template.format(c=classname)`: a template's other braces are format fields, '{{' a literal brace; str.replace kept
+    '{{' doubled. A template str.format cannot fill is a one-line error naming it."""
+    www, _, _ = dirs
+    templates = ["a photo of a {c} {{sic}}.", "a {c}."]
+    write_repo(www, "djghosh/wds_vtab-pets_test", [classification_samples([0, 1, 2])], CLASSES, templates)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "data/prepared/wds-vtab-pets"
+    with serve(www) as base_url:
+        found = entry("wds-vtab-pets", base_url, size=3, classes=3)
+        meta = prepare_dataset("wds-vtab-pets", found["prepare"], out)
+    prompts = build_text_sets(meta, out, found["texts"])["prompts"].column("text").to_pylist()
+    assert prompts[:2] == ["a photo of a abyssinian {sic}.", "a abyssinian."]
+    classes = json.loads((out / "classes.json").read_text())
+    classes["provenance"]["templates"] = ["a {c} of {kind}."]
+    (out / "classes.json").write_text(json.dumps(classes))
+    with pytest.raises(DatasetError, match=r"'wds-vtab-pets': template 'a \{c\} of \{kind\}.' cannot be filled with "
+                                           r"str.format\(c=...\) as DataComp fills it \(KeyError: 'kind'\)"):
+        build_text_sets(meta, out, found["texts"])
+
+
 def test_group_from_the_npy_metadata_and_captions(dirs):
     www, _, out = dirs
     write_repo(www, "djghosh/wds_dollar_street_test",
