@@ -81,8 +81,9 @@ def catalogue_row(name: str, spec: dict) -> dict:
     cfg = parse_spec(name, spec)
     datacomp = spec.get("datacomp") or {}
     return {"classes": None, "splits": {cfg.split: cfg.size} if cfg.size is not None else {}, "captions": cfg.captions,
-            "metric": METRIC, "main_metric": datacomp.get("main_metric"), "task": datacomp.get("name", spec.get("task")),
-            "manual_download": False, "repo": f"{cfg.repo}@{cfg.revision}", "shards_verified": bool(cfg.sha256)}
+            "metric": METRIC, "main_metric": datacomp.get("main_metric"),
+            "task": datacomp.get("name", spec.get("task")), "manual_download": False,
+            "repo": f"{cfg.repo}@{cfg.revision}", "shards_verified": bool(cfg.sha256)}
 
 
 def parse_spec(name: str, spec: Mapping) -> CaptionSpec:
@@ -105,8 +106,8 @@ def parse_spec(name: str, spec: Mapping) -> CaptionSpec:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise DatasetError(f"dataset {name!r}: {key!r} must be a positive integer or null, got {value!r}")
     return CaptionSpec(repo=spec["repo"], revision=spec["revision"], base_url=str(spec.get("base_url", HUB_BASE_URL)),
-                       split=str(spec.get("split", "test")), files=tuple(files), metric=str(spec.get("metric", "accuracy")),
-                       sha256=dict(sha), **counts)
+                       split=str(spec.get("split", "test")), files=tuple(files),
+                       metric=str(spec.get("metric", "accuracy")), sha256=dict(sha), **counts)
 
 
 # ------------------------------------------------------------------------------------------------ reading

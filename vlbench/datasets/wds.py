@@ -37,7 +37,8 @@ the tar as a stream (`tarfile` mode "r|") and written row group by row group, ne
 is the sample's key; images as stored. A shard fault is a one-line error naming the shard and the member, and nothing
 is written (`members`, `load_npy`): not a tar, cut inside a member or at a member boundary (no end-of-archive blocks),
 a member declaring more bytes than the shard holds, a corrupt or pickled `.npy`. The samples are counted per shard and
-their total checked against the entry's `size` (`samples`). Classes: classnames.txt in order (their names exactly as the shards have
+their total checked against the entry's `size` (`samples`).
+Classes: classnames.txt in order (their names exactly as the shards have
 them); the templates of zeroshot_classification_templates.txt are kept in provenance (`templates`), and an entry
 whose `texts.templates` is `prepared` uses them (vlbench/texts.py), so the prompts are the ones the table used.
 Retrieval sets are task `captions` with a placeholder class, like Karpathy's splits.
