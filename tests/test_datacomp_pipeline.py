@@ -1,7 +1,8 @@
 """The `datacomp` suite's pipeline on miniature shards in DataComp's exact layout (tests/wds_shards.py), served from
 127.0.0.1 and run through real DVC with the few-step toy model (tests/pipeline_repo.py): a classification task
 scored by macro F1 (iWildCam), a grouped task (Dollar Street's worst income group top-5 accuracy), a retrieval
-task (MSCOCO, mean of image and text Recall@1), WinoGAViL from a miniature of its Hugging Face Parquet file
+task (MSCOCO from a miniature of DataComp's own source, its Hugging Face Parquet files; mean of image and
+text Recall@1), WinoGAViL from a miniature of its Hugging Face Parquet file
 (Jaccard on the 10- and 12-candidate instances) and the `datacomp-fairness` extra FairFace (each objective over its
 own classes, DataComp's fairness metrics per group); five tasks keep it within its time budget (the other metrics,
 mean per-class recall and worst-region accuracy, go through the same code path and have unit tests:
@@ -23,12 +24,12 @@ from tests.test_wds_fairness import _expected as fairness_loops
 from tests.wds_shards import (
     FAIRFACE_CLASSES,
     FAIRFACE_TEMPLATES,
-    caption_samples,
     classification_samples,
     entry,
     face_samples,
     fairface_metadata,
     winogavil_instances,
+    write_hf_captions,
     write_repo,
     write_winogavil,
 )
@@ -57,7 +58,8 @@ def repo(tmp_path_factory):
     for i, (name, (repo_name, labels, classes, meta)) in enumerate(TASKS.items()):
         samples = classification_samples(labels, seed=i, groups=meta)
         write_repo(www, repo_name, [samples[:8], samples[8:]], classes, ["a photo of a {c}.", "a {c}."])
-    write_repo(www, "clip-benchmark/wds_mscoco_captions", [caption_samples(CAPTIONS, seed=9)])
+    write_hf_captions(www, "nlphuji/mscoco_2014_5k_test_image_text_retrieval", CAPTIONS,
+                      ["TEST/test/0000.parquet", "TEST/test/0001.parquet"], seed=9)
     write_repo(www, "djghosh/wds_fairface_test", [face_samples(FACES[:9], 5), face_samples(FACES[9:], 6, "g")],
                FAIRFACE_CLASSES, FAIRFACE_TEMPLATES)
     write_winogavil(www, WINOGAVIL)
@@ -65,7 +67,7 @@ def repo(tmp_path_factory):
     with serve(www):
         suite = read_suite(repo, "smoke")
         suite["datasets"] = {name: entry(name, size=14, classes=len(spec[2])) for name, spec in TASKS.items()}
-        suite["datasets"]["wds-mscoco"] = entry("wds-mscoco")
+        suite["datasets"]["wds-mscoco"] = entry("wds-mscoco", size=len(CAPTIONS), captions=sum(map(len, CAPTIONS)))
         suite["datasets"]["wds-fairface"] = entry("wds-fairface", size=len(FACES))
         suite["datasets"]["wds-winogavil"] = entry("wds-winogavil", size=len(WINOGAVIL))
         suite.update(embed=[*TASKS, "wds-mscoco", "wds-fairface", "wds-winogavil"],

@@ -187,6 +187,11 @@ def test_placement_equals_a_hand_count_on_the_csv():
     best = max(float(r["ImageNet 1k"]) for r in csv.DictReader(CSV.open()))
     assert place({"ImageNet 1k": {"value": best}})["ImageNet 1k"]["rank"] == 1
     assert place({"ImageNet 1k": {"value": best - 1e-6}})["ImageNet 1k"]["rank"] == 2
+    assert place({"ImageNet 1k": {"value": best}})["ImageNet 1k"]["standing"] == "1 of 121"
+    # below every published model: rank 122, said "below all 121" (not "rank 122 of 121")
+    worst = min(float(r["ImageNet 1k"]) for r in csv.DictReader(CSV.open()))
+    below = place({"ImageNet 1k": {"value": worst - 1e-6}})["ImageNet 1k"]
+    assert (below["rank"], below["standing"]) == (122, "below all 121")
     # ViT-B-32 openai's own published row ranks where the hand count puts it
     row = next(r for r in csv.DictReader(CSV.open()) if (r["name"], r["pretrained"]) == ("ViT-B-32", "openai"))
     avg = float(row[AVERAGE])

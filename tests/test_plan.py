@@ -131,6 +131,20 @@ def test_manual_downloads_and_image_counts_come_from_the_catalogue_without_downl
         assert row["images"] == (sum(splits.values()) if splits else None)
 
 
+def test_the_datacomp_suite_counts_the_images_of_each_task_before_any_download():
+    """`vlbench plan -S suite=datacomp` lists each task's images from its entry (DataComp's tasklist.yml sizes), Flickr
+    and MSCOCO included (1,000 and 5,000: their entries had no size); only WinoGAViL's candidate images are known
+    after prepare (its 3,563 are instances, 5 to 12 candidate images each)."""
+    from tools.datacomp_conf import TABLE, slug
+    from vlbench.plan import image_count
+
+    params = compose(["suite=datacomp"], ROOT / "conf")
+    counts = {d: image_count(params, d) for d in params["suite"]["embed"]}
+    assert counts == {slug(k): None if k == "misc/winogavil" else size for k, _, size, *_ in TABLE}
+    assert (counts["wds-flickr30k"], counts["wds-mscoco"]) == (1000, 5000)
+    assert sum(filter(None, counts.values())) == 693_806
+
+
 def test_warmup_of_the_toy_model_on_cpu_gives_a_positive_rate_and_a_time(repo, monkeypatch):
     monkeypatch.chdir(repo)
     model = compose([], repo / "conf")["model"]

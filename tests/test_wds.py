@@ -7,12 +7,14 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from tests.archives import sha256
 from tests.http_server import serve
-from tests.wds_shards import REVISION, caption_samples, classification_samples, entry, write_repo
+from tests.wds_shards import (REVISION, caption_samples, classification_samples, cut_tar, entry, huge_member_tar,
+                              npy, write_repo)
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.datasets.hub import read_lock
 from vlbench.datasets.registry import prepare_dataset
@@ -62,6 +64,28 @@ def test_prepared_templates_are_the_entrys_prompts(dirs, monkeypatch, tmp_path):
     assert [p["text"] for p in prompts] == [t.replace("{c}", c) for c in CLASSES for t in TEMPLATES]
 
 
+def test_prepared_templates_are_filled_with_str_format_as_datacomp_fills_them(dirs, monkeypatch, tmp_path):
+    """CLIP_benchmark's zero_shot_classifier (DataComp's wds_eval.py) fills each template with
+    `template.format(c=classname)`: a template's other braces are format fields, '{{' a literal brace; str.replace kept
+    '{{' doubled. A template str.format cannot fill is a one-line error naming it."""
+    www, _, _ = dirs
+    templates = ["a photo of a {c} {{sic}}.", "a {c}."]
+    write_repo(www, "djghosh/wds_vtab-pets_test", [classification_samples([0, 1, 2])], CLASSES, templates)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "data/prepared/wds-vtab-pets"
+    with serve(www):
+        found = entry("wds-vtab-pets", size=3, classes=3)
+        meta = prepare_dataset("wds-vtab-pets", found["prepare"], out)
+    prompts = build_text_sets(meta, out, found["texts"])["prompts"].column("text").to_pylist()
+    assert prompts[:2] == ["a photo of a abyssinian {sic}.", "a abyssinian."]
+    classes = json.loads((out / "classes.json").read_text())
+    classes["provenance"]["templates"] = ["a {c} of {kind}."]
+    (out / "classes.json").write_text(json.dumps(classes))
+    with pytest.raises(DatasetError, match=r"'wds-vtab-pets': template 'a \{c\} of \{kind\}.' cannot be filled with "
+                                           r"str.format\(c=...\) as DataComp fills it \(KeyError: 'kind'\)"):
+        build_text_sets(meta, out, found["texts"])
+
+
 def test_group_from_the_npy_metadata_and_captions(dirs):
     www, _, out = dirs
     write_repo(www, "djghosh/wds_dollar_street_test",
@@ -70,7 +94,7 @@ def test_group_from_the_npy_metadata_and_captions(dirs):
     with serve(www):
         prepare_dataset("wds-dollar_street", entry("wds-dollar_street", size=3, classes=3)["prepare"],
                         out / "ds")
-        meta = prepare_dataset("wds-mscoco", entry("wds-mscoco")["prepare"], out / "coco")
+        meta = prepare_dataset("wds-mscoco-shards", entry("wds-mscoco-shards", size=2)["prepare"], out / "coco")
     assert pq.read_table(out / "ds/splits/test.parquet").column("group").to_pylist() == [
         "income_ds:3", "income_ds:0", "income_ds:3"]
     assert (meta.task, meta.class_names, meta.splits) == ("captions", ["image"], {"test": 2})
@@ -79,7 +103,9 @@ def test_group_from_the_npy_metadata_and_captions(dirs):
 
 
 @pytest.mark.parametrize("problem,spec,message", [
-    ("size", {"size": 4}, "hold 3 samples in 'test', the entry expects 4"),
+    ("size", {"size": 4}, "the 1 shard(s) test/nshards.txt of djghosh/wds_vtab-pets_test@"
+                          "0123456789abcdef0123456789abcdef01234567 declares hold 3 samples in 'test' (test/0.tar 3), "
+                          "the entry expects 4 (spec 'size')"),
     ("classes", {"classes": 4}, "classnames.txt of djghosh/wds_vtab-pets_test@0123456789abcdef0123456789abcdef01234567 "
                                 "has 3 classes, the entry expects 4"),
     ("label", {}, "test/0.tar sample 's00002': .cls must be a class index in [0, 3), got '7'"),
@@ -97,6 +123,95 @@ def test_bad_shards_are_one_line_errors_naming_the_sample(dirs, problem, spec, m
             prepare_dataset("wds-vtab-pets", entry("wds-vtab-pets", **{"size": 3, "classes": 3, **spec})[
                 "prepare"], out)
     assert message in str(err.value) and "\n" not in str(err.value)
+    assert not out.exists()
+
+
+def test_a_shard_cut_at_a_member_boundary_is_an_error_even_without_a_size(dirs):
+    """A tar cut between two samples reads as a valid, shorter tar: without the entry's size (the retrieval entries
+    had none) it was prepared with 1 of its 2 samples; its missing end-of-archive blocks name it."""
+    www, _, out = dirs
+    second = [dict(s, __key__=f"b{s['__key__']}") for s in caption_samples([["a cow."], ["a hen."]], 1)]
+    root = write_repo(www, "clip-benchmark/wds_mscoco_captions", [caption_samples([["a dog."], ["a cat."]]), second])
+    cut_tar(root / "test/1.tar", 2)  # bim00000.jpg, bim00000.txt: the first sample whole, the second gone
+    with serve(www):
+        spec = entry("wds-mscoco-shards", size=None)["prepare"]
+        with pytest.raises(DatasetError) as err:
+            prepare_dataset("wds-mscoco-shards", spec, out)
+    assert str(err.value) == ("dataset 'wds-mscoco-shards': shard test/1.tar ends without the tar end-of-archive "
+                              "blocks after member 'bim00000.txt': it was cut short; re-download the shard")
+    assert not out.exists()
+
+
+def test_a_missing_shard_count_file_is_an_error_not_one_shard(dirs):
+    www, _, out = dirs
+    root = write_repo(www, "djghosh/wds_vtab-pets_test", [classification_samples([0, 1]), classification_samples([2])],
+                      CLASSES, TEMPLATES)
+    (root / "test/nshards.txt").unlink()
+    with serve(www):
+        with pytest.raises(DatasetError, match="test/nshards.txt") as err:
+            prepare_dataset("wds-vtab-pets", entry("wds-vtab-pets", size=3, classes=3)["prepare"], out)
+    assert "\n" not in str(err.value) and not out.exists()
+
+
+def test_a_shard_count_file_declaring_fewer_shards_names_each_shards_count(dirs):
+    www, _, out = dirs
+    root = write_repo(www, "djghosh/wds_vtab-pets_test", [classification_samples([0, 1]), classification_samples([2])],
+                      CLASSES, TEMPLATES)
+    (root / "test/nshards.txt").write_text("1\n")
+    with serve(www):
+        with pytest.raises(DatasetError) as err:
+            prepare_dataset("wds-vtab-pets", entry("wds-vtab-pets", size=3, classes=3)["prepare"], out)
+    assert "the 1 shard(s) test/nshards.txt of djghosh/wds_vtab-pets_test@" in str(err.value)
+    assert "hold 2 samples in 'test' (test/0.tar 2), the entry expects 3 (spec 'size')" in str(err.value)
+    assert not out.exists()
+
+
+def test_every_datacomp_entry_declares_the_tasklists_size():
+    """All 38 tasks (and the two fairness extras) have a test size in tasklist.yml; each entry checks it at prepare
+    (WinoGAViL: instances; Flickr and MSCOCO: images, their captions too)."""
+    from tools.datacomp_conf import FAIRNESS, TABLE, slug
+
+    for key, _, size, *_ in [*TABLE, *FAIRNESS]:
+        spec = entry(slug(key))["prepare"]
+        assert spec["size"] == size, key
+    assert entry("wds-mscoco")["prepare"]["captions"] == 25010
+    assert entry("wds-flickr30k")["prepare"]["captions"] == 5000
+
+
+@pytest.mark.parametrize("fault,message", [
+    ("not a tar", "shard test/0.tar is not a readable tar"),
+    ("cut inside a member", "shard test/0.tar member 's00000.png' declares 1,820 bytes, the shard has 1,488 after"),
+    ("8 GiB member", "shard test/0.tar member 's00003.png' declares 8,589,934,592 bytes, the shard has 1,034 after "
+                     "its header"),
+    ("corrupt npy", "test/0.tar sample 's00001': member 's00001.npy' is not a numpy array of numbers"),
+    ("pickled npy", "test/0.tar sample 's00002': member 's00002.npy' is not a numpy array of numbers (Object arrays "
+                    "cannot be loaded when allow_pickle=False)"),
+])
+def test_shard_faults_are_one_line_errors_naming_shard_and_member(dirs, fault, message):
+    """Dollar Street's layout (a group in each sample's .npy): every fault stopped with tarfile's or numpy's own
+    error, naming no shard; now one line naming the shard and the member, and nothing written."""
+    www, _, out = dirs
+    samples = classification_samples([0, 1, 2], groups=[[3, 7, 1], [0, 2, 2], [3, 1, 0]])
+    if fault == "corrupt npy":
+        samples[1]["npy"] = b"\x93NUMPY\x01\x00garbage"
+    if fault == "pickled npy":
+        buf = __import__("io").BytesIO()
+        np.save(buf, np.array([{"region": 1}], dtype=object), allow_pickle=True)
+        samples[2]["npy"] = buf.getvalue()
+    root = write_repo(www, "djghosh/wds_dollar_street_test", [samples], CLASSES, TEMPLATES)
+    shard = root / "test/0.tar"
+    if fault == "not a tar":
+        shard.write_bytes(b"<html>rate limited</html>" * 40)
+    if fault == "cut inside a member":
+        shard.write_bytes(shard.read_bytes()[:2000])
+    if fault == "8 GiB member":
+        huge_member_tar(shard, samples, "s00003.png", 8 << 30)
+    with serve(www):
+        with pytest.raises(DatasetError) as err:
+            prepare_dataset("wds-dollar_street", entry("wds-dollar_street", size=None, classes=3)["prepare"],
+                            out)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).startswith("dataset 'wds-dollar_street': ")
     assert not out.exists()
 
 
@@ -118,8 +233,9 @@ def test_the_catalogue_lists_datacomps_38_without_a_download():
         "classes": 182, "splits": {"test": 42791}, "metric": "f1_macro", "main_metric": "F1-macro_all"}
     assert rows["wds-geode"]["metric"] == "worst_group_accuracy" and rows["wds-dollar_street"]["metric"] == \
         "worst_group_top5"
-    assert rows["wds-flickr30k"]["metric"] == "mean_recall_at_1" and "test size not known" in rows["wds-flickr30k"][
-        "note"]
+    assert {k: rows["wds-flickr30k"][k] for k in ("source", "metric", "splits", "captions")} == {
+        "source": "hf_captions", "metric": "mean_recall_at_1", "splits": {"test": 1000}, "captions": 5000}
+    assert (rows["wds-mscoco"]["splits"], rows["wds-mscoco"]["captions"]) == ({"test": 5000}, 25010)
     assert sorted(r["task"] for r in rows.values()) == sorted(__import__("vlbench.metrics").metrics.DATACOMP_TASKS)
 
 

@@ -76,7 +76,7 @@ def test_plain_templates_serve_every_objective(dirs):
     ("class", "class 'male' is not '<objective>:<class>'"),
     ("template", "a '<objective>:<template>' line, and no other (none for ['toxic']; unknown: [])"),
     ("label", "the label objective 'race' (spec 'objectives') has no class in classnames.txt"),
-    ("corrupt", "test/0.tar sample 'f00001': .npy metadata is not a numpy array"),
+    ("corrupt", "test/0.tar sample 'f00001': member 'f00001.npy' is not a numpy array"),
 ])
 def test_bad_faces_are_one_line_errors_naming_file_and_sample(dirs, problem, message):
     www, _, out = dirs

@@ -230,3 +230,48 @@ def test_run_writes_a_bootstrap_interval_of_each_headline_metric():
         assert result.intervals[metric] == expected
         assert expected["low"] < result.metrics[metric] < expected["high"]
         assert expected["resamples"] == stats.RESAMPLES and expected["method"] == "bootstrap"
+
+
+def test_classes_with_identical_prompts_are_reported_with_what_their_ties_decide():
+    """Two classes whose prompts are the same texts (CLIP_benchmark's two "missile" classes) get one class weight:
+    every image scores them exactly alike. vlbench's top-1 takes the lower index; DataComp's acc1 takes torch.topk's
+    order, unspecified on ties (the higher index in the worst case). The result says which classes, how many images
+    have a tied top logit, and on how many the convention decides the hit (the two orders disagree on exactly those
+    images, so their accuracies differ by at most that many)."""
+    from types import SimpleNamespace
+
+    from vlbench.analyses.zeroshot import identical_prompts, run
+    from vlbench.features import Features
+
+    rng = np.random.default_rng(5)
+    n, c = 400, 4
+    names = ["missile", "tank", "missile", "boat"]  # classes 0 and 2 share every prompt
+    prompts = [f"a photo of a {name}." for name in names] + [f"a {name}." for name in names]
+    text = pa.table({"class_index": list(range(c)) * 2, "source": ["template"] * 2 * c, "text": prompts})
+    base = rng.normal(size=(c, 16))
+    base[2] = base[0]
+    text_emb = np.concatenate([base, base]).astype(np.float32)
+    labels = rng.integers(0, c, n)
+    image_emb = (base[labels] + rng.normal(0, 0.8, (n, 16))).astype(np.float32)
+    images = pa.table({"sample_id": [f"s{i}" for i in range(n)], "label": labels})
+    meta = DatasetMeta(name="d", task="single-label", metric="accuracy",
+                       classes=[ClassInfo(index=i, name=f"{name}{i}") for i, name in enumerate(names)])
+    inputs = SimpleNamespace(meta=meta, images=lambda split: Features(images, image_emb, {}, []),
+                             texts=lambda name: Features(text, text_emb, {}, []))
+    assert identical_prompts(text, c) == [[0, 2]]
+    result = run(inputs, {"split": "test"}, seed=0)
+    ties = result.details["ties"]
+    logits = zeroshot_logits(image_emb, class_weights(text_emb, np.array(list(range(c)) * 2), c))
+    lower = logits.argmax(axis=1)  # vlbench: the first of the tied columns
+    higher = c - 1 - logits[:, ::-1].argmax(axis=1)  # a topk that orders ties the other way
+    assert result.metrics["accuracy"] == pytest.approx(np.mean(lower == labels))
+    at_top = logits == logits.max(axis=1, keepdims=True)
+    assert ties["identical_prompts"] == [["missile0", "missile2"]] and ties["convention"] == "lowest class index"
+    assert ties["tied_top1"] == int((at_top.sum(axis=1) > 1).sum()) == int(np.isin(lower, [0, 2]).sum()) > 0
+    assert ties["decided_by_tie"] == int((np.isin(lower, [0, 2]) & np.isin(labels, [0, 2])).sum()) > 0
+    # each decided image is a hit under one order and a miss under the other; no other image changes
+    assert int(np.sum((lower == labels) != (higher == labels))) == ties["decided_by_tie"]
+    assert abs(np.mean(lower == labels) - np.mean(higher == labels)) <= ties["decided_by_tie"] / n
+    # a dataset whose classes all differ in their prompts reports nothing
+    distinct = pa.table({"class_index": list(range(c)), "source": ["template"] * c, "text": list("abcd")})
+    assert identical_prompts(distinct, c) == []

@@ -46,6 +46,28 @@ def write_tar(path: Path, samples: list[dict]) -> None:
                 tar.addfile(info, io.BytesIO(data))
 
 
+def cut_tar(path: Path, members: int) -> None:
+    """Cut the tar at `path` right after its first `members` members (at a member boundary: no end-of-archive blocks),
+    as a download or copy stopped between two files leaves it."""
+    with tarfile.open(path) as tar:
+        kept = tar.getmembers()[:members]
+    end = kept[-1].offset_data + -(-kept[-1].size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    path.write_bytes(path.read_bytes()[:end])
+
+
+def huge_member_tar(path: Path, samples: list[dict], member: str, size: int) -> None:
+    """The tar of `samples` followed by a member `member` whose header declares `size` bytes (8 GiB: GNU's base-256
+    size field) with only 10 bytes of data and the end-of-archive blocks after them."""
+    write_tar(path, samples)
+    data = path.read_bytes()
+    with tarfile.open(path) as tar:
+        last = tar.getmembers()[-1]
+    end = last.offset_data + -(-last.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    info = tarfile.TarInfo(member)
+    info.size = size
+    path.write_bytes(data[:end] + info.tobuf(tarfile.GNU_FORMAT) + b"x" * 10 + bytes(2 * tarfile.BLOCKSIZE))
+
+
 def write_repo(www: Path, repo: str, shards: list[list[dict]], classnames: list[str] | None = None,
                templates: list[str] | None = None, revision: str = REVISION) -> Path:
     root = www / "datasets" / repo / "resolve" / revision
@@ -143,4 +165,29 @@ def winogavil_instances(sizes: list[int], seed: int = 0) -> list[dict]:
         out.append({"cue": cues[i % len(cues)], "candidates": names,
                     "associations": sorted(rng.choice(names, k, replace=False).tolist()),
                     "images": [png(seed * 10000 + i * 100 + j, size=16) for j in range(n)]})
+    return out
+
+
+def write_hf_captions(www: Path, repo: str, captions: list[list[str]], files: list[str], seed: int = 0,
+                      revision: str = REVISION, row_group_size: int = 2) -> list[Path]:
+    """A miniature of DataComp's Flickr or MSCOCO (nlphuji/..._image_text_retrieval) as the hub's Parquet conversion
+    stores the loading script's rows: `image` (an `Image` feature, a struct {bytes, path}), `caption` (the image's
+    captions), and columns DataComp does not read (`filename`, `sentids`); the images spread over `files` in order,
+    several row groups each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("image", image), ("filename", pa.string()), ("caption", pa.list_(pa.string())),
+                        ("sentids", pa.list_(pa.string()))])
+    rows = [{"image": {"bytes": png(seed * 1000 + i), "path": None}, "filename": f"{i}.jpg", "caption": texts,
+             "sentids": [str(5 * i + j) for j in range(len(texts))]} for i, texts in enumerate(captions)]
+    per_file = -(-len(rows) // len(files))
+    out = []
+    for n, path in enumerate(files):
+        target = www / "datasets" / repo / "resolve" / revision / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows[n * per_file:(n + 1) * per_file], schema=schema), target,
+                       row_group_size=row_group_size)
+        out.append(target)
     return out

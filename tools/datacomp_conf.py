@@ -7,18 +7,22 @@ class count, `main_metric`, default `acc1`) and where each task's shards are.
 Shards: DataComp's download_evalsets.py takes every task but the retrieval and misc ones from the Hugging Face
 dataset repository djghosh/wds_<task with '/' as '-', 'fairness/' dropped>_test. Flickr and MSCOCO DataComp reads
 as Hugging Face datasets (nlphuji/flickr_1k_test_image_text_retrieval, nlphuji/mscoco_2014_5k_test_image_text_retrieval,
-Karpathy's 1k and 5k test splits; eval_utils/retr_eval.py, tasklist.yml as of commit 4afedc4); their webdataset
-copies are CLIP_benchmark's clip-benchmark/wds_flickr30k and wds_mscoco_captions (see `NOTES`). WinoGAViL has no shards:
-DataComp reads the Hugging Face dataset nlphuji/winogavil (eval_utils/wino_eval.py); its entry reads that dataset's
-Parquet files (`source: winogavil`, vlbench/datasets/winogavil.py; the files and their revision: `WINOGAVIL`).
+Karpathy's 1k and 5k test splits; eval_utils/retr_eval.py, tasklist.yml as of commit 4afedc4): their entries
+`wds-flickr30k` and `wds-mscoco`, in the suite, read those datasets' Parquet files (`source: hf_captions`,
+vlbench/datasets/hf_captions.py; files, revision and caption counts: `HF_CAPTIONS`); the option `wds-flickr30k-shards`
+and `wds-mscoco-shards` (not in the suite) read CLIP_benchmark's webdataset copies clip-benchmark/wds_flickr30k and
+wds_mscoco_captions (`RETRIEVAL_REPOS`, see `NOTES`). WinoGAViL has no shards: DataComp reads the Hugging Face dataset
+nlphuji/winogavil (eval_utils/wino_eval.py); its entry reads that dataset's Parquet files (`source: winogavil`,
+vlbench/datasets/winogavil.py; the files and their revision: `WINOGAVIL`).
 FairFace and UTKFace (`FAIRNESS`) label each face with several objectives: their entries name the .npy metadata
 (`OBJECTIVES`) and the suite `datacomp-fairness` scores them zero-shot per objective (DataComp's
 eval_utils/fairness_eval.py; not part of the average).
 
 `REVISION` and `SHA256`: the hub's commit of each repository and the sha256 of each shard (the LFS oid the hub
-publishes), written into the entries. None were known when this table was written (no network): every repository is
-read at `main`, which the first prepare pins to its commit in `hub.lock`, each file verified against the hash the hub
-declares and recorded there (vlbench/datasets/hub.py, docs/downloads.md).
+publishes), written into the entries. None were known when this table was written (no network): every shard
+repository is read at `main`, the Parquet ones (`HF_CAPTIONS`, `WINOGAVIL`) at their conversion branch
+`refs%2Fconvert%2Fparquet`, which the first prepare pins to its commit in `hub.lock`, each file verified against the
+hash the hub declares and recorded there (vlbench/datasets/hub.py, docs/downloads.md).
 """
 
 from __future__ import annotations
@@ -88,14 +92,27 @@ GROUPS = {"wilds/fmow": {"field": "region", "index": 0},  # FMoWEvaluator: [regi
           "fairness/geode": {"field": "region", "index": 0}}  # [region, country]
 RETRIEVAL_REPOS = {"retrieval/flickr_1k_test_image_text_retrieval": "clip-benchmark/wds_flickr30k",
                    "retrieval/mscoco_2014_5k_test_image_text_retrieval": "clip-benchmark/wds_mscoco_captions"}
+# DataComp's own source of Flickr and MSCOCO: the hub's Parquet conversion of each dataset's loading script (branch
+# refs/convert/parquet, config TEST, split test), assumptions written offline from the hub's pages as the search index
+# stored them (MSCOCO: TEST/test/0000.parquet 510 MB and 0001.parquet 311 MB, branch head fb42856 of 2024-03-08;
+# Flickr: one file assumed, its listing not seen); captions: Karpathy's splits (every Flickr30k image has 5 captions;
+# MSCOCO's 5,000 test images 25,010, the figure issue 42 gives)
+HF_CAPTIONS = {
+    "retrieval/flickr_1k_test_image_text_retrieval": {
+        "repo": "nlphuji/flickr_1k_test_image_text_retrieval", "files": ["TEST/test/0000.parquet"], "captions": 5000},
+    "retrieval/mscoco_2014_5k_test_image_text_retrieval": {
+        "repo": "nlphuji/mscoco_2014_5k_test_image_text_retrieval",
+        "files": ["TEST/test/0000.parquet", "TEST/test/0001.parquet"], "captions": 25010},
+}
+HF_REVISION = "refs%2Fconvert%2Fparquet"
 NOTES = {
-    "retrieval/flickr_1k_test_image_text_retrieval": "DataComp evaluates Flickr on the Hugging Face dataset "
-    "nlphuji/flickr_1k_test_image_text_retrieval (Karpathy's 1k test; an earlier tasklist.yml, commit 2d7bde7, named "
-    "nlphuji/flickr30k, all 31,014 images); these are CLIP_benchmark's shards of Karpathy's test split, whose "
-    "images and captions were not compared with it; the shards' size is checked by no entry key",
-    "retrieval/mscoco_2014_5k_test_image_text_retrieval": "DataComp evaluates MSCOCO on the Hugging Face dataset "
-    "nlphuji/mscoco_2014_5k_test_image_text_retrieval (Karpathy's 5k test); these are CLIP_benchmark's shards of "
-    "the same split, whose captions were not compared with it; the shards' size is checked by no entry key",
+    "retrieval/flickr_1k_test_image_text_retrieval": "The option to DataComp's own source (entry wds-flickr30k, "
+    "nlphuji/flickr_1k_test_image_text_retrieval, Karpathy's 1k test; an earlier tasklist.yml, commit 2d7bde7, named "
+    "nlphuji/flickr30k, all 31,014 images): CLIP_benchmark's shards of Karpathy's test split, whose images and "
+    "captions were not compared with it (docs/protocols.md).",
+    "retrieval/mscoco_2014_5k_test_image_text_retrieval": "The option to DataComp's own source (entry wds-mscoco, "
+    "nlphuji/mscoco_2014_5k_test_image_text_retrieval, Karpathy's 5k test): CLIP_benchmark's shards of the same split, "
+    "whose images and captions were not compared with it (docs/protocols.md).",
 }
 UNSUPPORTED: dict[str, str] = {}  # task key -> why its entry cannot be prepared (every task can be, today)
 # WinoGAViL's Parquet files: the hub's Parquet conversion of nlphuji/winogavil (branch refs/convert/parquet, config
@@ -104,7 +121,12 @@ UNSUPPORTED: dict[str, str] = {}  # task key -> why its entry cannot be prepared
 WINOGAVIL = {"repo": "nlphuji/winogavil", "revision": "refs%2Fconvert%2Fparquet",
              "files": ["default/test/0000.parquet"]}
 REVISION = {}  # task key -> the repository's commit (unknown offline: `main`)
-SHA256 = {}  # task key -> {"test/<i>.tar": sha256} (unknown offline: unverified)
+SHA256 = {}  # task key -> {"test/<i>.tar": sha256} (unknown offline: the hub's declared hashes, hub.lock)
+
+
+def shards_slug(key: str) -> str:
+    """The entry of a retrieval task's webdataset option (CLIP_benchmark's shards)."""
+    return slug(key) + "-shards"
 
 
 def slug(key: str) -> str:
@@ -115,8 +137,8 @@ def slug(key: str) -> str:
 
 
 def repo(key: str) -> str:
-    if key in RETRIEVAL_REPOS:
-        return RETRIEVAL_REPOS[key]
+    if key in HF_CAPTIONS:
+        return HF_CAPTIONS[key]["repo"]
     if key == "misc/winogavil":
         return WINOGAVIL["repo"]
     if key in UNSUPPORTED:
@@ -125,6 +147,8 @@ def repo(key: str) -> str:
 
 
 def input_file(key: str) -> str:
+    if key in HF_CAPTIONS:
+        return "vlbench/datasets/hf_captions.py"
     return "vlbench/datasets/winogavil.py" if key == "misc/winogavil" else "vlbench/datasets/wds.py"
 
 
@@ -136,15 +160,27 @@ def winogavil_entry(key: str, name: str, size: int, main_metric: str) -> dict:
     return {"prepare": prepare, "input": input_file(key), "texts": {"templates": ["{c}"]}}
 
 
-def entry(key: str, name: str, size: int, classes: int | None, main_metric: str | None) -> dict:
+def captions_entry(key: str, name: str, size: int, main_metric: str) -> dict:
+    """Flickr's or MSCOCO's Parquet files from DataComp's own source (`source: hf_captions`)."""
+    prepare = {"source": "hf_captions", "task": key, "datacomp": {"name": name, "main_metric": main_metric},
+               "repo": repo(key), "revision": REVISION.get(key, HF_REVISION), "split": "test",
+               "files": HF_CAPTIONS[key]["files"], "metric": METRICS[main_metric], "size": size,
+               "captions": HF_CAPTIONS[key]["captions"], "sha256": SHA256.get(key, {})}
+    return {"prepare": prepare, "input": input_file(key), "texts": {"templates": ["{c}"], "caption_prompt": "{c}"}}
+
+
+def entry(key: str, name: str, size: int, classes: int | None, main_metric: str | None, shards: bool = False) -> dict:
+    """The entry of a task; `shards`: a retrieval task's webdataset option (CLIP_benchmark's shards)."""
     if key == "misc/winogavil":
         return winogavil_entry(key, name, size, main_metric)
+    if key in HF_CAPTIONS and not shards:
+        return captions_entry(key, name, size, main_metric)
     retrieval = key in RETRIEVAL_REPOS
     prepare = {"source": "wds", "task": key, "datacomp": {"name": name, "main_metric": main_metric},
-               "repo": repo(key), "revision": REVISION.get(key, "main"), "split": "test",
-               "kind": "retrieval" if retrieval else "classification",
+               "repo": RETRIEVAL_REPOS[key] if retrieval else repo(key), "revision": REVISION.get(key, "main"),
+               "split": "test", "kind": "retrieval" if retrieval else "classification",
                "metric": METRICS[main_metric] if main_metric else "accuracy",
-               "size": None if retrieval else size, "classes": classes, "sha256": SHA256.get(key, {})}
+               "size": size, "classes": classes, "sha256": {} if retrieval else SHA256.get(key, {})}
     if key in GROUPS:
         prepare["group"] = GROUPS[key]
     if key in OBJECTIVES:
@@ -155,11 +191,17 @@ def entry(key: str, name: str, size: int, classes: int | None, main_metric: str 
     return {"prepare": prepare, "input": "vlbench/datasets/wds.py", "texts": texts}
 
 
-def header(key: str, name: str, size: int, main_metric: str | None) -> str:
+def header(key: str, name: str, size: int, main_metric: str | None, shards: bool = False) -> str:
     lines = [f"DataComp task {key} ({name}): tasklist.yml test size {size:,}, main metric "
-             f"{main_metric or 'none (not in the average)'}.",
-             f"{'Parquet files' if key == 'misc/winogavil' else 'Shards'}: huggingface.co/datasets/{repo(key)}."]
-    lines += [NOTES[key]] if key in NOTES else []
+             f"{main_metric or 'none (not in the average)'}."]
+    if shards:
+        lines += [f"Shards: huggingface.co/datasets/{RETRIEVAL_REPOS[key]}.", NOTES[key]]
+    elif key in HF_CAPTIONS:
+        lines += [f"Parquet files: huggingface.co/datasets/{repo(key)} (DataComp's own source, "
+                  f"eval_utils/retr_eval.py; the hub's Parquet conversion), {HF_CAPTIONS[key]['captions']:,} "
+                  f"captions; the option {shards_slug(key)} reads CLIP_benchmark's shards."]
+    else:
+        lines += [f"{'Parquet files' if key == 'misc/winogavil' else 'Shards'}: huggingface.co/datasets/{repo(key)}."]
     lines += [f"Each face: classes and templates '<objective>:<text>' (race, gender, age, toxic), its .npy "
               f"{OBJECTIVES[key]['metadata']}; scored zero-shot per objective with DataComp's fairness metrics "
               f"(eval_utils/fairness_eval.py, docs/protocols.md)."] if key in OBJECTIVES else []
@@ -179,6 +221,10 @@ def main() -> None:
         (ROOT / "conf/dataset" / f"{slug(key)}.yaml").write_text(
             header(key, name, size, metric) + yaml.safe_dump(entry(key, name, size, classes, metric), sort_keys=False,
                                                              width=120))
+        if key in RETRIEVAL_REPOS:
+            (ROOT / "conf/dataset" / f"{shards_slug(key)}.yaml").write_text(
+                header(key, name, size, metric, shards=True)
+                + yaml.safe_dump(entry(key, name, size, classes, metric, shards=True), sort_keys=False, width=120))
     for key, name, size in FAIRNESS:
         (ROOT / "conf/dataset" / f"{slug(key)}.yaml").write_text(
             header(key, name, size, None) + yaml.safe_dump(entry(key, name, size, None, None), sort_keys=False,
@@ -186,10 +232,12 @@ def main() -> None:
     runnable = [k for k, *_ in TABLE if k not in UNSUPPORTED]
     classify = [slug(k) for k in runnable if k not in RETRIEVAL_REPOS]
     (ROOT / "conf/suite/datacomp.yaml").write_text(suite("datacomp", [k for k, *_ in TABLE], (
-        "# DataComp's 38 zero-shot tasks (Gadre et al. 2023; mlfoundations/datacomp tasklist.yml) on the webdataset\n"
-        "# shards its evaluation reads (source wds, docs/datasets.md \"DataComp's 38 tasks\"), each scored by its main\n"
-        "# metric (the entry's `metric`; Flickr and MSCOCO by the retrieval analysis, mean of i2t and t2i Recall@1;\n"
-        "# WinoGAViL, read from its Hugging Face Parquet files, by the zero-shot analysis' Jaccard).\n"
+        "# DataComp's 38 zero-shot tasks (Gadre et al. 2023; mlfoundations/datacomp tasklist.yml) on the data its\n"
+        "# evaluation reads (docs/datasets.md \"DataComp's 38 tasks\"): the webdataset shards (source wds);\n"
+        "# Flickr and MSCOCO from its Hugging Face datasets' Parquet files (source hf_captions; CLIP_benchmark's\n"
+        "# shards are the option wds-flickr30k-shards and wds-mscoco-shards); WinoGAViL from its Parquet files.\n"
+        "# Each is scored by its main metric (the entry's `metric`; Flickr and MSCOCO by the retrieval analysis,\n"
+        "# mean of i2t and t2i Recall@1; WinoGAViL by the zero-shot analysis' Jaccard).\n"
         "# dvc exp run -S suite=datacomp -S model=vitb32\n"
         "# generated by tools/datacomp_conf.py; do not edit by hand.\n"),
         {"embed": classify + [slug(k) for k in RETRIEVAL_REPOS], "zeroshot": classify,

@@ -135,16 +135,29 @@ def openclip_templates(dataset: str, key: str, name: str) -> list[str]:
     return [template("{c}") for template in getattr(module, OPENCLIP_TEMPLATES[name])]
 
 
-def prompts(meta: DatasetMeta, templates: list[str]) -> pa.Table:
+def prompts(meta: DatasetMeta, templates: list[str], formatted: bool = False) -> pa.Table:
     """Class prompts: every template filled with every class name, class-major. A multi-objective dataset's class
     '<objective>:<name>' gets its objective's templates ('<objective>:<template>', the prefix dropped; a template with
-    no objective's prefix serves every objective) filled with `<name>` (DataComp's fairness_eval.py)."""
+    no objective's prefix serves every objective) filled with `<name>` (DataComp's fairness_eval.py). `formatted`:
+    filled as DataComp and CLIP_benchmark fill their templates, `template.format(c=name)` (its other braces are
+    format fields: '{{' is a brace), else '{c}' replaced and every other character kept (`fill`)."""
     if objective_classes(meta):
-        rows = [(c.index, t.replace("{c}", c.name.split(":", 1)[1]))
+        rows = [(c.index, fill(meta.name, t, c.name.split(":", 1)[1], formatted))
                 for c in meta.classes for t in objective_templates(meta, templates)[c.name.split(":", 1)[0]]]
     else:
-        rows = [(c.index, t.replace("{c}", c.name)) for c in meta.classes for t in templates]
+        rows = [(c.index, fill(meta.name, t, c.name, formatted)) for c in meta.classes for t in templates]
     return text_table("class_index", [i for i, _ in rows], ["template"] * len(rows), [t for _, t in rows])
+
+
+def fill(dataset: str, template: str, name: str, formatted: bool) -> str:
+    """`template` with the class `name` in place of '{c}': str.format (`formatted`) or str.replace."""
+    if not formatted:
+        return template.replace("{c}", name)
+    try:
+        return template.format(c=name)
+    except (KeyError, IndexError, ValueError) as err:
+        raise DatasetError(f"dataset {dataset!r}: template {template!r} cannot be filled with str.format(c=...) as "
+                           f"DataComp fills it ({type(err).__name__}: {err})") from None
 
 
 def objective_templates(meta: DatasetMeta, templates: list[str]) -> dict[str, list[str]]:
@@ -219,7 +232,8 @@ def build_text_sets(meta: DatasetMeta, dataset_dir: Path, cfg: Mapping[str, Any]
     unknown = sorted(set(cfg) - set(TEXTS_KEYS))
     if unknown:
         raise DatasetError(f"dataset {meta.name!r}: unknown texts key(s) {unknown}; allowed: {', '.join(TEXTS_KEYS)}")
-    sets = {"prompts": prompts(meta, entry_templates(meta.name, cfg))}
+    # the shards' own templates (DataComp's tasks) are filled as DataComp fills them: str.format
+    sets = {"prompts": prompts(meta, entry_templates(meta.name, cfg), cfg.get("templates") == PREPARED_TEMPLATES)}
     for column in _sample_text_columns(meta, dataset_dir):
         sets[column] = sample_texts(meta, dataset_dir, column)
     if cfg.get("caption_prompt") is not None:

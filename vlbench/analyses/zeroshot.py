@@ -99,6 +99,32 @@ def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: 
     return results, predictions
 
 
+def identical_prompts(text_table, num_classes: int) -> list[list[int]]:
+    """Groups (lowest index first) of the classes whose prompts are the same texts in the same order: their class
+    weights are the same vector, so every image scores them exactly alike (e.g. CLIP_benchmark's ImageNet names
+    repeat "missile" and "sunglasses")."""
+    texts: dict[int, list[str]] = {c: [] for c in range(num_classes)}
+    for owner, text in zip(text_table.column("class_index").to_pylist(), text_table.column("text").to_pylist()):
+        texts[owner].append(text)
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for c, found in texts.items():
+        groups.setdefault(tuple(found), []).append(c)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def tie_report(logits: np.ndarray, labels: np.ndarray, groups: list[list[int]], names: list[str]) -> dict:
+    """What classes with identical prompts do to top-1 (docs/protocols.md, "Ties"): `tied_top1`, the images whose
+    highest logit several classes share exactly; `decided_by_tie`, those whose label is among them, whose hit depends
+    on the convention: vlbench predicts the lowest index (numpy's argmax), DataComp's acc1 takes torch.topk's order,
+    which is unspecified for ties."""
+    top = logits.max(axis=1, keepdims=True)
+    at_top = logits == top
+    tied = at_top.sum(axis=1) > 1
+    decided = tied & at_top[np.arange(len(labels)), labels]
+    return {"identical_prompts": [[names[c] for c in g] for g in groups], "tied_top1": int(tied.sum()),
+            "decided_by_tie": int(decided.sum()), "convention": "lowest class index"}
+
+
 def objective_predictions(logits: np.ndarray, objectives) -> dict[str, np.ndarray]:
     """{objective: (n,) the argmax of the logits over its own classes, as an index among them} (ties to the lower
     class, as numpy's and torch's argmax; DataComp's fairness_eval.py sets the other classes' logits to -1e9)."""
@@ -181,12 +207,17 @@ def run(inputs, cfg, seed: int):
                                          {f"knowledge_best_{inputs.meta.metric}": inputs.meta.metric}, scoring, seed,
                                          groups))
     prompts_per_class = texts.table.num_rows / max(len(inputs.meta.classes), 1)
+    details = {"variants": variants} if len(variants) > 1 else {}
+    tied = identical_prompts(texts.table, len(inputs.meta.classes))
+    if tied and not objectives and labels.ndim == 1:  # reported only where classes share their prompts
+        logits = zeroshot_logits(images.embeddings, template_weights(texts.table, texts.embeddings,
+                                                                     len(inputs.meta.classes)))
+        details["ties"] = tie_report(logits, labels, tied, inputs.meta.class_names)
     return Result({**metrics, **best}, counts={"samples": images.table.num_rows, "classes": len(inputs.meta.classes),
                                                "prompts": texts.table.num_rows},
                   params={"split": cfg["split"], "scoring": scoring, "text_set": "prompts",
                           "prompts_per_class": prompts_per_class},
-                  tables={"predictions": predictions},
-                  details={"variants": variants} if len(variants) > 1 else {}, intervals=intervals)
+                  tables={"predictions": predictions}, details=details, intervals=intervals)
 
 
 # ---------------------------------------------------------------------------------------------------------- WinoGAViL

@@ -39,6 +39,7 @@ SOURCES = {
     "compositional": "vlbench.datasets.compositional:build",  # SugarCrepe, Winoground, ARO, the demo's swaps
     "wds": "vlbench.datasets.wds:build",  # DataComp / CLIP_benchmark webdataset shards (suite datacomp)
     "winogavil": "vlbench.datasets.winogavil:build",  # WinoGAViL's Hugging Face Parquet files (suite datacomp)
+    "hf_captions": "vlbench.datasets.hf_captions:build",  # DataComp's Flickr and MSCOCO, Hugging Face Parquet files
 }
 # FewTrans' base/novel class counts (the paper's App. B.1), data of the registry: its catalogue rows show them and the
 # adapt analysis's FewTrans protocol reads them from here

@@ -36,7 +36,11 @@ file's sha256.
 
 Prepared dataset: one split (the spec's `split`, `test`), its samples in shard order then tar order, each read from
 the tar as a stream (`tarfile` mode "r|") and written row group by row group, never a split in memory; `sample_id`
-is the sample's key; images as stored. Classes: classnames.txt in order (their names exactly as the shards have
+is the sample's key; images as stored. A shard fault is a one-line error naming the shard and the member, and nothing
+is written (`members`, `load_npy`): not a tar, cut inside a member or at a member boundary (no end-of-archive blocks),
+a member declaring more bytes than the shard holds, a corrupt or pickled `.npy`. The samples are counted per shard and
+their total checked against the entry's `size` (`samples`).
+Classes: classnames.txt in order (their names exactly as the shards have
 them); the templates of zeroshot_classification_templates.txt are kept in provenance (`templates`), and an entry
 whose `texts.templates` is `prepared` uses them (vlbench/texts.py), so the prompts are the ones the table used.
 Retrieval sets are task `captions` with a placeholder class, like Karpathy's splits.
@@ -47,6 +51,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -63,7 +68,7 @@ from vlbench.datasets.canonical import (
     objective_classes,
     write_dataset,
 )
-from vlbench.datasets import winogavil
+from vlbench.datasets import hf_captions, winogavil
 from vlbench.datasets.hub import hub_file, pinned_commit
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_flag, check_keys
@@ -78,6 +83,7 @@ TEMPLATES_FILE = "zeroshot_classification_templates.txt"
 RETRIEVAL_METRIC = "mean_recall_at_1"  # the retrieval analysis' i2t_r1 and t2i_r1, averaged (metrics.mean_recall_at_1)
 CAPTION_CLASSES = [ClassInfo(index=0, name="image")]  # a placeholder: captioned images have no classes
 RESERVED_COLUMNS = ("sample_id", "label", "labels", "image", "captions", GROUP_COLUMN)
+MAX_MEMBER_BYTES = 1 << 30  # no image or metadata member of an evaluation shard comes near 1 GiB
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,7 @@ def build(name: str, spec: dict, out_dir: str | Path) -> DatasetMeta:
     meta = DatasetMeta(name=name, task="captions" if cfg.kind == "retrieval" else "single-label", metric=cfg.metric,
                        classes=list(classes), provenance=provenance)
     objectives = check_objectives(name, cfg, meta, templates) if cfg.objectives else {}
-    rows = checked_rows(name, cfg.split, sized(name, cfg, samples(name, cfg, shards, len(classes), objectives)),
+    rows = checked_rows(name, cfg.split, samples(name, cfg, shards, len(classes), objectives),
                         cfg.skip_corrupt, provenance, f"re-download the shards of {cfg.repo}")
     return write_dataset(out_dir, meta, {cfg.split: rows}, extra_columns=extra_columns(cfg))
 
@@ -155,11 +161,15 @@ def catalogue_row(name: str, spec: dict) -> dict:
 def datacomp_cell(name: str, spec: Mapping, result_metrics: Mapping[str, float]) -> tuple[str, float]:
     """(DataComp's display name of the task, its main metric) from the `metrics` of the entry's result file: the
     zero-shot result's `metric` for a classification task, `metrics.mean_recall_at_1` of the retrieval result's
-    `i2t_r1` and `t2i_r1` for a retrieval task, the zero-shot result's `winogavil_jaccard` for WinoGAViL (`source:
-    winogavil`). The 38 cells are what `metrics.datacomp_average` takes."""
+    `i2t_r1` and `t2i_r1` for a retrieval task (the wds source's, or Flickr's and MSCOCO's `source: hf_captions`), the
+    zero-shot result's `winogavil_jaccard` for WinoGAViL (`source: winogavil`). The 38 cells are what
+    `metrics.datacomp_average` takes."""
     if spec.get("source") == "winogavil":
         winogavil.parse_spec(name, spec)  # the spec's own checks
         kind, metric, objectives = "classification", winogavil.METRIC, None
+    elif spec.get("source") == "hf_captions":
+        hf_captions.parse_spec(name, spec)
+        kind, metric, objectives = "retrieval", RETRIEVAL_METRIC, None
     else:
         cfg = parse_spec(name, spec)
         kind, metric, objectives = cfg.kind, cfg.metric, cfg.objectives
@@ -267,24 +277,53 @@ def read_lines(name: str, path: Path) -> list[str]:
     return lines
 
 
-def members(shard: Path) -> Iterator[tuple[str, str, bytes]]:
-    """(key, extension, bytes) of each file of a tar, streamed in file order."""
-    with tarfile.open(shard, mode="r|*") as tar:
-        for info in tar:
-            if not info.isfile():
-                continue
-            path = PurePosixPath(info.name)
-            if "." not in path.name:
-                continue
-            stem, ext = path.name.split(".", 1)
-            key = str(path.parent / stem) if str(path.parent) != "." else stem
-            yield key, ext.lower(), tar.extractfile(info).read()
+def members(name: str, label: str, shard: Path) -> Iterator[tuple[str, str, bytes]]:
+    """(key, extension, bytes) of each file of a tar, streamed in file order. A shard that is not a tar, is cut inside
+    a member, ends without the tar end-of-archive blocks (cut at a member boundary), or has a member declaring more
+    bytes than the shard holds after it (or more than `MAX_MEMBER_BYTES`) is a one-line error naming the shard
+    (`label`, e.g. test/0.tar) and the member."""
+    size, member = shard.stat().st_size, None
+    try:
+        with tarfile.open(shard, mode="r|") as tar:  # plain tar, as every DataComp shard
+            for info in tar:
+                member = info.name
+                if not info.isfile():
+                    continue
+                if info.size > min(MAX_MEMBER_BYTES, size - info.offset_data):
+                    raise DatasetError(f"dataset {name!r}: shard {label} member {member!r} declares {info.size:,} "
+                                       f"bytes, the shard has {max(size - info.offset_data, 0):,} after its header "
+                                       f"(at most {MAX_MEMBER_BYTES:,} are read); re-download the shard")
+                path = PurePosixPath(info.name)
+                if "." not in path.name:
+                    continue
+                stem, ext = path.name.split(".", 1)
+                key = str(path.parent / stem) if str(path.parent) != "." else stem
+                yield key, ext.lower(), tar.extractfile(info).read()
+            end = tar.offset
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
+        at = f" member {member!r}" if member else ""
+        raise DatasetError(f"dataset {name!r}: shard {label}{at} is not a readable tar ({err or type(err).__name__});"
+                           f" re-download the shard") from None
+    if not has_end_marker(shard, end):
+        raise DatasetError(f"dataset {name!r}: shard {label} ends without the tar end-of-archive blocks after "
+                           f"{'member ' + repr(member) if member else 'no member'}: it was cut short; re-download the "
+                           f"shard")
 
 
-def grouped(shard: Path) -> Iterator[dict]:
+def has_end_marker(shard: Path, end: int) -> bool:
+    """Whether the tar `shard` has its two zero blocks of end-of-archive at `end` (where its last member's data,
+    padded, ends): every tar writer (tarfile, GNU tar, webdataset's ShardWriter) writes them; a tar cut at a member
+    boundary reads as a shorter, valid one without them."""
+    with shard.open("rb") as f:
+        f.seek(end)
+        marker = f.read(2 * tarfile.BLOCKSIZE)
+    return len(marker) == 2 * tarfile.BLOCKSIZE and not marker.strip(b"\0")
+
+
+def grouped(name: str, label: str, shard: Path) -> Iterator[dict]:
     """Webdataset's samples of one shard: {"__key__", ext: bytes, ...}."""
     current: dict | None = None
-    for key, ext, data in members(shard):
+    for key, ext, data in members(name, label, shard):
         if current is None or key != current["__key__"] or ext in current:
             if current is not None:
                 yield current
@@ -296,9 +335,21 @@ def grouped(shard: Path) -> Iterator[dict]:
 
 def samples(name: str, cfg: WdsSpec, shards: list[Path], num_classes: int,
             objectives: Mapping[str, list[int]]) -> Iterator[dict]:
+    """Every sample of the shards in order; at the end their number is checked against the entry's test size
+    (DataComp's tasklist.yml `size`), the error naming each shard's count and the number `nshards.txt` declares."""
+    counts: dict[str, int] = {}
     for index, shard in enumerate(shards):
-        for sample in grouped(shard):
-            yield row(name, cfg, f"{cfg.split}/{index}.tar", sample, num_classes, objectives)
+        label = f"{cfg.split}/{index}.tar"
+        counts[label] = 0
+        for sample in grouped(name, label, shard):
+            counts[label] += 1
+            yield row(name, cfg, label, sample, num_classes, objectives)
+    total = sum(counts.values())
+    if cfg.size is not None and total != cfg.size:
+        each = ", ".join(f"{label} {n:,}" for label, n in counts.items())
+        raise DatasetError(f"dataset {name!r}: the {len(shards)} shard(s) {cfg.split}/nshards.txt of "
+                           f"{cfg.repo}@{cfg.revision} declares hold {total:,} samples in {cfg.split!r} ({each}), the "
+                           f"entry expects {cfg.size:,} (spec 'size'); a shard is cut short or missing")
 
 
 def row(name: str, cfg: WdsSpec, shard: str, sample: dict, num_classes: int,
@@ -343,9 +394,7 @@ def captions(where: str, sample: dict) -> list[str]:
 
 def group(where: str, sample: dict, spec: tuple[str, int]) -> str:
     field, index = spec
-    if "npy" not in sample:
-        raise DatasetError(f"{where} has no .npy metadata, which holds its {field}")
-    values = np.load(io.BytesIO(sample["npy"]), allow_pickle=False).reshape(-1)
+    values = load_npy(where, sample, f"its {field}")
     if index >= values.size:
         raise DatasetError(f"{where}: .npy metadata has {values.size} values, the {field} is element {index}")
     return f"{field}:{int(values[index])}"
@@ -353,12 +402,7 @@ def group(where: str, sample: dict, spec: tuple[str, int]) -> str:
 
 def metadata(where: str, sample: dict, length: int) -> np.ndarray:
     """The sample's .npy metadata: `length` integers."""
-    if "npy" not in sample:
-        raise DatasetError(f"{where} has no .npy metadata")
-    try:
-        values = np.load(io.BytesIO(sample["npy"]), allow_pickle=False).reshape(-1)
-    except (ValueError, EOFError, OSError) as err:
-        raise DatasetError(f"{where}: .npy metadata is not a numpy array ({err})") from None
+    values = load_npy(where, sample, "its metadata")
     if values.size != length:
         raise DatasetError(f"{where}: .npy metadata has {values.size} values, the entry's objectives.metadata names "
                            f"{length}")
@@ -366,6 +410,18 @@ def metadata(where: str, sample: dict, length: int) -> np.ndarray:
             or np.any(values != np.round(values))):
         raise DatasetError(f"{where}: .npy metadata must be integers, got {values.tolist()[:8]}")
     return values.astype(np.int64)
+
+
+def load_npy(where: str, sample: dict, holds: str) -> np.ndarray:
+    """The sample's `npy` member as a flat array, read without pickles (numpy's allow_pickle=False: an object array
+    would run code from the shard); a missing, corrupt or pickled member is a one-line error naming it."""
+    if "npy" not in sample:
+        raise DatasetError(f"{where} has no .npy metadata, which holds {holds}")
+    try:
+        return np.load(io.BytesIO(sample["npy"]), allow_pickle=False).reshape(-1)
+    except (ValueError, EOFError, OSError) as err:
+        raise DatasetError(f"{where}: member {sample['__key__'] + '.npy'!r} is not a numpy array of numbers "
+                           f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
 
 
 def objective_labels(where: str, sample: dict, spec: tuple[str, tuple[str, ...]],
@@ -379,17 +435,6 @@ def objective_labels(where: str, sample: dict, spec: tuple[str, tuple[str, ...]]
             raise DatasetError(f"{where}: .npy {field} {value} is not a class of objective {field!r}, an index in "
                                f"[0, {len(objectives[field])})")
     return {"label": objectives[label_objective][values[label_objective]], **values}
-
-
-def sized(name: str, cfg: WdsSpec, rows: Iterator[dict]) -> Iterator[dict]:
-    """The rows, checked at the end against the entry's test size (DataComp's tasklist.yml `size`)."""
-    count = 0
-    for r in rows:
-        count += 1
-        yield r
-    if cfg.size is not None and count != cfg.size:
-        raise DatasetError(f"dataset {name!r}: the shards of {cfg.repo}@{cfg.revision} hold {count} samples in "
-                           f"{cfg.split!r}, the entry expects {cfg.size} (spec 'size')")
 
 
 def _optional_int(name: str, spec: Mapping, key: str) -> int | None:

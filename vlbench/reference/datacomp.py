@@ -158,12 +158,17 @@ def rank(value: float, published: list[float]) -> int:
     return 1 + sum(p > value for p in published)
 
 
+def standing(rank_: int, of: int) -> str:
+    """A rank in words: "7 of 121", or "below all 121" for a value under every published one (rank of + 1)."""
+    return f"below all {of}" if rank_ > of else f"{rank_} of {of}"
+
+
 def place(numbers: Mapping[str, Mapping[str, float | None]], population: Mapping[str, Any] | None = None
           ) -> dict[str, dict[str, Any]]:
-    """{column: {"value", "low", "high", "rank", "rank_best", "rank_worst", "of"}} for each column of `numbers`
-    (`run_numbers`): the rank of the value among the published models (1 = best; of = how many, 121), and the ranks
-    its interval spans (best: the rank of the interval's high end, worst: of its low end; None without an interval).
-    Higher is better in every column of the table."""
+    """{column: {"value", "low", "high", "rank", "rank_best", "rank_worst", "of", "standing"}} for each column of
+    `numbers` (`run_numbers`): the rank of the value among the published models (1 = best; of = how many, 121; of + 1
+    below them all), the ranks its interval spans (best: the rank of the interval's high end, worst: of its low end;
+    None without an interval) and the rank in words (`standing`). Higher is better in every column of the table."""
     population = population or load_population()
     out = {}
     for column, cell in numbers.items():
@@ -177,5 +182,6 @@ def place(numbers: Mapping[str, Mapping[str, float | None]], population: Mapping
         low, high = cell.get("low"), cell.get("high")
         out[column] = {"value": float(value), "low": low, "high": high, "rank": rank(value, published),
                        "rank_best": rank(high, published) if high is not None else None,
-                       "rank_worst": rank(low, published) if low is not None else None, "of": len(published)}
+                       "rank_worst": rank(low, published) if low is not None else None, "of": len(published),
+                       "standing": standing(rank(value, published), len(published))}
     return out

@@ -362,7 +362,7 @@ def _placement_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping
              _td(number(placed[c]["value"]), "num"),
              _td(f"[{number(placed[c]['low'])}, {number(placed[c]['high'])}]" if placed[c]["low"] is not None
                  else '<span class="muted">none</span>', "interval"),
-             _td(f"{_e(placed[c]['rank'])} of {_e(placed[c]['of'])}", "num"),
+             _td(_e(placed[c]["standing"]), "num"),
              _td(_placement_rank_text(placed[c]), "num")]
             for c in order]
     lacking = "" if AVERAGE in placed else (f" The average is placed when all 38 tasks ran ({len(order)} here).")
