@@ -23,7 +23,8 @@ def main() -> None:
     summary = embed_image_splits(loaded, prepared_dir(args.dataset), features_dir(loaded.fingerprint["model"], args.dataset) / "images",
                                  batch_size=args.batch_size, num_workers=args.workers,
                                  pre_projection=get(params, "embed.pre_projection", bool),
-                                 decode=get(params, "embed.decode", str), engine_name=args.engine)
+                                 decode=get(params, "embed.decode", str), engine_name=args.engine,
+                                 bf16_weights=get(params, "embed.bf16_weights", bool))
     print(json.dumps(summary))
 
 

@@ -6,11 +6,14 @@
   at 1/2, 1/4 or 1/8 scale in the DCT domain (Pillow's `Image.draft`, libjpeg's scaled IDCT), never below that
   size, and the transform resizes from there. Faster for large photos; the pixels differ from `pil` wherever the
   scale is below 1 (docs/benchmarks.md, "Decoding options"), so it is not the default.
-- `torchvision`: JPEGs are decoded by `torchvision.io.decode_jpeg` on the model's device (nvJPEG on CUDA,
-  libjpeg-turbo on the CPU) in batches, then resized, cropped and normalised there by the model's own Resize and
-  CenterCrop applied to tensors (other formats are decoded by Pillow in the workers and join the batch as uint8
-  tensors). torch's bicubic kernel (a = -0.75) is not Pillow's (a = -0.5), so pixels differ from `pil`; nvJPEG's IDCT
-  may differ from libjpeg-turbo's, so the fingerprint records the device type too (`decode_device`).
+- `torchvision`: the batch's JPEGs are decoded by one `torchvision.io.decode_jpeg` call on a list, on the model's
+  device (nvJPEG's batched decoder on CUDA, libjpeg-turbo on the CPU); the images of each decoded size are stacked and
+  resized, cropped (the model's own Resize and CenterCrop, or the entry's squash, applied to tensors) and normalised
+  there as one tensor, so no Python runs per image on the device's side. torch's bicubic kernel (a = -0.75) is not
+  Pillow's (a = -0.5), so pixels differ from `pil`; nvJPEG's IDCT may differ from libjpeg-turbo's, so the fingerprint
+  records the device type too (`decode_device`). What a device decoder would not decode as Pillow does (anything but
+  a sequential 8-bit three-component JPEG: PNG and other formats, progressive, 12-bit, greyscale, CMYK, RGB-coded) is
+  decoded by `decode_rgb` in the workers instead and joins the batch as a uint8 tensor; the stage's log counts them.
 
 Every decoder but `pil` changes the model's input: `embed.decode` is a param, the image features' fingerprint records
 `decode`, and readers demand it, so features decoded one way are never read as another's.
@@ -18,10 +21,11 @@ Every decoder but `pil` changes the model's input: `embed.decode` is a param, th
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from PIL import Image
@@ -35,6 +39,12 @@ DEFAULT_DECODE = "pil"
 JPEG_FORMATS = ("JPEG", "MPO")
 JPEG_MAGIC = b"\xff\xd8\xff"
 PASS_THROUGH = ("MaybeConvertMode", "_convert_to_rgb", "ToTensor", "MaybeToTensor")  # no-ops on an RGB uint8 tensor
+TENSOR_CROPS = ("BorderCrop",)  # vlbench.embed's crops that also crop a tensor
+# JPEG start-of-frame markers: 0xC0 baseline and 0xC1 extended sequential (Huffman) are what device decoders take
+SOF_MARKERS = {0xC0: None, 0xC1: None, 0xC2: "progressive", 0xC3: "lossless", 0xC5: "hierarchical",
+               0xC6: "hierarchical", 0xC7: "hierarchical", 0xC9: "arithmetic coding", 0xCA: "arithmetic coding",
+               0xCB: "arithmetic coding", 0xCD: "arithmetic coding", 0xCE: "arithmetic coding", 0xCF: "arithmetic coding"}
+STANDALONE_MARKERS = {0x01, *range(0xD0, 0xD9)}  # TEM, RSTn, SOI: no length field
 
 
 class DecodeOptionError(VlbenchError):
@@ -49,6 +59,16 @@ class Decoder:
     worker: Callable[[bytes], Any]
     finish: Callable[[Any], torch.Tensor]
     stack: bool
+    counts: Counter = field(default_factory=Counter)  # a device decoder's: images per where (and why) decoded
+
+    def log_line(self, dataset: str, split: str) -> str | None:
+        """The stage's log line on the images a device decoder left to the CPU, by reason; None if none were."""
+        cpu = {k.removeprefix("cpu: "): n for k, n in self.counts.items() if k.startswith("cpu: ")}
+        if not cpu:
+            return None
+        reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(cpu.items()))
+        return (f"embed {dataset}/{split}: {sum(cpu.values())} of {sum(self.counts.values())} images decoded on the "
+                f"CPU by Pillow, not on the device ({reasons})")
 
 
 # ------------------------------------------------------------------------------------------------ pil_draft
@@ -91,7 +111,7 @@ def tensor_steps(preprocess: Callable, model: str = "?") -> tuple[list[torch.nn.
         raise DecodeOptionError(f"model {model!r}: decode 'torchvision' needs a transform that ends in Normalize")
     geometric, unknown = [], []
     for step in steps[:-1]:
-        if isinstance(step, (Resize, CenterCrop)):
+        if isinstance(step, (Resize, CenterCrop)) or type(step).__name__ in TENSOR_CROPS:
             geometric.append(step)
         elif type(step).__name__ not in PASS_THROUGH and getattr(step, "__name__", "") not in PASS_THROUGH:
             unknown.append(type(step).__name__)
@@ -101,18 +121,59 @@ def tensor_steps(preprocess: Callable, model: str = "?") -> tuple[list[torch.nn.
     return geometric, steps[-1]
 
 
-def encoded_or_decoded(data: bytes | None) -> torch.Tensor:
-    """A worker's part of `torchvision`: a JPEG's bytes as a 1-D uint8 tensor (decoded on the device), any other
-    image decoded by `decode_rgb` to a uint8 CHW tensor."""
-    if data and data[:3] == JPEG_MAGIC:
+class Fallback(NamedTuple):
+    """A device decoder's worker output for an image it leaves to the CPU: `decode_rgb`'s pixels (uint8 CHW) and why."""
+
+    image: torch.Tensor
+    reason: str
+
+
+def device_refusal(data: bytes | None) -> str | None:
+    """None where `data` is a JPEG that device decoders decode as Pillow does (sequential Huffman, SOF0 or SOF1, 8-bit,
+    three components in YCbCr); else why not: 'not a JPEG', 'progressive', '12-bit', 'greyscale', 'CMYK', ... Reads
+    the markers up to the frame header only."""
+    if not data or data[:3] != JPEG_MAGIC:
+        return "not a JPEG"
+    i, rgb_coded = 2, False
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return "malformed JPEG"
+        marker = data[i + 1]
+        if marker == 0xFF or marker in STANDALONE_MARKERS:
+            i += 1 if marker == 0xFF else 2
+            continue
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        if marker == 0xEE and data[i + 4:i + 9] == b"Adobe" and length >= 12:
+            rgb_coded = data[i + 15] == 0  # Adobe transform 0: components not in YCbCr
+        if marker in SOF_MARKERS:
+            if SOF_MARKERS[marker]:
+                return SOF_MARKERS[marker]
+            precision, components = data[i + 4], data[i + 9]
+            if precision != 8:
+                return f"{precision}-bit"
+            if components != 3:
+                return {1: "greyscale", 4: "CMYK"}.get(components, f"{components} components")
+            return "RGB-coded (Adobe)" if rgb_coded else None
+        if marker == 0xDA:
+            break
+        i += 2 + length
+    return "malformed JPEG"
+
+
+def encoded_or_decoded(data: bytes | None) -> torch.Tensor | Fallback:
+    """A worker's part of a device decoder: a JPEG the device decodes as its bytes (a 1-D uint8 tensor), any other
+    image decoded by `decode_rgb` (a uint8 CHW tensor) with the reason (`device_refusal`)."""
+    reason = device_refusal(data)
+    if reason is None:
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return PILToTensor()(decode_rgb(data))
+    return Fallback(PILToTensor()(decode_rgb(data)), reason)
 
 
-def device_decode(items: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """Decode the batch's JPEGs (1-D byte tensors) on `device` in one call; decoded images are moved there."""
-    jpegs = [i for i, x in enumerate(items) if x.ndim == 1]
-    out = [x.to(device) for x in items]
+def device_decode(items: list[torch.Tensor | Fallback], device: torch.device) -> list[torch.Tensor]:
+    """Decode the batch's JPEGs (1-D byte tensors) on `device` in one call; the images decoded on the CPU are moved
+    there."""
+    jpegs = [i for i, x in enumerate(items) if not isinstance(x, Fallback)]
+    out = [x.image.to(device, non_blocking=True) if isinstance(x, Fallback) else x for x in items]
     if jpegs:
         try:
             decoded = decode_jpeg([items[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)
@@ -123,17 +184,32 @@ def device_decode(items: list[torch.Tensor], device: torch.device) -> list[torch
     return out
 
 
-def torchvision_finish(preprocess: Callable, device: torch.device, model: str = "?") -> Callable[[list], torch.Tensor]:
+def by_size(images: list[torch.Tensor], steps: list[Callable]) -> list[torch.Tensor]:
+    """`steps` applied to each image, once per distinct size on the stack of the images of that size (a batch of
+    one size, the usual case, is one call per step); in the images' order."""
+    out: list[torch.Tensor | None] = [None] * len(images)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, image in enumerate(images):
+        groups.setdefault(tuple(image.shape), []).append(i)
+    for indices in groups.values():
+        batch = torch.stack([images[i] for i in indices])
+        for step in steps:
+            batch = step(batch)
+        for i, image in zip(indices, batch.unbind(0)):
+            out[i] = image
+    return out
+
+
+def torchvision_finish(preprocess: Callable, device: torch.device, model: str = "?",
+                       counts: Counter | None = None) -> Callable[[list], torch.Tensor]:
     geometric, normalize = tensor_steps(preprocess, model)
     mean = torch.tensor(normalize.mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
     std = torch.tensor(normalize.std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+    counts = Counter() if counts is None else counts
 
-    def finish(items: list[torch.Tensor]) -> torch.Tensor:
-        images = []
-        for image in device_decode(items, device):
-            for step in geometric:
-                image = step(image)
-            images.append(image)
+    def finish(items: list[torch.Tensor | Fallback]) -> torch.Tensor:
+        counts.update(f"cpu: {x.reason}" if isinstance(x, Fallback) else "device" for x in items)
+        images = by_size(device_decode(items, device), geometric)
         return torch.stack(images).float().div_(255).sub_(mean).div_(std)
 
     return finish
@@ -165,7 +241,8 @@ def pil_draft_decoder(preprocess: Callable, device: torch.device, model: str, sp
 
 
 def torchvision_decoder(preprocess: Callable, device: torch.device, model: str, split: tuple[Callable, Callable]) -> Decoder:
-    return Decoder(encoded_or_decoded, torchvision_finish(preprocess, device, model), False)
+    counts: Counter = Counter()
+    return Decoder(encoded_or_decoded, torchvision_finish(preprocess, device, model, counts), False, counts)
 
 
 DECODERS: dict[str, Callable[..., Decoder]] = {
