@@ -67,3 +67,22 @@ def test_overlap_on_cuda_gives_bitwise_the_same_features(toy_model_cfg, tmp_path
                                   decode=decode, overlap=True)
     assert rows_a.tolist() == rows_b.tolist()
     assert np.array_equal(plain, queued)
+
+
+def test_overlap_is_on_by_default_for_a_device_decoder_and_the_variable_decides(loaded, tmp_path, monkeypatch):
+    import vlbench.embed as embed
+    from vlbench.errors import VlbenchError
+
+    path = write_images(tmp_path / "test.parquet", 5)
+    calls = []
+    real = embed.launch_batch
+    monkeypatch.setattr(embed, "launch_batch", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.delenv(OVERLAP_VARIABLE, raising=False)
+    embed_images(loaded, path, "shapes", "test", batch_size=2, num_workers=0, progress=False, decode="torchvision")
+    assert len(calls) == 3  # torchvision: on (measured faster with it on the H200; docs/benchmarks.md)
+    monkeypatch.setenv(OVERLAP_VARIABLE, "0")
+    embed_images(loaded, path, "shapes", "test", batch_size=2, num_workers=0, progress=False, decode="torchvision")
+    assert len(calls) == 3
+    monkeypatch.setenv(OVERLAP_VARIABLE, "yes")
+    with pytest.raises(VlbenchError, match=r"\$VLBENCH_EMBED_OVERLAP must be 1 \(on\) or 0 \(off\), got 'yes'"):
+        embed_images(loaded, path, "shapes", "test", batch_size=2, num_workers=0, progress=False)
