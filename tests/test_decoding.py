@@ -108,7 +108,8 @@ def test_torchvision_runs_only_transforms_it_can_apply_to_tensors(loaded):
 
 
 def test_an_unknown_decoder_is_refused_naming_the_param(loaded):
-    with pytest.raises(DecodeOptionError, match=r"embed.decode 'nvdali' is not one of \['pil', 'pil_draft', 'torchvision'\]"):
+    with pytest.raises(DecodeOptionError,
+                       match=r"embed.decode 'nvdali' is not one of \['dali', 'pil', 'pil_draft', 'torchvision'\]"):
         decoder("nvdali", loaded.preprocess, CPU)
 
 
@@ -121,7 +122,16 @@ def write_photos(out_dir, n: int = 12) -> DatasetMeta:
     return write_dataset(out_dir, meta, {"test": iter(rows)})
 
 
-@pytest.mark.parametrize("name", ["pil_draft", "torchvision"])
+try:
+    import nvidia.dali  # noqa: F401
+
+    HAS_DALI = True
+except ImportError:
+    HAS_DALI = False
+dali = pytest.mark.skipif(not HAS_DALI, reason="needs NVIDIA DALI (pip install 'vlbench[dali]')")
+
+
+@pytest.mark.parametrize("name", ["pil_draft", "torchvision", pytest.param("dali", marks=dali)])
 def test_each_decoder_gives_features_that_say_so_and_that_a_pil_reader_refuses(loaded, toy_model_cfg, tmp_path, name):
     meta = write_photos(tmp_path / "prepared")
     embed_image_splits(loaded, tmp_path / "prepared", tmp_path / "pil" / "images", num_workers=0, progress=False)
@@ -129,7 +139,7 @@ def test_each_decoder_gives_features_that_say_so_and_that_a_pil_reader_refuses(l
                        decode=name)
     found = read_fingerprint(tmp_path / name / "images" / "test.parquet")
     assert found["decode"] == name and read_fingerprint(tmp_path / "pil" / "images" / "test.parquet")["decode"] == "pil"
-    assert found.get("decode_device") == ("cpu" if name == "torchvision" else None)
+    assert found.get("decode_device") == ("cpu" if name in ("torchvision", "dali") else None)
 
     identity = model_identity(toy_model_cfg)
     assert Inputs(meta, identity, tmp_path / name, tmp_path / "texts", decode=name).images("test").embeddings.shape[0] == 12
@@ -184,7 +194,8 @@ def test_resizing_the_images_of_one_size_as_a_stack_gives_each_images_pixels(loa
     assert all(torch.equal(a, b) for a, b in zip(alone, stacked))
 
 
-def test_torchvision_in_the_embed_stage_counts_what_it_left_to_the_cpu(loaded, tmp_path, capsys):
+@pytest.mark.parametrize("name", ["torchvision", pytest.param("dali", marks=dali)])
+def test_a_device_decoder_in_the_embed_stage_counts_what_it_left_to_the_cpu(loaded, tmp_path, capsys, name):
     kinds = odd_images()
     rows = [{"sample_id": f"{kind}{k}", "label": k % 3, "image": data}
             for k in range(2) for kind, data in kinds.items()]
@@ -193,13 +204,13 @@ def test_torchvision_in_the_embed_stage_counts_what_it_left_to_the_cpu(loaded, t
     write_dataset(tmp_path / "prepared", meta, {"test": iter(rows)})
     capsys.readouterr()
     embed_image_splits(loaded, tmp_path / "prepared", tmp_path / "tv" / "images", num_workers=2, batch_size=4,
-                       progress=False, decode="torchvision")
+                       progress=False, decode=name)
     assert ("embed odd/test: 8 of 10 images decoded on the CPU by Pillow, not on the device "
             "(CMYK 2, greyscale 2, not a JPEG 2, progressive 2)") in capsys.readouterr().err
     embed_image_splits(loaded, tmp_path / "prepared", tmp_path / "pil" / "images", num_workers=0, progress=False)
     assert "decoded on the CPU" not in capsys.readouterr().err  # pil: nothing to count
     tv, pil = (pq.read_table(tmp_path / name / "images" / "test.parquet") for name in ("tv", "pil"))
-    assert read_fingerprint(tmp_path / "tv" / "images" / "test.parquet")["decode"] == "torchvision"
+    assert read_fingerprint(tmp_path / "tv" / "images" / "test.parquet")["decode"] == name
     a, b = (np.stack(t.column("embedding").to_numpy(zero_copy_only=False)) for t in (tv, pil))
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
     assert tv.column("sample_id").to_pylist() == pil.column("sample_id").to_pylist()
@@ -218,3 +229,23 @@ def test_bf16_weights_are_recorded_and_change_bits_by_little(loaded, tmp_path):
                      .to_numpy(zero_copy_only=False)) for name in ("fp32", "bf16"))
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
     assert not np.array_equal(a, b) and cos.min() > 0.99
+
+
+@dali
+@pytest.mark.parametrize("squash", [False, True])
+def test_dali_on_the_cpu_gives_torchvisions_sizes_crops_and_nearly_its_pixels(loaded, squash):
+    """DALI's pipeline reproduces torchvision's Resize output size and CenterCrop offset (rounding included: a size
+    off by one pixel shifts the crop and shows as tens of grey levels on these striped images); the resampling
+    differs by under a grey level on average."""
+    from vlbench.embed import squash_preprocess
+
+    preprocess = squash_preprocess(loaded.preprocess) if squash else loaded.preprocess
+    images = [photo(size, seed=k) for k, size in enumerate([(300, 200), (641, 427), (200, 333), (97, 120), (64, 64)])]
+    runs = {}
+    for name in ("torchvision", "dali"):
+        dec = decoder(name, preprocess, CPU, "toy")
+        runs[name] = dec.finish([dec.worker(data) for data in images])
+    std = torch.tensor(preprocess.transforms[-1].std).view(1, -1, 1, 1)
+    grey = ((runs["dali"] - runs["torchvision"]) * std * 255).abs()
+    assert runs["dali"].shape == runs["torchvision"].shape
+    assert grey.mean(dim=(1, 2, 3)).max() < 1.0 and grey.max() <= 8

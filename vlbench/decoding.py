@@ -15,12 +15,21 @@
   a sequential 8-bit three-component JPEG: PNG and other formats, progressive, 12-bit, greyscale, CMYK, RGB-coded) is
   decoded by `decode_rgb` in the workers instead and joins the batch as a uint8 tensor; the stage's log counts them.
 
+- `dali`: NVIDIA DALI (the optional `nvidia-dali-cuda130` wheel, extra `dali`): the batch's JPEGs fed to one DALI
+  pipeline that decodes them (`fn.decoders.image`: "mixed", nvJPEG with the hardware JPEG engines where the GPU has
+  them, on CUDA; libjpeg-turbo on the CPU), resizes them with the model's Resize translated to DALI (shorter side or
+  squash, its interpolation, antialiased) and crops the centre; torch normalises. DALI's resampling and crop
+  rounding are its own, so pixels differ from both `pil` and `torchvision`; the images a device decoder leaves to the
+  CPU are decoded by Pillow and resized by torch, as for `torchvision`. A transform step DALI's translation does not
+  know is refused by name.
+
 Every decoder but `pil` changes the model's input: `embed.decode` is a param, the image features' fingerprint records
 `decode`, and readers demand it, so features decoded one way are never read as another's.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -200,6 +209,131 @@ def by_size(images: list[torch.Tensor], steps: list[Callable]) -> list[torch.Ten
     return out
 
 
+DALI_INTERPOLATION = {"bicubic": "INTERP_CUBIC", "bilinear": "INTERP_LINEAR", "nearest": "INTERP_NN"}
+
+
+def dali_geometry(geometric: list[Callable], model: str = "?") -> list[tuple[str, dict]]:
+    """The model's Resize and CenterCrop as DALI operators and their arguments: ("resize", {...}), ("crop", {...})."""
+    from nvidia.dali import types
+
+    ops = []
+    for step in geometric:
+        if isinstance(step, Resize) and step.max_size is None:
+            size = list(step.size) if isinstance(step.size, (list, tuple)) else [step.size]
+            if step.interpolation.value not in DALI_INTERPOLATION:
+                break
+            ops.append(("resize", {"size": size, "antialias": bool(step.antialias),
+                                   "interp_type": getattr(types, DALI_INTERPOLATION[step.interpolation.value])}))
+        elif isinstance(step, CenterCrop):
+            ops.append(("crop", {"crop": tuple(step.size)}))
+        else:
+            break
+    else:
+        return ops
+    raise DecodeOptionError(f"model {model!r}: decode 'dali' cannot run the transform step {step!r} in DALI; use "
+                            f"embed.decode: torchvision or pil")
+
+
+def torchvision_resized(h, w, size: list[int]):
+    """(h, w) after torchvision's Resize(size), as DALI graph arithmetic on float64 (h, w): a squash to (h, w), or the
+    shorter side to size[0] and the longer to int(size * long / short) (torchvision's _compute_resized_output_size)."""
+    from nvidia.dali import math as dmath, fn, types
+
+    if len(size) == 2:
+        return float(size[0]), float(size[1])
+    s = float(size[0])
+    w_short = fn.cast(w <= h, dtype=types.FLOAT64)
+    long = dmath.floor(s * dmath.max(h, w) / dmath.min(h, w))
+    return (1 - w_short) * s + w_short * long, w_short * s + (1 - w_short) * long
+
+
+def torchvision_crop_pos(side, crop: int):
+    """DALI's relative crop position that gives torchvision's CenterCrop offset int(round((side - crop) / 2)) (halves
+    to even); a quarter pixel past it, so that DALI's rounding of pos * (side - crop) lands on it."""
+    from nvidia.dali import math as dmath, fn, types
+
+    d = side - float(crop)
+    half = dmath.floor(d / 2)
+    odd = d - 2 * half  # 1 where (side - crop) / 2 ends in .5
+    offset = half + odd * (half - 2 * dmath.floor(half / 2))
+    return fn.cast(dmath.min((offset + 0.25) / dmath.max(d, 1.0), 1.0), dtype=types.FLOAT)
+
+
+class DaliPipeline:
+    """A DALI pipeline of the model's geometry on `device`, fed a batch of JPEG byte arrays: uint8 NCHW on `device`.
+    Built at the first batch, rebuilt for a larger one."""
+
+    def __init__(self, ops: list[tuple[str, dict]], device: torch.device):
+        self.ops, self.device, self.pipe, self.capacity = ops, device, None, 0
+
+    def build(self, batch_size: int) -> None:
+        from nvidia.dali import fn, pipeline_def, types
+
+        cuda = self.device.type == "cuda"
+        threads = max(1, min(8, len(os.sched_getaffinity(0)) - 1))
+
+        @pipeline_def(batch_size=batch_size, num_threads=threads, exec_async=False, exec_pipelined=False,
+                      device_id=(self.device.index or 0) if cuda else None, prefetch_queue_depth=1)
+        def pipeline():
+            jpegs = fn.external_source(name="jpegs", dtype=types.UINT8)
+            images = fn.decoders.image(jpegs, device="mixed" if cuda else "cpu", output_type=types.RGB)
+            shape = fn.cast(fn.peek_image_shape(jpegs), dtype=types.FLOAT64)
+            h, w = shape[0], shape[1]
+            for op, args in self.ops:
+                if op == "resize":
+                    h, w = torchvision_resized(h, w, args.pop("size"))
+                    images = fn.resize(images, resize_x=fn.cast(w, dtype=types.FLOAT),
+                                       resize_y=fn.cast(h, dtype=types.FLOAT), **args)
+                else:
+                    (ch, cw) = args["crop"]
+                    images = fn.crop(images, crop=(ch, cw), crop_pos_y=torchvision_crop_pos(h, ch),
+                                     crop_pos_x=torchvision_crop_pos(w, cw))
+                    h, w = ch, cw
+            return fn.transpose(images, perm=[2, 0, 1])
+
+        self.pipe, self.capacity = pipeline(), batch_size
+        self.pipe.build()
+
+    def __call__(self, jpegs: list[torch.Tensor]) -> torch.Tensor:
+        if len(jpegs) > self.capacity:
+            self.build(len(jpegs))
+        self.pipe.feed_input("jpegs", [x.numpy() for x in jpegs])
+        (out,) = self.pipe.run()
+        if self.device.type != "cuda":
+            return torch.from_numpy(out.as_array())
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        dense = out.as_tensor()
+        batch = torch.empty(dense.shape(), dtype=torch.uint8, device=self.device)
+        feed_ndarray(dense, batch, cuda_stream=torch.cuda.current_stream(self.device))
+        return batch
+
+
+def dali_finish(preprocess: Callable, device: torch.device, model: str = "?",
+                counts: Counter | None = None) -> Callable[[list], torch.Tensor]:
+    geometric, normalize = tensor_steps(preprocess, model)
+    run = DaliPipeline(dali_geometry(geometric, model), device)
+    mean = torch.tensor(normalize.mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+    std = torch.tensor(normalize.std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+    counts = Counter() if counts is None else counts
+
+    def finish(items: list[torch.Tensor | Fallback]) -> torch.Tensor:
+        counts.update(f"cpu: {x.reason}" if isinstance(x, Fallback) else "device" for x in items)
+        jpegs = [i for i, x in enumerate(items) if not isinstance(x, Fallback)]
+        others = [i for i, x in enumerate(items) if isinstance(x, Fallback)]
+        out: list[torch.Tensor | None] = [None] * len(items)
+        if jpegs:
+            for i, image in zip(jpegs, run([items[i] for i in jpegs]).to(device).unbind(0)):
+                out[i] = image
+        if others:
+            resized = by_size([items[i].image.to(device, non_blocking=True) for i in others], geometric)
+            for i, image in zip(others, resized):
+                out[i] = image
+        return torch.stack(out).float().div_(255).sub_(mean).div_(std)
+
+    return finish
+
+
 def torchvision_finish(preprocess: Callable, device: torch.device, model: str = "?",
                        counts: Counter | None = None) -> Callable[[list], torch.Tensor]:
     geometric, normalize = tensor_steps(preprocess, model)
@@ -245,11 +379,23 @@ def torchvision_decoder(preprocess: Callable, device: torch.device, model: str, 
     return Decoder(encoded_or_decoded, torchvision_finish(preprocess, device, model, counts), False, counts)
 
 
+def dali_decoder(preprocess: Callable, device: torch.device, model: str, split: tuple[Callable, Callable]) -> Decoder:
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError as err:
+        raise DecodeOptionError("embed.decode 'dali' needs NVIDIA DALI: pip install 'vlbench[dali]' "
+                                f"(nvidia-dali-cuda130); {err}") from err
+    counts: Counter = Counter()
+    return Decoder(encoded_or_decoded, dali_finish(preprocess, device, model, counts), False, counts)
+
+
 DECODERS: dict[str, Callable[..., Decoder]] = {
     "pil": pil_decoder,
     "pil_draft": pil_draft_decoder,
     "torchvision": torchvision_decoder,
+    "dali": dali_decoder,
 }
+DEVICE_DECODERS = ("torchvision", "dali")  # decode on the model's device: the fingerprint records which
 
 
 def decoder(name: str, preprocess: Callable, device: torch.device, model: str = "?",
@@ -263,8 +409,8 @@ def decoder(name: str, preprocess: Callable, device: torch.device, model: str = 
 
 
 def decode_fingerprint(name: str, device: torch.device) -> dict[str, str]:
-    """What image features record of their decoder: `decode` (which readers demand) and, for `torchvision`, the
+    """What image features record of their decoder: `decode` (which readers demand) and, for the device decoders (`torchvision`, `dali`), the
     device type that decoded (nvJPEG or libjpeg-turbo; readers do not demand it, as they do not demand precision)."""
     if name not in DECODERS:
         raise DecodeOptionError(f"embed.decode {name!r} is not one of {sorted(DECODERS)} (params.yaml: embed.decode)")
-    return {"decode": name, **({"decode_device": device.type} if name == "torchvision" else {})}
+    return {"decode": name, **({"decode_device": device.type} if name in DEVICE_DECODERS else {})}
