@@ -1,7 +1,8 @@
 """How close each `embed.decode` option and `embed.bf16_weights` come to the default (`pil`, fp32 weights), measured
 through the embed stage (`vlbench.embed.embed_images`) on the CPU with an open_clip ViT whose weights are random and
-then perturbed (`perturbed`: LayerNorm weights scaled by exp(N(0, 0.3)), every LayerNorm and linear bias moved by
-N(0, 0.1); at initialisation they are ones and zeros, which can hide a difference real weights would show).
+then perturbed (benchmarks/gpu_check.py's `perturbed`: LayerNorm weights scaled by exp(N(0, 0.3)), every LayerNorm,
+linear and attention bias moved by N(0, 0.1); at initialisation they are ones and zeros, which can hide a difference
+real weights would show).
 
 Images (`realistic_set`): the demo's shapes (vlbench.datasets.synthetic's renderer, 64 px) scaled up x4 and x8
 (bicubic) and re-encoded as JPEG; scikit-learn's two sample photos (`load_sample_images`, 640x427) at x1, x2 and x3;
@@ -37,7 +38,7 @@ from PIL import Image
 from sklearn.datasets import load_sample_images
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import photo_like  # noqa: E402
+from gpu_check import perturbed, photo_like  # noqa: E402
 from vlbench.datasets.canonical import split_schema, write_split  # noqa: E402
 from vlbench.datasets.synthetic import render, shape_names, single_object  # noqa: E402
 from vlbench.decoding import DECODERS  # noqa: E402
@@ -66,20 +67,6 @@ def realistic_set(shapes: int = 16, photos: int = 8) -> dict[str, list[bytes]]:
     groups.update({f"photo-like {w}x{h}": [photo_like(w, h, seed) for seed in range(photos)]
                    for w, h in ((500, 375), (1280, 854))})
     return groups
-
-
-def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """LayerNorm weights and every LayerNorm / linear bias moved off their initial ones and zeros (in place)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.LayerNorm) and module.weight is not None:
-                module.weight.mul_(torch.exp(0.3 * torch.randn(module.weight.shape, generator=g)))
-            if isinstance(module, (torch.nn.LayerNorm, torch.nn.Linear)) and getattr(module, "bias", None) is not None:
-                module.bias.add_(0.1 * torch.randn(module.bias.shape, generator=g))
-            if isinstance(module, torch.nn.MultiheadAttention) and module.in_proj_bias is not None:
-                module.in_proj_bias.add_(0.1 * torch.randn(module.in_proj_bias.shape, generator=g))
-    return model
 
 
 def build(arch: str, perturb: bool) -> tuple[LoadedModel, np.ndarray]:
