@@ -81,6 +81,12 @@ def build(arch: str, perturb: bool) -> tuple[LoadedModel, np.ndarray]:
     return LoadedModel(model, preprocess, tokenizer, {"model": arch}, CPU, None), unit(text)
 
 
+def margin(scores: np.ndarray) -> np.ndarray:
+    """Per row, the top score minus the second: how far an image is from changing its zero-shot class."""
+    top2 = np.sort(scores, axis=1)[:, -2:]
+    return top2[:, 1] - top2[:, 0]
+
+
 def unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
@@ -103,6 +109,10 @@ def agreement(loaded: LoadedModel, classes: np.ndarray, groups: dict[str, list[b
     out = {"images": len(images), "groups": {g: len(v) for g, v in groups.items()},
            "pil_cosine_between_images": {"mean": round(float(between[~np.eye(len(pil), dtype=bool)].mean()), 4),
                                          "min": round(float(between.min()), 4)},
+           "pil_top_classes": {"distinct": int(len(np.unique(top["pil"]))), "of": len(classes),
+                               "largest_share": round(float(np.bincount(top["pil"]).max() / len(pil)), 3)},
+           "pil_top2_margin": {"median": round(float(np.median(margin(pil @ classes.T))), 5),
+                               "min": round(float(margin(pil @ classes.T).min()), 5)},
            "decoders": {}}
     for name in DECODERS:
         cos = (emb[name] * pil).sum(1)

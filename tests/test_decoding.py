@@ -244,6 +244,7 @@ def test_dali_on_the_cpu_gives_torchvisions_sizes_crops_and_nearly_its_pixels(lo
     runs = {}
     for name in ("torchvision", "dali"):
         dec = decoder(name, preprocess, CPU, "toy")
+        dec.finish([dec.worker(data) for data in images[:2]])  # then a larger batch: DALI's pipeline is rebuilt
         runs[name] = dec.finish([dec.worker(data) for data in images])
     std = torch.tensor(preprocess.transforms[-1].std).view(1, -1, 1, 1)
     grey = ((runs["dali"] - runs["torchvision"]) * std * 255).abs()

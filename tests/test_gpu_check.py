@@ -13,7 +13,7 @@ SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 def run_check(out: Path, budget_s: float, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--device", "cpu", "--budget-s", str(budget_s),
-                           "--out", str(out), *extra], capture_output=True, text=True, env=env, timeout=600)
+                           "--out", str(out), *extra], capture_output=True, text=True, env=env, timeout=1200)
 
 
 try:
@@ -25,7 +25,7 @@ except ImportError:  # the stage's `dali` rows are skipped, and the table says w
 
 
 def test_cpu_mode_measures_every_section_and_writes_json_and_table(tmp_path):
-    proc = run_check(tmp_path, 400)
+    proc = run_check(tmp_path, 900)  # a budget no section hits, even on a loaded 2-core machine
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["errors"] == []

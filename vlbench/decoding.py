@@ -281,9 +281,10 @@ class DaliPipeline:
             h, w = shape[0], shape[1]
             for op, args in self.ops:
                 if op == "resize":
-                    h, w = torchvision_resized(h, w, args.pop("size"))
+                    h, w = torchvision_resized(h, w, args["size"])
                     images = fn.resize(images, resize_x=fn.cast(w, dtype=types.FLOAT),
-                                       resize_y=fn.cast(h, dtype=types.FLOAT), **args)
+                                       resize_y=fn.cast(h, dtype=types.FLOAT),
+                                       **{k: v for k, v in args.items() if k != "size"})
                 else:
                     (ch, cw) = args["crop"]
                     images = fn.crop(images, crop=(ch, cw), crop_pos_y=torchvision_crop_pos(h, ch),
@@ -321,6 +322,8 @@ def dali_finish(preprocess: Callable, device: torch.device, model: str = "?",
         counts.update(f"cpu: {x.reason}" if isinstance(x, Fallback) else "device" for x in items)
         jpegs = [i for i, x in enumerate(items) if not isinstance(x, Fallback)]
         others = [i for i, x in enumerate(items) if isinstance(x, Fallback)]
+        if not others:  # the usual batch: DALI's output is the batch
+            return run(items).to(device).float().div_(255).sub_(mean).div_(std)
         out: list[torch.Tensor | None] = [None] * len(items)
         if jpegs:
             for i, image in zip(jpegs, run([items[i] for i in jpegs]).to(device).unbind(0)):

@@ -358,8 +358,9 @@ def embed_images(
     for item in queued:
         split_rows.put(*_waited(item))
     bar.close()
-    if dec.log_line(dataset, split):
-        print(dec.log_line(dataset, split), file=sys.stderr)
+    fallback = dec.log_line(dataset, split)
+    if fallback:
+        print(fallback, file=sys.stderr)
     return split_rows.result(dataset, split, path, skip_corrupt)
 
 
