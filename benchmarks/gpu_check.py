@@ -1,4 +1,4 @@
-"""GPU check (issue 35): the GPU path measured in one command that sizes itself to the time it is given.
+"""GPU check (issues 35 and 43): the GPU path measured in one command that sizes itself to the time it is given.
 
 On the device machine, from the repo root, with the wheels of benchmarks/gpu_check_wheels.txt in .whl/ (open_clip and
 what it needs that the machine lacks; the machine has no internet, models have random weights):
@@ -8,6 +8,9 @@ what it needs that the machine lacks; the machine has no internet, models have r
 With the CUDA tests after it (about a minute more; the wheels include pytest), their summary in $OUT/cuda_tests.txt:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && PYTHONPATH=$PWD:/tmp/site python3 benchmarks/gpu_check.py --budget-s 420 --out $OUT; PYTHONPATH=$PWD:/tmp/site timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_embed_options.py > $OUT/cuda_tests.txt 2>&1; tail -5 $OUT/cuda_tests.txt
+
+Issue 43's sections only (about 7 minutes; docs/benchmarks.md "Issue 43"): `--budget-s 380 --sections
+model_only,features,decode_agreement,embed_stage,model_variants`.
 
 CPU mode with tiny sizes (the test suite runs it: tests/test_gpu_check.py):
 
@@ -21,9 +24,16 @@ its target), rewritten after every measurement, so a run cut short still leaves 
                the fraction of the device's dense bf16 peak (target 0.35)
   features     the embed stage's features on the device (bf16) vs on the CPU (fp32), same weights, a few images:
                max abs difference and min cosine against the tolerance tests/test_cuda.py asserts (0.99 for bf16)
+  decode_agreement  each decoder's embeddings of a few photo-like JPEGs on the device vs pil's on the device
+               (mean and min cosine, tolerance 0.99; docs/protocols.md "Image decoding")
   embed_stage  vlbench.embed.embed_images on a canonical Parquet store of generated photo-like JPEGs (500x375 and
-               1280x854, quality 90) with each decoder (pil, pil_draft, torchvision) and the torchvision
-               ImageFolder + DataLoader baseline on the same files: images/s and the ratio to model_only (target 0.9)
+               1280x854, quality 90) with each decoder (pil, pil_draft, torchvision, dali where installed) with the
+               stage's default overlap and the other way round (pil_overlap, <device decoder>_no_overlap), for every
+               model at both sizes; for the first also the torchvision ImageFolder + DataLoader baseline on the same
+               files and each decoder with no model: images/s and the ratio to model_only (target 0.9)
+  model_variants  the first model's model_only with one lever changed: bf16_weights (the embed stage's option,
+               vlbench.embed.bf16_image_weights), batch_x2, then torch.compile with and without bf16 weights if time
+               is left; each with max abs difference and min cosine to the default's embeddings
   elevater     the batched ELEVATER linear-probe search (vlbench.analyses.adapt.elevater.search) on the device vs the
                toolkit's one-configuration-at-a-time loop on the same device (benchmarks/adapt_search_speed.py;
                `toolkit_configs` of them run, time scaled to all)
@@ -448,7 +458,8 @@ def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp:
                          for d in DECODERS})
         for name, run in runs.items():
             what = f"embed_stage {arch} {key} {name}"
-            if not available(check, what, name.split("_")[0]) or not check.fits(what, n / max(probe, 1) + 3 + reserve_s):
+            decode = name.split("_")[0]
+            if not available(check, what, decode) or not check.fits(what, n / max(probe, 1) + 3 + reserve_s):
                 continue
             rate = check.guarded(what, run)
             if rate is not None:
@@ -590,7 +601,8 @@ def markdown(r: dict) -> str:
                      f"{'ok' if f['ok'] else 'OUT OF TOLERANCE'} |")
     for name, m in r.get("decode_agreement", {}).items():
         if name != "pil":
-            lines.append(f"| decode_agreement | {name} vs pil on the device, {m['images']} photo-like JPEGs: min cosine | "
+            lines.append(f"| decode_agreement | {name} vs pil on the device, {m['images']} photo-like JPEGs: "
+                         f"min cosine | "
                          f"{m['min_cosine']:.6f} | >= {TARGETS['decode_min_cosine']} | mean {m['mean_cosine']:.6f} |")
     for arch, per_arch in r["embed_stage"].items():
         for key, row in per_arch.items():
@@ -653,8 +665,8 @@ def run(out: Path, budget_s: float, device: torch.device, profile: Profile, mode
         if models.get(first) is not None and "decode_agreement" in sections and check.fits("decode_agreement", 30):
             check.results["decode_agreement"] = check.guarded("decode_agreement", decode_agreement, check,
                                                               models[first], first_jpegs, tmp) or {}
-        later = ("elevater" in sections) * 30 + ("finetune" in sections) * len(FINETUNE_METHODS) * (3 * profile.run_s + 15)
-        later += ("model_variants" in sections) * 2 * (profile.run_s + 15)
+        later = (("elevater" in sections) * 30 + ("model_variants" in sections) * 2 * (profile.run_s + 15)
+                 + ("finetune" in sections) * len(FINETUNE_METHODS) * (3 * profile.run_s + 15))
         if models.get(first) is not None and "embed_stage" in sections:
             reserve = later + 30 * (len(profile.archs) - 1) if device.type == "cuda" else 0
             check.guarded(f"embed_stage {first}", embed_stage, check, models[first], first, unique, tmp, reserve, True)

@@ -50,9 +50,9 @@ JPEG_MAGIC = b"\xff\xd8\xff"
 PASS_THROUGH = ("MaybeConvertMode", "_convert_to_rgb", "ToTensor", "MaybeToTensor")  # no-ops on an RGB uint8 tensor
 TENSOR_CROPS = ("BorderCrop",)  # vlbench.embed's crops that also crop a tensor
 # JPEG start-of-frame markers: 0xC0 baseline and 0xC1 extended sequential (Huffman) are what device decoders take
-SOF_MARKERS = {0xC0: None, 0xC1: None, 0xC2: "progressive", 0xC3: "lossless", 0xC5: "hierarchical",
-               0xC6: "hierarchical", 0xC7: "hierarchical", 0xC9: "arithmetic coding", 0xCA: "arithmetic coding",
-               0xCB: "arithmetic coding", 0xCD: "arithmetic coding", 0xCE: "arithmetic coding", 0xCF: "arithmetic coding"}
+SOF_MARKERS = {0xC0: None, 0xC1: None, 0xC2: "progressive", 0xC3: "lossless",
+               **dict.fromkeys((0xC5, 0xC6, 0xC7), "hierarchical"),
+               **dict.fromkeys((0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF), "arithmetic coding")}
 STANDALONE_MARKERS = {0x01, *range(0xD0, 0xD9)}  # TEM, RSTn, SOI: no length field
 
 
@@ -412,8 +412,9 @@ def decoder(name: str, preprocess: Callable, device: torch.device, model: str = 
 
 
 def decode_fingerprint(name: str, device: torch.device) -> dict[str, str]:
-    """What image features record of their decoder: `decode` (which readers demand) and, for the device decoders (`torchvision`, `dali`), the
-    device type that decoded (nvJPEG or libjpeg-turbo; readers do not demand it, as they do not demand precision)."""
+    """What image features record of their decoder: `decode` (which readers demand) and, for the device decoders
+    (`torchvision`, `dali`), the device type that decoded (nvJPEG or libjpeg-turbo; readers do not demand it, as they
+    do not demand precision)."""
     if name not in DECODERS:
         raise DecodeOptionError(f"embed.decode {name!r} is not one of {sorted(DECODERS)} (params.yaml: embed.decode)")
     return {"decode": name, **({"decode_device": device.type} if name in DEVICE_DECODERS else {})}
