@@ -250,3 +250,14 @@ def test_dali_on_the_cpu_gives_torchvisions_sizes_crops_and_nearly_its_pixels(lo
     grey = ((runs["dali"] - runs["torchvision"]) * std * 255).abs()
     assert runs["dali"].shape == runs["torchvision"].shape
     assert grey.mean(dim=(1, 2, 3)).max() < 1.0 and grey.max() <= 8
+
+
+def test_the_stage_reads_bf16_weights_from_the_settings_and_refuses_a_non_boolean():
+    from stages.embed_images import bf16_weights
+    from vlbench.config import ParamsError, load_params
+
+    assert bf16_weights(load_params()) is False  # conf/settings/embed.yaml's default, in this checkout
+    assert bf16_weights({"embed": {"bf16_weights": True, "decode": "pil"}}) is True
+    assert bf16_weights({"embed": {"decode": "pil"}}) is False  # a project without conf/settings/embed.yaml
+    with pytest.raises(ParamsError, match="key 'embed.bf16_weights' must be a bool, got str 'yes'"):
+        bf16_weights({"embed": {"bf16_weights": "yes"}})
