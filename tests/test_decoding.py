@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -252,10 +253,11 @@ def test_dali_on_the_cpu_gives_torchvisions_sizes_crops_and_nearly_its_pixels(lo
     assert grey.mean(dim=(1, 2, 3)).max() < 1.0 and grey.max() <= 8
 
 
-def test_the_stage_reads_bf16_weights_from_the_settings_and_refuses_a_non_boolean():
+def test_the_stage_reads_bf16_weights_from_the_settings_and_refuses_a_non_boolean(monkeypatch):
     from stages.embed_images import bf16_weights
     from vlbench.config import ParamsError, load_params
 
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
     assert bf16_weights(load_params()) is False  # conf/settings/embed.yaml's default, in this checkout
     assert bf16_weights({"embed": {"bf16_weights": True, "decode": "pil"}}) is True
     assert bf16_weights({"embed": {"decode": "pil"}}) is False  # a project without conf/settings/embed.yaml
