@@ -1,4 +1,4 @@
-"""GPU check (issue 35): the GPU path measured in one command that sizes itself to the time it is given.
+"""GPU check (issues 35 and 43): the GPU path measured in one command that sizes itself to the time it is given.
 
 On the device machine, from the repo root, with the wheels of benchmarks/gpu_check_wheels.txt in .whl/ (open_clip and
 what it needs that the machine lacks; the machine has no internet, models have random weights):
@@ -8,6 +8,9 @@ what it needs that the machine lacks; the machine has no internet, models have r
 With the CUDA tests after it (about a minute more; the wheels include pytest), their summary in $OUT/cuda_tests.txt:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && PYTHONPATH=$PWD:/tmp/site python3 benchmarks/gpu_check.py --budget-s 420 --out $OUT; PYTHONPATH=$PWD:/tmp/site timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_embed_options.py > $OUT/cuda_tests.txt 2>&1; tail -5 $OUT/cuda_tests.txt
+
+Issue 43's sections only (about 7 minutes; docs/benchmarks.md "Issue 43"): `--budget-s 380 --sections
+model_only,features,decode_agreement,embed_stage,model_variants`.
 
 CPU mode with tiny sizes (the test suite runs it: tests/test_gpu_check.py):
 
@@ -21,9 +24,16 @@ its target), rewritten after every measurement, so a run cut short still leaves 
                the fraction of the device's dense bf16 peak (target 0.35)
   features     the embed stage's features on the device (bf16) vs on the CPU (fp32), same weights, a few images:
                max abs difference and min cosine against the tolerance tests/test_cuda.py asserts (0.99 for bf16)
+  decode_agreement  each decoder's embeddings of a few photo-like JPEGs on the device vs pil's on the device
+               (mean and min cosine, tolerance 0.99; docs/protocols.md "Image decoding")
   embed_stage  vlbench.embed.embed_images on a canonical Parquet store of generated photo-like JPEGs (500x375 and
-               1280x854, quality 90) with each decoder (pil, pil_draft, torchvision) and the torchvision
-               ImageFolder + DataLoader baseline on the same files: images/s and the ratio to model_only (target 0.9)
+               1280x854, quality 90) with each decoder (pil, pil_draft, torchvision, dali where installed) with the
+               stage's default overlap and the other way round (pil_overlap, <device decoder>_no_overlap), for every
+               model at both sizes; for the first also the torchvision ImageFolder + DataLoader baseline on the same
+               files and each decoder with no model: images/s and the ratio to model_only (target 0.9)
+  model_variants  the first model's model_only with one lever changed: bf16_weights (the embed stage's option,
+               vlbench.embed.bf16_image_weights), batch_x2, then torch.compile with and without bf16 weights if time
+               is left; each with max abs difference and min cosine to the default's embeddings
   elevater     the batched ELEVATER linear-probe search (vlbench.analyses.adapt.elevater.search) on the device vs the
                toolkit's one-configuration-at-a-time loop on the same device (benchmarks/adapt_search_speed.py;
                `toolkit_configs` of them run, time scaled to all)
@@ -37,8 +47,6 @@ is left of the budget is skipped and the table says so. Errors in one measuremen
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import datetime as dt
 import io
 import json
@@ -65,26 +73,31 @@ from adapt_search_speed import make as elevater_data
 from adapt_search_speed import split as elevater_split
 from adapt_search_speed import toolkit_run
 from embed_throughput import write_both
-from vlbench.embed import default_workers, embed_images
+from vlbench.embed import bf16_image_weights, default_workers, embed_images
 from vlbench.finetune.common import Loop, Runtime, constant, train
 from vlbench.finetune.methods import prepare
 from vlbench.io import atomic_path, write_json
 from vlbench.models import register_local_configs
 from vlbench.models.loading import LoadedModel
 
-DECODERS = ("pil", "pil_draft", "torchvision")
-OVERLAP_DECODERS = ("pil", "torchvision")  # also run with embed_images(overlap=True)
-STAGE_RUNS = (*DECODERS, *(f"{d}_overlap" for d in OVERLAP_DECODERS), "imagefolder_baseline",
-              *(f"{d}_no_model" for d in DECODERS))  # no_model: the first model's stage only (decoding's own rate)
+DECODERS = ("pil", "pil_draft", "torchvision", "dali")  # each with the stage's default overlap (on: device decoders)
+OVERLAP_DECODERS = ("pil",)  # also run with overlap on (the default is off for it)
+DEVICE_DECODERS = ("torchvision", "dali")  # also run with overlap off (the default is on for them)
+STAGE_RUNS = (*DECODERS, *(f"{d}_overlap" for d in OVERLAP_DECODERS), *(f"{d}_no_overlap" for d in DEVICE_DECODERS),
+              "imagefolder_baseline", *(f"{d}_no_model" for d in DECODERS))
+# no_model and imagefolder_baseline: the first model's stage only (decoding's own rate: every model here takes 224 px
+# bicubic inputs, so it is the same for all)
+SECTIONS = ("model_only", "features", "decode_agreement", "embed_stage", "model_variants", "elevater", "finetune")
 FINETUNE_METHODS = {"lora": "lora", "bitfit": "bitfit", "full": "visual"}  # name in the table -> methods.SELECTIONS
-TARGETS = {"peak_fraction": 0.35, "stage_vs_model": 0.9, "min_cosine_bf16": 0.99}
+TARGETS = {"peak_fraction": 0.35, "stage_vs_model": 0.9, "min_cosine_bf16": 0.99, "decode_min_cosine": 0.99}
 # dense (no sparsity) bf16 tensor-core peaks, FLOP/s, from NVIDIA's data sheets; the first name contained wins
 BF16_PEAKS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("GH200", 989e12),
               ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12))
 STORE_BYTES = 2 * 1024**3  # at most this many bytes of JPEGs in one store (written twice: Parquet and ImageFolder)
 # levers of the model-only rate (issue 35), measured on the first model: variant -> (batch multiple, bf16 weights, torch.compile)
+# bf16_weights: the embed stage's option (vlbench.embed.bf16_image_weights: bf16 weights under bf16 autocast)
 MODEL_VARIANTS = {"batch_x2": (2, False, False), "batch_x4": (4, False, False), "bf16_weights": (1, True, False),
-                  "compile": (1, False, True)}
+                  "compile": (1, False, True), "bf16_weights_compile": (1, True, True)}
 FEATURE_TOLERANCE = {"amp_bf16": 0.99, "amp_fp16": 0.999, "fp32": 0.9999}  # min cosine, tests/test_cuda.py
 
 
@@ -105,25 +118,29 @@ class Profile:
     search: tuple[int, int, int] = (2000, 512, 10)  # ELEVATER search data: n, dim, classes
     toolkit_configs: int = 6
     workers: int | None = None  # None: the embed stage's default
-    variants: tuple[str, ...] = tuple(MODEL_VARIANTS)
+    variants: tuple[str, ...] = ("bf16_weights", "batch_x2", "compile", "bf16_weights_compile")
     precision: str = "amp_bf16"
+    stage_sizes: int = 2  # image sizes of the embed stage for every model but the first
 
 
 FULL = Profile()
 TINY = Profile(archs=("vlbench-toy",), batch={"vlbench-toy": 16}, image_sizes=((64, 48), (160, 107)), unique_images=4,
-               run_s=0.3, max_rounds=1, round_rows=64, features_images=4, finetune_arch="vlbench-toy", finetune_batch=8,
+               run_s=0.3, max_rounds=1, round_rows=32, features_images=2, finetune_arch="vlbench-toy", finetune_batch=8,
                search=(200, 32, 4), toolkit_configs=2, workers=0, variants=("batch_x2", "bf16_weights"))
+LATE_VARIANTS = ("compile", "bf16_weights_compile")  # compiling takes a minute: after every model's stage
 
 
 class Check:
     """Results, the budget, and the files rewritten after every measurement."""
 
-    def __init__(self, out: Path, budget_s: float, device: torch.device, profile: Profile, mode: str):
-        self.out, self.budget_s, self.device, self.profile = out, budget_s, device, profile
+    def __init__(self, out: Path, budget_s: float, device: torch.device, profile: Profile, mode: str,
+                 sections: tuple[str, ...] = SECTIONS):
+        self.out, self.budget_s, self.device, self.profile, self.sections = out, budget_s, device, profile, sections
         self.start = time.perf_counter()
-        self.results: dict = {"env": environment(device, budget_s, mode, profile), "targets": TARGETS,
-                              "model_only": {}, "model_variants": {}, "features": {}, "embed_stage": {},
-                              "elevater": {}, "finetune": {}, "skipped": [], "errors": []}
+        self.results: dict = {"env": {**environment(device, budget_s, mode, profile), "sections": list(sections)},
+                              "targets": TARGETS, "model_only": {}, "model_variants": {}, "features": {},
+                              "decode_agreement": {}, "embed_stage": {}, "elevater": {}, "finetune": {},
+                              "skipped": [], "errors": []}
 
     def left(self) -> float:
         return self.budget_s - (time.perf_counter() - self.start)
@@ -191,13 +208,35 @@ def peak_flops(device_name: str) -> float | None:
 # ----------------------------------------------------------------------------------------------------- models
 
 
+def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """`model` with its LayerNorm weights scaled by exp(N(0, 0.3)) and every LayerNorm, linear and attention input
+    bias moved by N(0, 0.1), in place: at initialisation they are ones and zeros, which can hide what bf16 weights or
+    a decoder change with real weights (issue 43)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def moved(p: torch.Tensor, scale: bool) -> torch.Tensor:
+        noise = torch.randn(p.shape, generator=g).to(p.device)
+        return p.mul_(torch.exp(0.3 * noise)) if scale else p.add_(0.1 * noise)
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm) and module.weight is not None:
+                moved(module.weight, True)
+            for name in ("bias", "in_proj_bias"):
+                if isinstance(module, (torch.nn.LayerNorm, torch.nn.Linear, torch.nn.MultiheadAttention)) \
+                        and isinstance(getattr(module, name, None), torch.Tensor):
+                    moved(getattr(module, name), False)
+    return model
+
+
 def build(arch: str, device: torch.device, precision: str) -> LoadedModel:
-    """`arch` with random weights (no download) on `device`, autocast as the embed stage sets it there."""
+    """`arch` with random weights (no download), `perturbed`, on `device`, autocast as the embed stage sets it there."""
     import open_clip
 
     register_local_configs()
+    torch.manual_seed(0)
     model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=None, device=device)
-    model.eval()
+    perturbed(model).eval()
     dtype = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}.get(precision) if device.type == "cuda" else None
     return LoadedModel(model, preprocess, None, {"model": arch}, device, dtype)
 
@@ -294,14 +333,12 @@ def model_variant(check: Check, loaded: LoadedModel, arch: str, variant: str) ->
     x = reference_batch(loaded, batch)
     reference = torch.from_numpy(encode_to_host(loaded, x))
     scale, cast, compiled = MODEL_VARIANTS[variant]
-    model = loaded.model
-    if cast:
-        model = copy.deepcopy(model).to(torch.bfloat16)
-    visual = torch.compile(model.visual) if compiled else model.visual
+    run = bf16_image_weights(loaded) if cast else loaded  # the embed stage's option, its code path
+    visual = torch.compile(run.model.visual) if compiled else run.model.visual
 
     def encode(images: torch.Tensor) -> np.ndarray:
-        with torch.inference_mode(), (contextlib.nullcontext() if cast else loaded.autocast()):
-            return visual(images.to(torch.bfloat16) if cast else images).float().cpu().numpy()
+        with torch.inference_mode(), run.autocast():
+            return visual(images).float().cpu().numpy()
 
     xs = x.repeat(scale, 1, 1, 1)
     rate, batches = images_per_s(encode, xs, check.profile.run_s)
@@ -389,15 +426,17 @@ def baseline_rate(loaded: LoadedModel, folder: Path, n: int, batch: int, workers
 
 
 def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp: Path, reserve_s: float = 0,
-                decode_only: bool = False) -> None:
-    """Every decoder and the baseline on one store per image size, sized from a probe run with `pil`; each run only
-    if it leaves `reserve_s` for the sections after it. `decode_only`: each decoder without the model too."""
+                first: bool = False) -> None:
+    """Every decoder (with the stage's default overlap, and the other way round where it matters) on one store per
+    image size, sized from a probe run with `pil`; each run only if it leaves `reserve_s` for the sections after it.
+    `first`: also the ImageFolder baseline and each decoder without the model (decoding's own rate), and every size
+    (other models: `stage_sizes` of them)."""
     p, batch = check.profile, check.profile.batch[arch]
     workers = default_workers(loaded.device) if p.workers is None else p.workers
     model_rate = check.results["model_only"].get(arch, {}).get("images_per_s")
     out = check.results["embed_stage"].setdefault(arch, {"batch": batch, "workers": workers})
     group = p.round_rows * max(1, workers)  # whole rounds of row groups, so that no worker is left alone at the end
-    for (w, h), jpegs in list(unique.items())[:None if decode_only else 1]:  # other models: the first size only
+    for (w, h), jpegs in list(unique.items())[:None if first else p.stage_sizes]:
         key = f"{w}x{h}"
         if not check.fits(f"embed_stage {arch} {key}", 4 * (p.run_s + 3) + reserve_s):
             continue
@@ -411,18 +450,50 @@ def embed_stage(check: Check, loaded: LoadedModel, arch: str, unique: dict, tmp:
         runs = {d: (lambda d=d: stage_rate(loaded, parquet, n, batch, workers, d)) for d in DECODERS}
         runs.update({f"{d}_overlap": (lambda d=d: stage_rate(loaded, parquet, n, batch, workers, d, True))
                      for d in OVERLAP_DECODERS})
-        runs["imagefolder_baseline"] = lambda: baseline_rate(loaded, folder, n, batch, workers)
-        if decode_only:
+        runs.update({f"{d}_no_overlap": (lambda d=d: stage_rate(loaded, parquet, n, batch, workers, d, False))
+                     for d in DEVICE_DECODERS})
+        if first:
+            runs["imagefolder_baseline"] = lambda: baseline_rate(loaded, folder, n, batch, workers)
             runs.update({f"{d}_no_model": (lambda d=d: stage_rate(loaded, parquet, n, batch, workers, d, encode=no_model))
                          for d in DECODERS})
         for name, run in runs.items():
-            if not check.fits(f"embed_stage {arch} {key} {name}", n / max(probe, 1) + 3 + reserve_s):
+            what = f"embed_stage {arch} {key} {name}"
+            decode = name.split("_")[0]
+            if not available(check, what, decode) or not check.fits(what, n / max(probe, 1) + 3 + reserve_s):
                 continue
-            rate = check.guarded(f"embed_stage {arch} {key} {name}", run)
+            rate = check.guarded(what, run)
             if rate is not None:
                 row[name] = {"images_per_s": round(rate, 1),
                              "vs_model": round(rate / model_rate, 3) if model_rate else None}
                 check.write()
+
+
+def available(check: Check, what: str, decode: str) -> bool:
+    """False, with the skip recorded, where a decoder's optional library is not installed (DALI)."""
+    if decode != "dali":
+        return True
+    try:
+        import nvidia.dali  # noqa: F401 - optional: pip install 'vlbench[dali]'
+        return True
+    except ImportError:
+        check.results["skipped"].append({"what": what, "reason": "nvidia.dali is not installed (pip install "
+                                                                 "'vlbench[dali]')"})
+        return False
+
+
+def decode_agreement(check: Check, loaded: LoadedModel, jpegs: list[bytes], tmp: Path) -> dict:
+    """Each decoder's embeddings of a few photo-like JPEGs on the device vs `pil`'s on the same device: mean and
+    min cosine (nvJPEG's IDCT and the device's resampling are what the CPU's agreement table does not see)."""
+    n = check.profile.features_images * 4
+    parquet, _ = store(tmp, jpegs, n)
+    emb = {}
+    for name in DECODERS:
+        if available(check, f"decode_agreement {name}", name):
+            e = embed_images(loaded, parquet, "bench", "test", batch_size=max(1, n // 4), num_workers=0,
+                             progress=False, decode=name)[0]
+            emb[name] = e / np.linalg.norm(e, axis=1, keepdims=True)
+    return {name: {"images": n, "mean_cosine": float((e * emb["pil"]).sum(1).mean()),
+                   "min_cosine": float((e * emb["pil"]).sum(1).min())} for name, e in emb.items()}
 
 
 # ----------------------------------------------------------------------------------------------------- features
@@ -528,6 +599,11 @@ def markdown(r: dict) -> str:
         lines.append(f"| features | {f['arch']} device ({f['precision']}) vs CPU fp32, {f['images']} images: min cosine "
                      f"| {f['min_cosine']:.6f} | > {f['tolerance_min_cosine']} | max abs diff {f['max_abs_diff']:.3g}; "
                      f"{'ok' if f['ok'] else 'OUT OF TOLERANCE'} |")
+    for name, m in r.get("decode_agreement", {}).items():
+        if name != "pil":
+            lines.append(f"| decode_agreement | {name} vs pil on the device, {m['images']} photo-like JPEGs: "
+                         f"min cosine | "
+                         f"{m['min_cosine']:.6f} | >= {TARGETS['decode_min_cosine']} | mean {m['mean_cosine']:.6f} |")
     for arch, per_arch in r["embed_stage"].items():
         for key, row in per_arch.items():
             if not isinstance(row, dict):
@@ -564,51 +640,59 @@ def fmt(value) -> str:
 # -------------------------------------------------------------------------------------------------------- main
 
 
-def run(out: Path, budget_s: float, device: torch.device, profile: Profile, mode: str) -> dict:
+def run(out: Path, budget_s: float, device: torch.device, profile: Profile, mode: str,
+        sections: tuple[str, ...] = SECTIONS) -> dict:
     started = time.perf_counter()
     unique = photos(profile)  # before CUDA starts in this process: the pool forks
-    check = Check(out, budget_s, device, profile, mode)
+    check = Check(out, budget_s, device, profile, mode, sections)
     check.start = started
     check.write()
     models = {}
     for arch in profile.archs:  # cheapest first: the rate every other ratio needs
         if check.fits(f"model_only {arch}", profile.run_s + 20):
             models[arch] = check.guarded(f"build {arch}", build, arch, device, profile.precision)
-            if models[arch] is not None:
+            if models[arch] is not None and "model_only" in sections:
                 res = check.guarded(f"model_only {arch}", model_only, check, models[arch], profile.batch[arch])
                 if res:
                     check.results["model_only"][arch] = res
     first = profile.archs[0]
+    first_jpegs = unique[profile.image_sizes[0]]
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         tmp = Path(tmp)
-        if models.get(first) is not None and check.fits("features", 30):
+        if models.get(first) is not None and "features" in sections and check.fits("features", 30):
             check.results["features"] = check.guarded("features", features, check, models[first], first,
-                                                      unique[profile.image_sizes[0]], tmp) or {}
-        if models.get(first) is not None:
-            reserve = 30 + len(FINETUNE_METHODS) * (3 * profile.run_s + 15) if device.type == "cuda" else 0
+                                                      first_jpegs, tmp) or {}
+        if models.get(first) is not None and "decode_agreement" in sections and check.fits("decode_agreement", 30):
+            check.results["decode_agreement"] = check.guarded("decode_agreement", decode_agreement, check,
+                                                              models[first], first_jpegs, tmp) or {}
+        later = (("elevater" in sections) * 30 + ("model_variants" in sections) * 2 * (profile.run_s + 15)
+                 + ("finetune" in sections) * len(FINETUNE_METHODS) * (3 * profile.run_s + 15))
+        if models.get(first) is not None and "embed_stage" in sections:
+            reserve = later + 30 * (len(profile.archs) - 1) if device.type == "cuda" else 0
             check.guarded(f"embed_stage {first}", embed_stage, check, models[first], first, unique, tmp, reserve, True)
-        if check.fits("elevater", 30):
+        if "model_variants" in sections:
+            for variant in [v for v in profile.variants if v not in LATE_VARIANTS]:
+                measure_variant(check, models, first, variant)
+        if "elevater" in sections and check.fits("elevater", 30):
             check.results["elevater"] = check.guarded("elevater", elevater, check) or {}
-        for method in FINETUNE_METHODS:
+        for method in FINETUNE_METHODS if "finetune" in sections else ():
             if check.fits(f"finetune {method}", 3 * profile.run_s + 15):
                 res = check.guarded(f"finetune {method}", finetune_rate, check, method)
                 if res:
                     check.results["finetune"][method] = res
                 torch.cuda.empty_cache() if device.type == "cuda" else None
-        late = ("compile",)  # compiling takes a minute: after the other model's stage
-        for variant in [v for v in profile.variants if v not in late]:
-            measure_variant(check, models, first, variant)
-        for arch in profile.archs[1:]:
+        for arch in profile.archs[1:] if "embed_stage" in sections else ():
             if models.get(arch) is not None:
                 check.guarded(f"embed_stage {arch}", embed_stage, check, models[arch], arch, unique, tmp)
-        for variant in [v for v in profile.variants if v in late]:
-            measure_variant(check, models, first, variant)
+        if "model_variants" in sections:
+            for variant in [v for v in profile.variants if v in LATE_VARIANTS]:
+                measure_variant(check, models, first, variant)
     check.write()
     return check.results
 
 
 def measure_variant(check: Check, models: dict, arch: str, variant: str) -> None:
-    estimate = check.profile.run_s + (120 if variant == "compile" else 15)
+    estimate = check.profile.run_s + (120 if variant in LATE_VARIANTS else 15)
     if models.get(arch) is not None and check.fits(f"model_variant {arch} {variant}", estimate):
         row = check.guarded(f"model_variant {arch} {variant}", model_variant, check, models[arch], arch, variant)
         if row:
@@ -622,10 +706,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json and gpu_check.md")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda where available")
     p.add_argument("--tiny", "--cpu-mode", action="store_true", help="tiny sizes (toy model, a few images): tests")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated, of {','.join(SECTIONS)} (default: all; model_only's builds always run)")
     args = p.parse_args(argv)
+    sections = tuple(s for s in args.sections.split(",") if s)
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        p.error(f"--sections: unknown {unknown}; known: {list(SECTIONS)}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    results = run(args.out, args.budget_s, device, TINY if args.tiny else FULL, "tiny" if args.tiny else "full")
-    print(json.dumps({k: results[k] for k in ("model_only", "features", "elevater", "finetune", "skipped")}, default=str))
+    results = run(args.out, args.budget_s, device, TINY if args.tiny else FULL, "tiny" if args.tiny else "full",
+                  sections)
+    print(json.dumps({k: results[k] for k in ("model_only", "features", "decode_agreement", "elevater", "finetune",
+                                              "skipped")}, default=str))
     print(f"gpu_check: wrote {args.out / 'gpu_check.json'} and {args.out / 'gpu_check.md'} "
           f"({len(results['errors'])} errors, {len(results['skipped'])} skipped) in {results['elapsed_s']} s")
 

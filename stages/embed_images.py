@@ -23,8 +23,15 @@ def main() -> None:
     summary = embed_image_splits(loaded, prepared_dir(args.dataset), features_dir(loaded.fingerprint["model"], args.dataset) / "images",
                                  batch_size=args.batch_size, num_workers=args.workers,
                                  pre_projection=get(params, "embed.pre_projection", bool),
-                                 decode=get(params, "embed.decode", str), engine_name=args.engine)
+                                 decode=get(params, "embed.decode", str), engine_name=args.engine,
+                                 bf16_weights=bf16_weights(params))
     print(json.dumps(summary))
+
+
+def bf16_weights(params: dict) -> bool:
+    """embed.bf16_weights (conf/settings/embed.yaml); off where params.yaml has no embed section's settings file (a
+    project without conf/settings/, as before the setting existed)."""
+    return get(params, "embed.bf16_weights", bool) if "bf16_weights" in (params.get("embed") or {}) else False
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -18,8 +19,10 @@ from vlbench.datasets.canonical import ClassInfo, DatasetMeta, split_schema, wri
 from vlbench.datasets.images import decode_rgb
 from vlbench.decoding import (
     DecodeOptionError,
+    by_size,
     decode_rgb_draft,
     decoder,
+    device_refusal,
     draft_scale,
     first_resize,
     tensor_steps,
@@ -106,7 +109,8 @@ def test_torchvision_runs_only_transforms_it_can_apply_to_tensors(loaded):
 
 
 def test_an_unknown_decoder_is_refused_naming_the_param(loaded):
-    with pytest.raises(DecodeOptionError, match=r"embed.decode 'nvdali' is not one of \['pil', 'pil_draft', 'torchvision'\]"):
+    with pytest.raises(DecodeOptionError,
+                       match=r"embed.decode 'nvdali' is not one of \['dali', 'pil', 'pil_draft', 'torchvision'\]"):
         decoder("nvdali", loaded.preprocess, CPU)
 
 
@@ -119,7 +123,16 @@ def write_photos(out_dir, n: int = 12) -> DatasetMeta:
     return write_dataset(out_dir, meta, {"test": iter(rows)})
 
 
-@pytest.mark.parametrize("name", ["pil_draft", "torchvision"])
+try:
+    import nvidia.dali  # noqa: F401
+
+    HAS_DALI = True
+except ImportError:
+    HAS_DALI = False
+dali = pytest.mark.skipif(not HAS_DALI, reason="needs NVIDIA DALI (pip install 'vlbench[dali]')")
+
+
+@pytest.mark.parametrize("name", ["pil_draft", "torchvision", pytest.param("dali", marks=dali)])
 def test_each_decoder_gives_features_that_say_so_and_that_a_pil_reader_refuses(loaded, toy_model_cfg, tmp_path, name):
     meta = write_photos(tmp_path / "prepared")
     embed_image_splits(loaded, tmp_path / "prepared", tmp_path / "pil" / "images", num_workers=0, progress=False)
@@ -127,7 +140,7 @@ def test_each_decoder_gives_features_that_say_so_and_that_a_pil_reader_refuses(l
                        decode=name)
     found = read_fingerprint(tmp_path / name / "images" / "test.parquet")
     assert found["decode"] == name and read_fingerprint(tmp_path / "pil" / "images" / "test.parquet")["decode"] == "pil"
-    assert found.get("decode_device") == ("cpu" if name == "torchvision" else None)
+    assert found.get("decode_device") == ("cpu" if name in ("torchvision", "dali") else None)
 
     identity = model_identity(toy_model_cfg)
     assert Inputs(meta, identity, tmp_path / name, tmp_path / "texts", decode=name).images("test").embeddings.shape[0] == 12
@@ -145,3 +158,108 @@ def test_draft_features_equal_pil_features_when_no_jpeg_is_twice_the_models_inpu
     pil, _ = embed_images(loaded, path, "small", "test", num_workers=0, progress=False)
     draft, _ = embed_images(loaded, path, "small", "test", num_workers=0, progress=False, decode="pil_draft")
     assert np.array_equal(pil, draft)
+
+
+def encoded(pixels: np.ndarray, mode: str | None = None, **save) -> bytes:
+    buf = io.BytesIO()
+    image = Image.fromarray(pixels)
+    (image.convert(mode) if mode else image).save(buf, format=save.pop("format", "JPEG"), **save)
+    return buf.getvalue()
+
+
+def odd_images() -> dict[str, bytes]:
+    """One image of each kind a device decoder leaves to the CPU, and a baseline JPEG it takes."""
+    pixels = np.asarray(Image.open(io.BytesIO(photo((120, 90), seed=5))))
+    return {"baseline": photo((120, 90), seed=5), "progressive": encoded(pixels, progressive=True),
+            "greyscale": encoded(pixels, "L"), "CMYK": encoded(pixels, "CMYK"),
+            "not a JPEG": encoded(pixels, format="PNG")}
+
+
+def test_device_refusal_names_what_is_not_a_sequential_8_bit_ycbcr_jpeg():
+    for kind, data in odd_images().items():
+        assert device_refusal(data) == (None if kind == "baseline" else kind), kind
+    assert device_refusal(None) == "not a JPEG"
+    assert device_refusal(photo((64, 64))[:40]) == "malformed JPEG"  # cut before the frame header
+
+
+def test_resizing_the_images_of_one_size_as_a_stack_gives_each_images_pixels(loaded):
+    geometric, _ = tensor_steps(loaded.preprocess)
+    images = [torch.from_numpy(np.asarray(decode_rgb(photo(size, seed=k))).copy()).permute(2, 0, 1)
+              for k, size in enumerate([(300, 200), (120, 90), (300, 200), (300, 200), (64, 80)])]
+    alone = []
+    for image in images:
+        for step in geometric:
+            image = step(image)
+        alone.append(image)
+    stacked = by_size(images, geometric)
+    assert all(torch.equal(a, b) for a, b in zip(alone, stacked))
+
+
+@pytest.mark.parametrize("name", ["torchvision", pytest.param("dali", marks=dali)])
+def test_a_device_decoder_in_the_embed_stage_counts_what_it_left_to_the_cpu(loaded, tmp_path, capsys, name):
+    kinds = odd_images()
+    rows = [{"sample_id": f"{kind}{k}", "label": k % 3, "image": data}
+            for k in range(2) for kind, data in kinds.items()]
+    meta = DatasetMeta(name="odd", task="single-label", metric="accuracy",
+                       classes=[ClassInfo(i, name) for i, name in enumerate(["a", "b", "c"])])
+    write_dataset(tmp_path / "prepared", meta, {"test": iter(rows)})
+    capsys.readouterr()
+    embed_image_splits(loaded, tmp_path / "prepared", tmp_path / "tv" / "images", num_workers=2, batch_size=4,
+                       progress=False, decode=name)
+    assert ("embed odd/test: 8 of 10 images decoded on the CPU by Pillow, not on the device "
+            "(CMYK 2, greyscale 2, not a JPEG 2, progressive 2)") in capsys.readouterr().err
+    embed_image_splits(loaded, tmp_path / "prepared", tmp_path / "pil" / "images", num_workers=0, progress=False)
+    assert "decoded on the CPU" not in capsys.readouterr().err  # pil: nothing to count
+    tv, pil = (pq.read_table(tmp_path / name / "images" / "test.parquet") for name in ("tv", "pil"))
+    assert read_fingerprint(tmp_path / "tv" / "images" / "test.parquet")["decode"] == name
+    a, b = (np.stack(t.column("embedding").to_numpy(zero_copy_only=False)) for t in (tv, pil))
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert tv.column("sample_id").to_pylist() == pil.column("sample_id").to_pylist()
+    assert cos.min() > 0.99 and not np.array_equal(a, b)  # the fallback's pixels are Pillow's, resized by torch
+
+
+def test_bf16_weights_are_recorded_and_change_bits_by_little(loaded, tmp_path):
+    write_photos(tmp_path / "prepared")
+    embed_image_splits(loaded, tmp_path / "prepared", tmp_path / "fp32" / "images", num_workers=0, progress=False)
+    embed_image_splits(loaded, tmp_path / "prepared", tmp_path / "bf16" / "images", num_workers=0, progress=False,
+                       bf16_weights=True)
+    assert "image_weights" not in read_fingerprint(tmp_path / "fp32" / "images" / "test.parquet")  # default: as before
+    assert read_fingerprint(tmp_path / "bf16" / "images" / "test.parquet")["image_weights"] == "bf16"
+    assert next(loaded.model.visual.parameters()).dtype == torch.float32  # the caller's model is left in fp32
+    a, b = (np.stack(pq.read_table(tmp_path / name / "images" / "test.parquet").column("embedding")
+                     .to_numpy(zero_copy_only=False)) for name in ("fp32", "bf16"))
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert not np.array_equal(a, b) and cos.min() > 0.99
+
+
+@dali
+@pytest.mark.parametrize("squash", [False, True])
+def test_dali_on_the_cpu_gives_torchvisions_sizes_crops_and_nearly_its_pixels(loaded, squash):
+    """DALI's pipeline reproduces torchvision's Resize output size and CenterCrop offset (rounding included: a size
+    off by one pixel shifts the crop and shows as tens of grey levels on these striped images); the resampling
+    differs by under a grey level on average."""
+    from vlbench.embed import squash_preprocess
+
+    preprocess = squash_preprocess(loaded.preprocess) if squash else loaded.preprocess
+    images = [photo(size, seed=k) for k, size in enumerate([(300, 200), (641, 427), (200, 333), (97, 120), (64, 64)])]
+    runs = {}
+    for name in ("torchvision", "dali"):
+        dec = decoder(name, preprocess, CPU, "toy")
+        dec.finish([dec.worker(data) for data in images[:2]])  # then a larger batch: DALI's pipeline is rebuilt
+        runs[name] = dec.finish([dec.worker(data) for data in images])
+    std = torch.tensor(preprocess.transforms[-1].std).view(1, -1, 1, 1)
+    grey = ((runs["dali"] - runs["torchvision"]) * std * 255).abs()
+    assert runs["dali"].shape == runs["torchvision"].shape
+    assert grey.mean(dim=(1, 2, 3)).max() < 1.0 and grey.max() <= 8
+
+
+def test_the_stage_reads_bf16_weights_from_the_settings_and_refuses_a_non_boolean(monkeypatch):
+    from stages.embed_images import bf16_weights
+    from vlbench.config import ParamsError, load_params
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert bf16_weights(load_params()) is False  # conf/settings/embed.yaml's default, in this checkout
+    assert bf16_weights({"embed": {"bf16_weights": True, "decode": "pil"}}) is True
+    assert bf16_weights({"embed": {"decode": "pil"}}) is False  # a project without conf/settings/embed.yaml
+    with pytest.raises(ParamsError, match="key 'embed.bf16_weights' must be a bool, got str 'yes'"):
+        bf16_weights({"embed": {"bf16_weights": "yes"}})

@@ -67,3 +67,40 @@ def test_overlap_on_cuda_gives_bitwise_the_same_features(toy_model_cfg, tmp_path
                                   decode=decode, overlap=True)
     assert rows_a.tolist() == rows_b.tolist()
     assert np.array_equal(plain, queued)
+
+
+def test_overlap_is_on_by_default_for_a_device_decoder_and_the_variable_decides(loaded, tmp_path, monkeypatch):
+    import vlbench.embed as embed
+    from vlbench.errors import VlbenchError
+
+    path = write_images(tmp_path / "test.parquet", 5)
+    calls = []
+    real = embed.launch_batch
+    monkeypatch.setattr(embed, "launch_batch", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.delenv(OVERLAP_VARIABLE, raising=False)
+    embed_images(loaded, path, "shapes", "test", batch_size=2, num_workers=0, progress=False, decode="torchvision")
+    assert len(calls) == 3  # torchvision: on (measured faster with it on the H200; docs/benchmarks.md)
+    monkeypatch.setenv(OVERLAP_VARIABLE, "0")
+    embed_images(loaded, path, "shapes", "test", batch_size=2, num_workers=0, progress=False, decode="torchvision")
+    assert len(calls) == 3
+    monkeypatch.setenv(OVERLAP_VARIABLE, "yes")
+    with pytest.raises(VlbenchError, match=r"\$VLBENCH_EMBED_OVERLAP must be 1 \(on\) or 0 \(off\), got 'yes'"):
+        embed_images(loaded, path, "shapes", "test", batch_size=2, num_workers=0, progress=False)
+
+
+@cuda
+def test_torchvision_on_cuda_decodes_in_batches_and_agrees_with_pil(toy_model_cfg, tmp_path, capsys):
+    """nvJPEG's batched decode and the resize on the device: the PNGs fall back (counted), every embedding within
+    the decoders' tolerance of pil's on the same device (docs/protocols.md "Image decoding")."""
+    from tests.test_decoding import write_photos
+
+    write_photos(tmp_path / "prepared")
+    gpu = load_model(toy_model_cfg, device="cuda")
+    path = split_path(tmp_path / "prepared", "test")
+    pil, _ = embed_images(gpu, path, "photos", "test", batch_size=4, num_workers=2, progress=False)
+    capsys.readouterr()
+    tv, _ = embed_images(gpu, path, "photos", "test", batch_size=4, num_workers=2, progress=False, decode="torchvision")
+    assert "embed photos/test: 3 of 12 images decoded on the CPU by Pillow, not on the device (not a JPEG 3)" \
+        in capsys.readouterr().err
+    cos = (pil * tv).sum(1) / np.linalg.norm(pil, axis=1) / np.linalg.norm(tv, axis=1)
+    assert cos.min() > 0.99

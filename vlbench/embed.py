@@ -7,9 +7,11 @@ normalises; on the CPU the whole transform. The model runs under `torch.inferenc
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -71,7 +73,7 @@ class EngineError(VlbenchError):
     """An unknown engine was asked for, its optional dependency is missing, or a run on it failed."""
 
 
-OVERLAP_VARIABLE = "VLBENCH_EMBED_OVERLAP"  # "1": embed_images' `overlap` on by default (docs/benchmarks.md)
+OVERLAP_VARIABLE = "VLBENCH_EMBED_OVERLAP"  # "1" / "0": embed_images' `overlap` on / off (docs/benchmarks.md)
 
 
 def check_batch_options(batch_size: Any, num_workers: Any = None) -> None:
@@ -152,7 +154,7 @@ def collate(batch: list[tuple[int, torch.Tensor | CorruptSample]], stack: bool =
             ) -> tuple[torch.Tensor, torch.Tensor | list[torch.Tensor] | None, list[tuple[int, CorruptSample]]]:
     """(row indices of the decoded images, their tensors stacked (a list without `stack`) or None,
     [(row, CorruptSample)] of the others)."""
-    good = [(i, x) for i, x in batch if isinstance(x, torch.Tensor)]
+    good = [(i, x) for i, x in batch if not isinstance(x, CorruptSample)]
     bad = [(i, x) for i, x in batch if isinstance(x, CorruptSample)]
     rows = torch.tensor([i for i, _ in good], dtype=torch.long)
     images = [x for _, x in good]
@@ -262,8 +264,12 @@ class BorderCrop:
         self.border = border
 
     def __call__(self, image):
+        """A PIL image, or a (batch of) CHW tensor(s) (the device decoders' geometric steps): the same pixels cut."""
         from PIL import ImageOps
 
+        if isinstance(image, torch.Tensor):
+            b = self.border
+            return image[..., b:image.shape[-2] - b, b:image.shape[-1] - b]
         return ImageOps.crop(image, border=self.border)
 
     def __repr__(self) -> str:
@@ -315,9 +321,12 @@ def embed_images(
     `worker_preprocess` (None: on the CPU only); it changes speed, never the features. `encode`: what runs on each
     batch of model inputs (default `model.encode_image`; `PreProjectionEncoder` adds the pre-projection features).
     `decode`: how bytes become model inputs (`vlbench.decoding.DECODERS`; `pil` unless the params say otherwise).
-    `overlap` (None: $VLBENCH_EMBED_OVERLAP is 1): on CUDA, queue each batch on the device before waiting for the
-    previous one's embeddings (`launch_batch`), so that the device never idles while the host collects a batch; the
-    same kernels on the same batches, so the same features (a runtime choice, never a param)."""
+    `overlap`: on CUDA, queue each batch on the device before waiting for the previous one's embeddings
+    (`launch_batch`), so that the device never idles while the host collects a batch; the same kernels on the same
+    batches, so the same features (a runtime choice, never a param). None: $VLBENCH_EMBED_OVERLAP (1 on, 0 off), else
+    on for the decoders that finish on the device (`torchvision`, measured faster with it) and off for the Pillow
+    decoders (measured no faster; docs/benchmarks.md). Images a device decoder leaves to the CPU are counted on
+    stderr (`Decoder.log_line`)."""
     path = Path(path)
     encode = encode or loaded.model.encode_image
     num_rows = pq.ParquetFile(path).metadata.num_rows
@@ -328,7 +337,7 @@ def embed_images(
         ParquetImages(path, dec.worker), batch_size=batch_size, num_workers=workers,
         collate_fn=partial(collate, stack=dec.stack), pin_memory=loaded.device.type == "cuda" and dec.stack,
     )
-    overlap = os.environ.get(OVERLAP_VARIABLE) == "1" if overlap is None else overlap
+    overlap = default_overlap(dec) if overlap is None else overlap
     split_rows = SplitRows(num_rows)
     queued: list[tuple[np.ndarray, Callable[[], np.ndarray]]] = []  # batches on the device, oldest first
     bar = tqdm(total=num_rows, desc=f"embed {dataset}/{split}", unit="img", disable=not progress)
@@ -349,7 +358,33 @@ def embed_images(
     for item in queued:
         split_rows.put(*_waited(item))
     bar.close()
+    fallback = dec.log_line(dataset, split)
+    if fallback:
+        print(fallback, file=sys.stderr)
     return split_rows.result(dataset, split, path, skip_corrupt)
+
+
+def default_overlap(dec: decoding.Decoder) -> bool:
+    """$VLBENCH_EMBED_OVERLAP if set (1 / 0), else on for a decoder that finishes on the device (a list of items)."""
+    value = os.environ.get(OVERLAP_VARIABLE)
+    if value not in (None, "", "0", "1"):
+        raise EngineError(f"${OVERLAP_VARIABLE} must be 1 (on) or 0 (off), got {value!r}")
+    return not dec.stack if value in (None, "") else value == "1"
+
+
+def bf16_image_weights(loaded: LoadedModel) -> LoadedModel:
+    """`embed.bf16_weights`: a copy of the model whose image tower holds bf16 weights, run under bf16 autocast on any
+    device (the tower's matrix products ran in bf16 under autocast already; what changes is that its norms' and
+    embeddings' parameters are rounded to bf16 and its residual stream is carried in bf16). Changes bits: the
+    features' fingerprint records `image_weights: bf16`."""
+    visual = getattr(loaded.model, "visual", None)
+    if not isinstance(visual, torch.nn.Module):
+        raise EngineError(f"model {loaded.fingerprint.get('model', '?')!r}: embed.bf16_weights needs an image tower at "
+                          f"model.visual; set embed.bf16_weights: false")
+    model = copy.deepcopy(loaded.model)
+    model.visual.to(torch.bfloat16)
+    return replace(loaded, model=model, autocast_dtype=torch.bfloat16,
+                   fingerprint={**loaded.fingerprint, "image_weights": "bf16"})
 
 
 def _waited(item: tuple[np.ndarray, Callable[[], np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -447,19 +482,20 @@ def encode_texts(loaded: LoadedModel, texts: list[str]) -> np.ndarray:
 def embed_image_splits(
     loaded: LoadedModel, dataset_dir: Path, out_dir: Path, *, batch_size: int = 256,
     num_workers: int | None = None, skip_corrupt: bool = False, progress: bool = True, pre_projection: bool = False,
-    decode: str = DEFAULT_DECODE, engine_name: str | None = None,
+    decode: str = DEFAULT_DECODE, engine_name: str | None = None, bf16_weights: bool = False,
 ) -> dict[str, Any]:
     """Write `out_dir/<split>.parquet` for every split of a prepared dataset (the folder replaced whole), with the
     preprocessing the dataset asks for (`model_for_dataset`). With `pre_projection`, the same forward pass also gives
     the image tower's features before its projection: `out_dir/pre_projection/<split>.parquet` and the projection in
     `out_dir/pre_projection/projection.weights.parquet` (`vlbench.models.projection`; the projected embeddings are the
-    same either way). `decode` (params' embed.decode) is recorded in every file's fingerprint. `engine_name`: where
-    each split is embedded (`engine`); the files are the same either way."""
+    same either way). `decode` (params' embed.decode) is recorded in every file's fingerprint, and so is
+    `bf16_weights` where true (`bf16_image_weights`). `engine_name`: where each split is embedded (`engine`); the files
+    are the same either way."""
     check_batch_options(batch_size, num_workers)
     embed_split = engine(engine_name).embed_images
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
     meta = load_meta(dataset_dir)
-    loaded = model_for_dataset(loaded, meta)
+    loaded = model_for_dataset(bf16_image_weights(loaded) if bf16_weights else loaded, meta)
     fingerprint = {**loaded.fingerprint, "dataset": meta.name, "dataset_version": meta.version,
                    **decoding.decode_fingerprint(decode, loaded.device)}
     encoder = PreProjectionEncoder(loaded.model, loaded.fingerprint.get("model", "?")) if pre_projection else None

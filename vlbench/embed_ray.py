@@ -226,8 +226,8 @@ def embed_images(
 ) -> tuple[np.ndarray, np.ndarray]:
     """`vlbench.embed.embed_images` on Ray: the same (embeddings in row order, kept rows) and the same
     CorruptImageError. `num_workers` is the local engine's: here Ray spreads decoding over the cluster's CPUs.
-    `decode`: the Pillow decoders (`pil`, `pil_draft`) run in the CPU tasks; `torchvision`, which decodes in the model's
-    process, is the local engine's only (its encoded bytes would travel to the actors undecoded)."""
+    `decode`: the Pillow decoders (`pil`, `pil_draft`) run in the CPU tasks; `torchvision` and `dali`, which decode
+    in the model's process, are the local engine's only (their encoded bytes would travel to the actors undecoded)."""
     dec = decoder(decode, loaded.preprocess, loaded.device, loaded.fingerprint.get("model", "?"),
                   worker_preprocess(loaded.preprocess, loaded.device, normalise_in_workers))
     if not dec.stack:
