@@ -75,7 +75,8 @@ SUITE = {
 # test_readme_flows' miniature settings, with Language-1P's search (issue 44's case) beside Random-2P
 SETTINGS = {"conf/config.yaml": {**MINIATURE["conf/config.yaml"], "suite: smoke\n": "suite: emulation\n"},
             "conf/settings/adapt.yaml": {**MINIATURE["conf/settings/adapt.yaml"],
-                                         "  heads: [random_2p, language_2p, language_1p]": "  heads: [random_2p, language_1p]"}}
+                                         "  heads: [random_2p, language_2p, language_1p]":
+                                             "  heads: [random_2p, language_1p]"}}
 # the stage kinds (dvc.yaml's stage names) that compute a number: a demo build without one of them checks too little
 COMPUTING_STAGES = {"prepare", "texts", "knowledge", "pretrain", "train_plot", "embed_images", "embed_texts",
                     "embed_knowledge", "retrieve", "extensibility_sets", "code", "zeroshot", "linear_probe",
@@ -166,16 +167,20 @@ def first_difference(root: Path, other_root: Path, path: str) -> str:
         a, b = pq.read_table(file), pq.read_table(twin)
         columns = [c for c in a.column_names if c not in b.column_names or not a.column(c).equals(b.column(c))]
         return f"{name} (decoded columns differ: {columns})" if columns else f"{name} (same columns, other bytes)"
-    extra = sorted(set(files_of(other)) - {other / f.relative_to(base) for f in files_of(base)}) if other.is_dir() else []
-    return f"{extra[0].relative_to(other_root)} is written only under the emulated choices" if extra else "(the files match; the hash differs)"
+    written = {other / f.relative_to(base) for f in files_of(base)}
+    extra = sorted(set(files_of(other)) - written) if other.is_dir() else []
+    if extra:
+        return f"{extra[0].relative_to(other_root)} is written only under the emulated choices"
+    return f"{path} (its files match; its hash differs)"
 
 
-def test_the_emulation_reaches_the_stage_processes(tmp_path):
+def test_the_emulation_reaches_the_stage_processes():
     """What a stage process sees under `emulated(...)`: the choices apply() leaves alone stay, the others are pinned."""
     code = ("import json, os, stages; print(json.dumps([os.environ.get('MKL_ENABLE_INSTRUCTIONS'), "
             "len(os.sched_getaffinity(0)), {k: os.environ[k] for k in stages.portable.ENV}]))")
     root = Path(__file__).resolve().parent.parent
-    mkl, cores, pinned = json.loads(run(root, *emulated(sys.executable, "-c", code), env={"PYTHONPATH": str(root)}).stdout)
+    out = run(root, *emulated(sys.executable, "-c", code), env={"PYTHONPATH": str(root)}).stdout
+    mkl, cores, pinned = json.loads(out)
     assert mkl == emulated_env()["MKL_ENABLE_INSTRUCTIONS"]
     assert cores == 1 or not one_core()
     assert pinned == portable.ENV
