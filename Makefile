@@ -28,10 +28,11 @@ $(DEV_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(DEV_STAMP)
 
-# WordNet for the demo world's class hierarchy: Debian's wordnet-base when we are root and it is missing.
+# WordNet for the demo world's class hierarchy: Debian's wordnet-base when we are root and it is missing (waiting for
+# another package install's lock instead of failing: scripts/apt-install).
 wordnet:
 	@if [ ! -f /usr/share/wordnet/data.noun ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base) >/dev/null; \
+		scripts/apt-install wordnet-base; \
 	fi
 
 test: setup-dev
