@@ -1,7 +1,14 @@
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import open_clip
 import pytest
 import torch
+import yaml
 
 from vlbench.datasets.canonical import DatasetError
 from vlbench.datasets.synthetic import build
@@ -116,3 +123,29 @@ def test_training_without_the_nan_fill_gives_the_weights_of_training_with_it(cor
     assert torch.utils.deterministic.fill_uninitialized_memory == fill_before
     expected = torch.load(tmp_path / "ckpt.pt")
     assert all(torch.equal(model.state_dict()[k], expected[k]) for k in expected)
+
+
+# pretrain's stage process on a 3-step schedule (64 corpus images): its checkpoint and log, byte for byte
+PINNED_CHECKPOINT_SHA256 = "c9b7e8b3ea17f500aae15ccd86819c628eda94e31ca4122262d6cb0b44408ef5"
+PINNED_LOG_SHA256 = "051f487c98935a8425f8ec7b12a3716a3a02d35ace679c386d670f8b3dfcd42e"
+
+
+def test_the_stage_trains_a_short_schedule_to_the_pinned_bytes_and_keeps_only_its_two_outputs(tmp_path):
+    """`python -m stages.pretrain` runs under the portable settings (vlbench.portable), so these bytes are the same on
+    every x86-64 CPU with AVX2; the demo's committed checkpoint relies on the same (`make verify-demo` retrains it).
+    The model folder holds the two outputs kept in git and nothing else: the corpus was built in a temporary folder
+    and removed, and the checkpoint is a plain dict of the model's tensors (no optimizer state, no pickled extras)."""
+    train = {"corpus": {"source": "synthetic", "task": "corpus", "seed": 1, "image_size": 32, "splits": {"train": 64}},
+             "steps": 3, "batch_size": 32, "lr": 0.003, "weight_decay": 0.1, "warmup_steps": 1, "seed": 0}
+    model = {"slug": "toy-pin", "arch": "vlbench-toy", "train": train}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"model": model}))
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "stages.pretrain", "--model", "toy-pin"], cwd=tmp_path, check=True,
+                   capture_output=True, env={**os.environ, "PYTHONPATH": str(root)})
+    out = tmp_path / "data/models/toy-pin"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "train_log.csv"]
+    assert hashlib.sha256((out / "checkpoint.pt").read_bytes()).hexdigest() == PINNED_CHECKPOINT_SHA256
+    assert hashlib.sha256((out / "train_log.csv").read_bytes()).hexdigest() == PINNED_LOG_SHA256
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    register_local_configs()
+    assert type(state) is dict and list(state) == list(open_clip.create_model("vlbench-toy").state_dict())
