@@ -8,12 +8,15 @@ It writes only its declared outputs: a `model.pretrained` path given by the user
 stages, never written here.
 """
 
+import shutil
 import tempfile
 from pathlib import Path
 
 from stages.common import parser, run
 from vlbench.config import get, load_params, model_dir
 from vlbench.datasets.registry import prepare_dataset
+
+CORPUS_PREFIX = ".corpus-"  # the temporary folder the corpus is built in, beside the outputs
 
 
 def main() -> None:
@@ -24,10 +27,12 @@ def main() -> None:
     spec = dict(get(params, "model.train", dict))
     out = model_dir(args.model)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(CORPUS_PREFIX + "*"):  # left by a run that was killed (DVC holds the stage's lock meanwhile)
+        shutil.rmtree(stale)
     from vlbench.models.toy import train_toy_clip
 
     train_args = {k: v for k, v in spec.items() if k != "corpus"}
-    with tempfile.TemporaryDirectory(prefix=".corpus-", dir=out) as tmp:
+    with tempfile.TemporaryDirectory(prefix=CORPUS_PREFIX, dir=out) as tmp:
         corpus = prepare_dataset("corpus", get(params, "model.train.corpus", dict), Path(tmp) / "corpus")
         print(f"corpus: {corpus.splits}")
         stats = train_toy_clip(Path(tmp) / "corpus", get(params, "model.arch", str), out / "checkpoint.pt",

@@ -47,6 +47,19 @@ print(roi_align.is_compile_supported("cpu") == torch._dynamo.utils.is_compile_su
     assert python("-c", code) == "True True True"
 
 
+def test_an_architecture_with_a_timm_tower_builds_it():
+    """timm's own import of torch._dynamo (its `torch.compiler.disable` decorators) gets the real module, not the
+    stand-in torchvision loaded with: a timm tower builds, transformers is left out of open_clip alone."""
+    code = """import stages, sys
+from stages.common import import_model_libraries
+import_model_libraries({"model": {"arch": "convnext_tiny"}})
+import open_clip
+model = open_clip.create_model("convnext_tiny", pretrained=None)
+from transformers import AutoTokenizer  # as a Hugging Face tokenizer imports it when built
+print(type(model.visual).__name__, open_clip.hf_model.transformers, "torch._dynamo" in sys.modules)"""
+    assert python("-c", code) == "TimmModel None True"
+
+
 def test_a_process_that_loaded_torch_before_the_stages_keeps_every_library():
     code = """import torch, stages
 from stages.common import import_model_libraries

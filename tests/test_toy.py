@@ -1,4 +1,5 @@
 import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -100,6 +101,15 @@ def test_the_named_pieces_compose_into_exactly_train_toy_clip(corpus, tmp_path):
     got = model.state_dict()
     assert list(got) == list(expected)
     assert all(torch.equal(got[k], expected[k]) for k in expected)
+    # the checkpoint is the state_dict less its _metadata: loaded into a model and saved as a state_dict again, it gives
+    # the bytes of saving the trained model's state_dict (the checkpoint's format before issue 41)
+    register_local_configs()
+    reloaded = open_clip.create_model("vlbench-toy")
+    reloaded.load_state_dict(expected)
+    before, again = io.BytesIO(), io.BytesIO()
+    torch.save(got, before)
+    torch.save(reloaded.state_dict(), again)
+    assert before.getvalue() == again.getvalue()
 
 
 def test_training_without_the_nan_fill_gives_the_weights_of_training_with_it(corpus, tmp_path):
@@ -134,15 +144,18 @@ def test_the_stage_trains_a_short_schedule_to_the_pinned_bytes_and_keeps_only_it
     """`python -m stages.pretrain` runs under the portable settings (vlbench.portable), so these bytes are the same on
     every x86-64 CPU with AVX2; the demo's committed checkpoint relies on the same (`make verify-demo` retrains it).
     The model folder holds the two outputs kept in git and nothing else: the corpus was built in a temporary folder
-    and removed, and the checkpoint is a plain dict of the model's tensors (no optimizer state, no pickled extras)."""
+    and removed (as was one a killed run left), and the checkpoint is a plain dict of the model's tensors (no
+    optimizer state, no pickled extras)."""
     train = {"corpus": {"source": "synthetic", "task": "corpus", "seed": 1, "image_size": 32, "splits": {"train": 64}},
              "steps": 3, "batch_size": 32, "lr": 0.003, "weight_decay": 0.1, "warmup_steps": 1, "seed": 0}
     model = {"slug": "toy-pin", "arch": "vlbench-toy", "train": train}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"model": model}))
     root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "data/models/toy-pin"
+    (out / ".corpus-killed").mkdir(parents=True)  # the temporary corpus of a run that was killed
+    (out / ".corpus-killed/train.parquet").write_bytes(b"partial")
     subprocess.run([sys.executable, "-m", "stages.pretrain", "--model", "toy-pin"], cwd=tmp_path, check=True,
                    capture_output=True, env={**os.environ, "PYTHONPATH": str(root)})
-    out = tmp_path / "data/models/toy-pin"
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "train_log.csv"]
     assert hashlib.sha256((out / "checkpoint.pt").read_bytes()).hexdigest() == PINNED_CHECKPOINT_SHA256
     assert hashlib.sha256((out / "train_log.csv").read_bytes()).hexdigest() == PINNED_LOG_SHA256

@@ -33,9 +33,12 @@ TOWER_LIBRARIES = {"timm": ("vision_cfg", "timm_model_name"), "transformers": ("
 def import_for_model(arch: str) -> None:
     """Import torchvision and open_clip for a process that runs the one open_clip architecture `arch`, without
     torch._dynamo and without the tower libraries `arch` does not build. Where they are loaded already, a no-op."""
-    absent = {name: None for name in unused_tower_libraries(arch)}
-    with _in_sys_modules({_DYNAMO_UTILS: _dynamo_utils_stand_in(), **absent}):
+    if any(name in sys.modules for name in ("torchvision", "open_clip")):
+        return
+    with _in_sys_modules({_DYNAMO_UTILS: _dynamo_utils_stand_in()}):
         importlib.import_module("torchvision")
+    # not under the stand-in: timm's own import of torch._dynamo (for a timm tower) must get the real module
+    with _in_sys_modules(dict.fromkeys(unused_tower_libraries(arch))):
         importlib.import_module("open_clip")
 
 
@@ -70,8 +73,6 @@ def _is_compile_supported(device_type):
 def _in_sys_modules(entries: dict):
     """`entries` in sys.modules for the block (None: absent, an import raises ImportError), except names already
     imported, which stay as they are; the entries are removed after."""
-    if any(name in sys.modules for name in ("torchvision", "open_clip")):
-        entries = {}
     added = {name: module for name, module in entries.items() if name not in sys.modules}
     sys.modules.update(added)
     try:
