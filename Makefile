@@ -42,7 +42,8 @@ repro: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" dvc repro
 
 # The demo's toy model arrives with the clone (data/models/toy/, kept in git): retrain it from scratch (about 7 minutes
-# on 2 cores) and check that the committed checkpoint and log come out byte for byte (docs/reproducibility.md). Not in CI.
+# on 2 cores) and check that the committed checkpoint and log come out byte for byte (docs/architecture.md, "The toy
+# checkpoint arrives with the clone"). Not in CI.
 verify-demo: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" dvc repro --force pretrain@toy
 	git diff --exit-code --stat -- data/models/toy/checkpoint.pt data/models/toy/train_log.csv

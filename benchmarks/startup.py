@@ -1,7 +1,7 @@
-"""Start-up of a model stage: a fresh process's imports and model load, as embed_images / embed_texts /
-embed_knowledge do before their first batch, with and without vlbench.lazy_imports (stages.common.import_model_libraries),
-alternated in one run on the same machine. Prints a Markdown table of median wall and CPU (user + sys) seconds and their
-ratio, and checks that both load the same model: the features of a fixed batch must be the same bytes.
+"""Start-up of a model stage: a fresh process's imports and model load, as embed_images / embed_texts / embed_knowledge
+do before their first batch, with and without vlbench.lazy_imports (stages.common.import_model_libraries), alternated
+in one run on the same machine. Prints a Markdown table of median wall and CPU (user + sys) seconds and their ratio,
+and checks that both load the same model: the features of a fixed batch must be the same bytes.
 
     python benchmarks/startup.py --runs 5                 # the demo's toy architecture, freshly initialised weights
     python benchmarks/startup.py --runs 5 --arch ViT-B-32
@@ -99,14 +99,17 @@ def main() -> None:
     hashes = {r[0]["features"] for runs in rows.values() for r in runs}
     if len(hashes) != 1:
         sys.exit(f"the variants load different models: {len(hashes)} feature hashes")
-    med = {v: (statistics.median(r[1] for r in runs), statistics.median(r[2] for r in runs)) for v, runs in rows.items()}
+    med = {v: (statistics.median(r[1] for r in runs), statistics.median(r[2] for r in runs))
+           for v, runs in rows.items()}
     print(f"| {args.arch}, {args.runs} runs each | wall s (median) | CPU s (median) | loads |")
     print("|---|---|---|---|")
     for v in VARIANTS:
         loaded = ", ".join(m for m, on in rows[v][0][0]["loaded"].items() if on) or "none of " + ", ".join(WATCHED)
         print(f"| {v} | {med[v][0]:.2f} | {med[v][1]:.2f} | {loaded} |")
-    print(f"| deferred / eager | {med['deferred'][0] / med['eager'][0]:.2f} | {med['deferred'][1] / med['eager'][1]:.2f} | |")
-    print(f"\nsame features in every run ({hashes.pop()[:16]}); load average (1 min) at the end {os.getloadavg()[0]:.1f}")
+    ratio = [med["deferred"][i] / med["eager"][i] for i in (0, 1)]
+    print(f"| deferred / eager | {ratio[0]:.2f} | {ratio[1]:.2f} | |")
+    print(f"\nsame features in every run ({hashes.pop()[:16]}); load average (1 min) at the end "
+          f"{os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

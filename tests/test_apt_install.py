@@ -40,7 +40,8 @@ def apt_root(tmp_path) -> dict:
         "Architecture: all\nVersion: 1\nDescription: probe\n\n")
     (tmp_path / "sources.list").write_text(f"deb [trusted=yes] file:{tmp_path}/repo ./\n")
     (tmp_path / "apt.conf").write_text(
-        f'Dir::State "{tmp_path}/state";\nDir::State::status "{tmp_path}/dpkg/status";\nDir::Cache "{tmp_path}/cache";\n'
+        f'Dir::State "{tmp_path}/state";\nDir::State::status "{tmp_path}/dpkg/status";\n'
+        f'Dir::Cache "{tmp_path}/cache";\n'
         f'Dir::Etc::sourcelist "{tmp_path}/sources.list";\nDir::Etc::sourceparts "{tmp_path}/sources.d";\n')
     return {**os.environ, "APT_CONFIG": str(tmp_path / "apt.conf")}
 
