@@ -45,6 +45,7 @@ repro: setup
 # on 2 cores) and check that the committed checkpoint and log come out byte for byte (docs/architecture.md, "The toy
 # checkpoint arrives with the clone"). Not in CI.
 verify-demo: setup
+	git ls-files --error-unmatch data/models/toy/checkpoint.pt data/models/toy/train_log.csv >/dev/null
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" dvc repro --force pretrain@toy
 	git diff --exit-code --stat -- data/models/toy/checkpoint.pt data/models/toy/train_log.csv
 	@echo "verify-demo: data/models/toy/checkpoint.pt and train_log.csv retrained byte for byte"
