@@ -11,9 +11,10 @@ CPU seconds, not wall. Prints a Markdown table and writes the raw log beside it 
     python benchmarks/first_run.py --workdir /tmp/first-run --setup    # install included (the clone's own .venv)
     python benchmarks/first_run.py --table /tmp/first-run               # the table of an earlier run again
 
-`--reuse pretrain@toy train_plot@toy --from /work/main` copies those stages' outputs from an earlier run and commits them
-to the clone's DVC cache (`dvc commit`: they match dvc.lock, so DVC skips the stages; outputs missing from the cache
-would make DVC run them) to time the other stages without training again.
+`--reuse STAGE ... --from /work/main` copies those stages' outputs from an earlier run and commits them to the clone's
+DVC cache (`dvc commit`: they match dvc.lock, so DVC skips the stages; outputs missing from the cache would make DVC
+run them) to time the other stages without running those. pretrain@toy needs no `--reuse` since issue 41: its
+checkpoint comes with the clone, and DVC skips it. The model stages' start-up alone: benchmarks/startup.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 import json
 
-from stages.common import add_engine, parser, run
+from stages.common import add_engine, import_model_libraries, parser, run
 from vlbench.config import features_dir, get, load_params, prepared_dir
 
 
@@ -14,10 +14,11 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: 16 at most on CUDA, half the cores on CPU)")
     add_engine(p)
     args = p.parse_args()
+    params = load_params(args.params)
+    import_model_libraries(params)
     from vlbench.embed import check_batch_options, embed_image_splits, engine
 
     check_batch_options(args.batch_size, args.workers)
-    params = load_params(args.params)
 
     loaded = engine(args.engine).load_model(get(params, "model", dict), device=args.device)
     summary = embed_image_splits(loaded, prepared_dir(args.dataset), features_dir(loaded.fingerprint["model"], args.dataset) / "images",

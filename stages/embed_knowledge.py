@@ -1,7 +1,7 @@
 """embed_knowledge@<dataset>: text features of every knowledge text set for the params' model ->
 features/<model>/<dataset>/knowledge/ (a stage of its own: knowledge sets exist only for suite.knowledge)."""
 
-from stages.common import parser, run
+from stages.common import import_model_libraries, parser, run
 from vlbench.config import features_dir, get, knowledge_dir, load_params
 
 
@@ -10,6 +10,7 @@ def main() -> None:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     args = p.parse_args()
     params = load_params(args.params)
+    import_model_libraries(params)
     from vlbench.embed import embed_text_sets
     from vlbench.models.loading import load_model
 

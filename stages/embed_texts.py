@@ -1,6 +1,6 @@
 """embed_texts@<dataset>: text features of every text set for the params' model -> features/<model>/<dataset>/text/."""
 
-from stages.common import add_engine, parser, run
+from stages.common import add_engine, import_model_libraries, parser, run
 from vlbench.config import features_dir, get, load_params, texts_dir
 
 
@@ -10,6 +10,7 @@ def main() -> None:
     add_engine(p)
     args = p.parse_args()
     params = load_params(args.params)
+    import_model_libraries(params)
     from vlbench.embed import embed_text_sets, engine
 
     loaded = engine(args.engine).load_model(get(params, "model", dict), device=args.device)

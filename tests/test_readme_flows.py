@@ -229,6 +229,41 @@ def test_compare_refuses_runs_on_different_samples_by_name(demo):
             "(sample_id differ: 24 against 20, e.g. [") in proc.stderr
 
 
+# README / docs/benchmarks.md, "Reading `dvc exp show`": what differs between runs, without the dependency columns
+READABLE_EXP_SHOW = ("--only-changed", "--drop", "Created|.*/.*")
+
+
+def flat_keys(tree: dict, prefix: str = "") -> set[str]:
+    """`a.b.c` for every leaf of a nested mapping (how `dvc exp show` names params and metrics)."""
+    keys = set()
+    for key, value in tree.items():
+        keys |= flat_keys(value, f"{prefix}{key}.") if isinstance(value, dict) and value else {f"{prefix}{key}"}
+    return keys
+
+
+def check_readable_exp_show(readable: str, everything: str, runs: list[list[str]]) -> None:
+    """The readable `dvc exp show` of HEAD and the `wide` experiment (`runs`: each one's params.yaml and headline.json):
+    the params that differ (the model entry) and the headline numbers that differ; no dependency column (99 of the
+    demo's 185), no timestamp."""
+    import csv
+
+    import yaml
+
+    header, *table = list(csv.reader(readable.splitlines()))
+    assert header[:3] == ["Experiment", "rev", "typ"] and "Created" not in header
+    columns = set(header[3:])
+    params = set().union(*(flat_keys(yaml.safe_load(p)) for p, _ in runs))
+    metrics = set().union(*(flat_keys(json.loads(m)) for _, m in runs))
+    assert {"model.slug", "model.arch"} <= columns <= params | metrics
+    assert columns & metrics  # the toy-wide model's numbers differ from the toy's
+    assert not any("/" in c for c in columns)
+    rows = [dict(zip(header, row)) for row in table]
+    head = next(r for r in rows if r["typ"] == "baseline" and r["rev"] != "workspace")
+    assert head["model.slug"] == "toy-smoke"
+    assert next(r for r in rows if r["Experiment"] == "wide")["model.slug"] == "toy-wide-smoke"
+    assert len(columns) * 4 < len(everything.splitlines()[0].split(","))
+
+
 def test_a_sweep_of_three_experiments_gets_a_leaderboard(demo):
     """README: `dvc exp run -n wide -S model=toy-wide-smoke` beside the two commits, then `vlbench compare HEAD~1 HEAD
     wide` (three experiments: a leaderboard, ranks with bootstrap rank intervals) and its page."""
@@ -236,8 +271,13 @@ def test_a_sweep_of_three_experiments_gets_a_leaderboard(demo):
         run(demo, *DVC, "exp", "run", "-n", "wide", "-S", "model=toy-wide-smoke")
         data = json.loads(vlbench(demo, "compare", "HEAD~1", "HEAD", "wide", "--json").stdout)
         text = vlbench(demo, "compare", "HEAD~1", "HEAD", "wide", "--correction", "bh").stdout
+        readable = run(demo, *DVC, "exp", "show", "--no-pager", "--csv", *READABLE_EXP_SHOW).stdout
+        everything = run(demo, *DVC, "exp", "show", "--no-pager", "--csv").stdout
+        wide = [(demo / name).read_text() for name in ("params.yaml", "reports/headline.json")]
     finally:
         restore(demo)
+    head = [(demo / name).read_text() for name in ("params.yaml", "reports/headline.json")]
+    check_readable_exp_show(readable, everything, [head, wide])
     board = data["leaderboard"]
     assert [(r["experiment"], r["model"]) for r in board["rows"]] == [
         ("HEAD~1", "toy-smoke"), ("HEAD", "toy-smoke"), ("wide", "toy-wide-smoke")]

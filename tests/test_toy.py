@@ -1,7 +1,15 @@
+import hashlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import open_clip
 import pytest
 import torch
+import yaml
 
 from vlbench.datasets.canonical import DatasetError
 from vlbench.datasets.synthetic import build
@@ -93,6 +101,15 @@ def test_the_named_pieces_compose_into_exactly_train_toy_clip(corpus, tmp_path):
     got = model.state_dict()
     assert list(got) == list(expected)
     assert all(torch.equal(got[k], expected[k]) for k in expected)
+    # the checkpoint is the state_dict less its _metadata: loaded into a model and saved as a state_dict again, it gives
+    # the bytes of saving the trained model's state_dict (the checkpoint's format before issue 41)
+    register_local_configs()
+    reloaded = open_clip.create_model("vlbench-toy")
+    reloaded.load_state_dict(expected)
+    before, again = io.BytesIO(), io.BytesIO()
+    torch.save(got, before)
+    torch.save(reloaded.state_dict(), again)
+    assert before.getvalue() == again.getvalue()
 
 
 def test_training_without_the_nan_fill_gives_the_weights_of_training_with_it(corpus, tmp_path):
@@ -116,3 +133,32 @@ def test_training_without_the_nan_fill_gives_the_weights_of_training_with_it(cor
     assert torch.utils.deterministic.fill_uninitialized_memory == fill_before
     expected = torch.load(tmp_path / "ckpt.pt")
     assert all(torch.equal(model.state_dict()[k], expected[k]) for k in expected)
+
+
+# pretrain's stage process on a 3-step schedule (64 corpus images): its checkpoint and log, byte for byte
+PINNED_CHECKPOINT_SHA256 = "c9b7e8b3ea17f500aae15ccd86819c628eda94e31ca4122262d6cb0b44408ef5"
+PINNED_LOG_SHA256 = "051f487c98935a8425f8ec7b12a3716a3a02d35ace679c386d670f8b3dfcd42e"
+
+
+def test_the_stage_trains_a_short_schedule_to_the_pinned_bytes_and_keeps_only_its_two_outputs(tmp_path):
+    """`python -m stages.pretrain` runs under the portable settings (vlbench.portable), so these bytes are the same on
+    every x86-64 CPU with AVX2; the demo's committed checkpoint relies on the same (`make verify-demo` retrains it).
+    The model folder holds the two outputs kept in git and nothing else: the corpus was built in a temporary folder
+    and removed (as was one a killed run left), and the checkpoint is a plain dict of the model's tensors (no
+    optimizer state, no pickled extras)."""
+    train = {"corpus": {"source": "synthetic", "task": "corpus", "seed": 1, "image_size": 32, "splits": {"train": 64}},
+             "steps": 3, "batch_size": 32, "lr": 0.003, "weight_decay": 0.1, "warmup_steps": 1, "seed": 0}
+    model = {"slug": "toy-pin", "arch": "vlbench-toy", "train": train}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"model": model}))
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "data/models/toy-pin"
+    (out / ".corpus-killed").mkdir(parents=True)  # the temporary corpus of a run that was killed
+    (out / ".corpus-killed/train.parquet").write_bytes(b"partial")
+    subprocess.run([sys.executable, "-m", "stages.pretrain", "--model", "toy-pin"], cwd=tmp_path, check=True,
+                   capture_output=True, env={**os.environ, "PYTHONPATH": str(root)})
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "train_log.csv"]
+    assert hashlib.sha256((out / "checkpoint.pt").read_bytes()).hexdigest() == PINNED_CHECKPOINT_SHA256
+    assert hashlib.sha256((out / "train_log.csv").read_bytes()).hexdigest() == PINNED_LOG_SHA256
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    register_local_configs()
+    assert type(state) is dict and list(state) == list(open_clip.create_model("vlbench-toy").state_dict())
