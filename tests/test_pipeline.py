@@ -84,8 +84,8 @@ def test_second_repro_runs_nothing(reproduced):
 
 
 def test_every_declared_plot_renders_offline(reproduced, tmp_path):
-    """README: `dvc plots show` works offline. A DVC template plot (a CSV or JSON data file, such as the toy model's
-    training log) makes index.html load vega, vega-lite and vega-embed from a CDN, blank without network: every
+    """docs/comparing.md: `dvc plots show` works offline. A DVC template plot (a CSV or JSON data file, such as the toy
+    model's training log) makes index.html load vega, vega-lite and vega-embed from a CDN, blank without network: every
     declared plot must be an image, embedded from dvc_plots/static."""
     out = tmp_path / "dvc_plots"
     run(reproduced, *DVC, "plots", "show", "-o", str(out))
