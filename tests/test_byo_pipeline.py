@@ -61,10 +61,10 @@ def own_data(root: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def byo(smoke_run, tmp_path_factory):
+def byo(tmp_path_factory):
     base = tmp_path_factory.mktemp("byo")
     pets, xray = own_data(base / "data")
-    repo = smoke_run(base / "repo")  # the session's smoke run (tests/conftest.py): its toy model is reused
+    repo = make_repo(base / "repo")
     (repo / "conf/dataset/pets.yaml").write_text(PETS)
     (repo / "conf/dataset/xray.yaml").write_text(XRAY)
     (repo / "conf/suite/byo.yaml").write_text(SUITE)
