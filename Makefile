@@ -35,8 +35,12 @@ wordnet:
 		scripts/apt-install wordnet-base; \
 	fi
 
+# Two pytest-xdist workers, a module each at a time (`--dist loadfile`: a module's fixtures are built once, in one
+# worker); the miniature demo run the pipeline modules copy is built once for both (tests/conftest.py, smoke_run).
+# `make test TEST_WORKERS=0` runs in one process. docs/benchmarks.md, "The test suite".
+TEST_WORKERS ?= 2
 test: setup-dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 repro: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" dvc repro

@@ -1,14 +1,19 @@
-"""Fixtures built by the tests themselves: tiny canonical datasets and a randomly initialised toy checkpoint."""
+"""Fixtures built by the tests themselves: tiny canonical datasets, a randomly initialised toy checkpoint, and the
+miniature demo run that the pipeline tests share."""
 
 from __future__ import annotations
 
 import io
+import os
+import shutil
 
 import numpy as np
 import pytest
 import torch
+from filelock import FileLock
 from PIL import Image
 
+from tests.pipeline_repo import copy_repo, make_smoke_run, tree_state
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta, write_dataset
 
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
@@ -90,3 +95,24 @@ def dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("VLBENCH_MIRROR", str(mirror))
     monkeypatch.setenv("VLBENCH_DOWNLOAD_BACKOFF", "0")
     return www, mirror, tmp_path / "out"
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """`smoke_run(dest)`: a copy at `dest` of the miniature demo run (tests/pipeline_repo.py, make_smoke_run: the smoke
+    suite reproduced with the toy-smoke model and committed), for a module to change as it likes. The run is built once
+    per test session, and once for all pytest-xdist workers (the first builds it under a file lock in the session's
+    shared temporary folder, the others wait and reuse it). Nobody writes into it: each caller gets its own copy (new
+    files, no hard links), and the session ends in an error if a file of the shared run was written all the same."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the workers' base folders (popen-gw0, ...) sit in the session's
+    base, done = shared / "smoke-run", shared / "smoke-run.done"
+    with FileLock(str(shared / "smoke-run.lock")):
+        if not done.exists():
+            shutil.rmtree(base, ignore_errors=True)  # a build that failed in another worker
+            make_smoke_run(base)
+            done.touch()
+    before = tree_state(base)
+    yield lambda dest: copy_repo(base, dest)
+    assert tree_state(base) == before, f"a test wrote into the shared smoke run {base}: tests must use a copy"

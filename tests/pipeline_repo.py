@@ -66,6 +66,24 @@ def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None) -> s
     return proc
 
 
+def copy_repo(src: Path, dest: Path) -> Path:
+    """A copy of a test repository made by make_repo, with its git history, DVC cache and outputs: new files
+    throughout (no hard link), so whatever a test does in `dest` never reaches `src` or another copy."""
+    shutil.copytree(src, dest, symlinks=True)
+    return dest
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime in ns) of every file under `root`: equal states mean no file was written in between."""
+    state = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            info = os.lstat(path)
+            state[os.path.relpath(path, root)] = (info.st_size, info.st_mtime_ns)
+    return state
+
+
 def make_repo(dest: Path) -> Path:
     """Copy the tracked (and untracked, not ignored) files to `dest`, configure the smoke suite and toy-smoke
     model as defaults, compose params.yaml and commit everything in a fresh git repository."""
@@ -83,4 +101,14 @@ def make_repo(dest: Path) -> Path:
     run(dest, "git", "init", "-q")
     run(dest, "git", "add", "-A")
     run(dest, "git", "commit", "-qm", "copy")
+    return dest
+
+
+def make_smoke_run(dest: Path) -> Path:
+    """make_repo, then `dvc repro` of the smoke suite with the toy-smoke model, committed: the miniature demo run that
+    tests share (tests/conftest.py, `smoke_run`)."""
+    make_repo(dest)
+    run(dest, sys.executable, "-m", "dvc", "repro")
+    run(dest, "git", "add", "-A")
+    run(dest, "git", "commit", "-qm", "toy-smoke results")
     return dest

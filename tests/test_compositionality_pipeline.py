@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.pipeline_repo import make_repo, read_suite, run, write_suite
+from tests.pipeline_repo import read_suite, run, write_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_pipeline_prepares_embeds_scores_and_reports_the_demo_set(tmp_path):
-    repo = make_repo(tmp_path / "repo")
+def test_the_pipeline_prepares_embeds_scores_and_reports_the_demo_set(smoke_run, tmp_path):
+    repo = smoke_run(tmp_path / "repo")  # the session's smoke run (tests/conftest.py): its toy model is reused
     suite = read_suite(repo, "smoke")
     entry = yaml_entry("compositional")
     entry["prepare"]["size"] = 12

@@ -50,8 +50,8 @@ WINOGAVIL = winogavil_instances([5, 10, 6, 12, 10, 12, 5], seed=4)
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    from tests.pipeline_repo import make_repo, read_suite, run, write_suite
+def repo(smoke_run, tmp_path_factory):
+    from tests.pipeline_repo import read_suite, run, write_suite
 
     base = tmp_path_factory.mktemp("datacomp")
     www = base / "www"
@@ -63,7 +63,7 @@ def repo(tmp_path_factory):
     write_repo(www, "djghosh/wds_fairface_test", [face_samples(FACES[:9], 5), face_samples(FACES[9:], 6, "g")],
                FAIRFACE_CLASSES, FAIRFACE_TEMPLATES)
     write_winogavil(www, WINOGAVIL)
-    repo = make_repo(base / "repo")
+    repo = smoke_run(base / "repo")  # the session's smoke run (tests/conftest.py): its toy model is reused
     with serve(www):
         suite = read_suite(repo, "smoke")
         suite["datasets"] = {name: entry(name, size=14, classes=len(spec[2])) for name, spec in TASKS.items()}

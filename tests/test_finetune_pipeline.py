@@ -1,6 +1,6 @@
 """finetune@<dataset> through DVC, as the docs say to run it: `dvc exp run -S suite.finetune=[...]` writes the weights
 with their fingerprint and the result; then `-S model=<the fine-tuned model>` runs an analysis on it, and its features
-carry the fine-tuned weights' fingerprint id (on a copy of this repository with the smoke suite and a 3-step toy)."""
+carry the fine-tuned weights' fingerprint id (on a copy of the session's smoke run: the smoke suite, a 3-step toy)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pyarrow.parquet as pq
 import yaml
 
-from tests.pipeline_repo import make_repo, run
+from tests.pipeline_repo import run
 
 DVC = (sys.executable, "-m", "dvc")
 TINY = ["-S", "+finetune.elevater_full.shots=[2]", "-S", "+finetune.elevater_full.seeds=[0]",
@@ -18,8 +18,8 @@ TINY = ["-S", "+finetune.elevater_full.shots=[2]", "-S", "+finetune.elevater_ful
         "-S", "+adapt.elevater.search_epochs=1", "-S", "+adapt.elevater.final_epochs=1", "-S", "+adapt.elevater.batch_size=8"]
 
 
-def test_dvc_exp_run_fine_tunes_and_the_weights_run_as_a_model(tmp_path):
-    repo = make_repo(tmp_path / "repo")
+def test_dvc_exp_run_fine_tunes_and_the_weights_run_as_a_model(smoke_run, tmp_path):
+    repo = smoke_run(tmp_path / "repo")  # the session's smoke run (tests/conftest.py): toy model and features reused
     assert "finetune@shapes" not in run(repo, *DVC, "status").stdout  # opt-in: the default suite has no finetune stage
     tuned = {"slug": "toy-smoke-ft", "arch": "vlbench-toy", "base": "toy-smoke",
              "finetune": {"dataset": "shapes", "method": "elevater_full"},

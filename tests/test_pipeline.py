@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from tests.pipeline_repo import make_repo, run
+from tests.pipeline_repo import run
 
 DVC = (sys.executable, "-m", "dvc")
 
@@ -26,16 +27,9 @@ def status_stages(repo: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
-    return make_repo(tmp_path_factory.mktemp("pipeline") / "repo")
-
-
-@pytest.fixture(scope="module")
-def reproduced(repo) -> Path:
-    run(repo, *DVC, "repro")
-    run(repo, "git", "add", "-A")
-    run(repo, "git", "commit", "-qm", "toy-smoke results")
-    return repo
+def reproduced(smoke_run, tmp_path_factory) -> Path:
+    """This module's copy of the session's smoke run (tests/conftest.py): the smoke suite reproduced, committed."""
+    return smoke_run(tmp_path_factory.mktemp("pipeline") / "repo")
 
 
 def test_repro_writes_metrics_with_stable_keys_and_the_model_fingerprint(reproduced):
@@ -90,8 +84,8 @@ def test_second_repro_runs_nothing(reproduced):
 
 
 def test_every_declared_plot_renders_offline(reproduced, tmp_path):
-    """README: `dvc plots show` works offline. A DVC template plot (a CSV or JSON data file, such as the toy model's
-    training log) makes index.html load vega, vega-lite and vega-embed from a CDN, blank without network: every
+    """docs/comparing.md: `dvc plots show` works offline. A DVC template plot (a CSV or JSON data file, such as the toy
+    model's training log) makes index.html load vega, vega-lite and vega-embed from a CDN, blank without network: every
     declared plot must be an image, embedded from dvc_plots/static."""
     out = tmp_path / "dvc_plots"
     run(reproduced, *DVC, "plots", "show", "-o", str(out))
@@ -194,7 +188,8 @@ def test_exp_run_with_unknown_model_names_the_known_ones(reproduced):
     assert "vitb17" in proc.stderr + proc.stdout and "vitb16" in proc.stderr + proc.stdout
 
 
-def test_real_models_have_no_pretrain_stage(repo):
+def test_real_models_have_no_pretrain_stage(reproduced):
+    repo = reproduced
     params = repo / "params.yaml"
     before = params.read_text()
     try:
@@ -231,3 +226,36 @@ def test_robustness_stage_scores_a_shift_against_the_reference_zeroshot_result(r
     x, y = doc["metrics"]["reference_accuracy"], doc["metrics"]["accuracy"]
     assert doc["metrics"]["effective_robustness"] == pytest.approx(y - x)  # the identity line (y = x)
     assert doc["counts"]["samples"] == 24 and not (reproduced / "features/toy-smoke/shapes_outline/text").exists()
+
+
+def test_a_copy_of_the_shared_smoke_run_is_its_own(smoke_run, tmp_path):
+    """What a module does to its copy of the session's smoke run (tests/conftest.py) never reaches another copy: a
+    tracked file appended to in place, a DVC output rewritten in place, a commit. The shared run itself is checked at
+    the session's end (tree_state)."""
+    first = smoke_run(tmp_path / "first")
+    head = run(first, "git", "rev-parse", "HEAD").stdout
+    code, output = first / "vlbench/stats.py", first / "reports/zeroshot/shapes.json"
+    text, result = code.read_text(), output.read_bytes()
+    with code.open("a") as f:
+        f.write("\n# an edit\n")
+    with output.open("r+b") as f:
+        f.write(b"X")
+    run(first, "git", "commit", "-qam", "an edit")
+    second = smoke_run(tmp_path / "second")
+    assert (second / "vlbench/stats.py").read_text() == text
+    assert (second / "reports/zeroshot/shapes.json").read_bytes() == result
+    assert run(second, "git", "rev-parse", "HEAD").stdout == head
+    assert run(second, "git", "status", "--porcelain").stdout == ""
+    assert status_stages(second) == set()
+
+
+def test_tree_state_sees_a_file_rewritten_in_place_with_its_size_unchanged(tmp_path):
+    from tests.pipeline_repo import tree_state
+
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub/file"
+    path.write_bytes(b"ab")
+    os.utime(path, ns=(10**9, 10**9))  # a write now cannot give the same time
+    before = tree_state(tmp_path)
+    path.write_bytes(b"ba")
+    assert tree_state(tmp_path) != before and set(before) == {os.path.join("sub", "file")}

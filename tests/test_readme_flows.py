@@ -1,13 +1,14 @@
-"""The README's flows, run as a user runs them, on the demo pipeline's own outputs (issue 30, "The rule this issue
-adds"; DESIGN.md, "Every README flow runs on the demo's own outputs in a test").
+"""The flows of the README and of the docs/ pages it points to (docs/comparing.md, docs/fine-tuning.md,
+docs/own-data.md, docs/pipeline.md, docs/real-datasets.md), run as a user runs them, on the demo pipeline's own outputs
+(issue 30, "The rule this issue adds"; DESIGN.md, "Every README flow runs on the demo's own outputs in a test").
 
-One module-scoped fixture copies this repository (tests/pipeline_repo.py), gives it a miniature demo suite whose
-analyses write every kind of per-sample file the demo writes (zero-shot on a single- and a multi-label dataset,
-linear probe, robustness, retrieval, compositionality, adapt's ELEVATER and FewTrans tables) with a few-step toy
-model, runs `dvc repro` once and commits (HEAD~1), then runs the README's experiment `dvc exp run -n a -S
-zeroshot.scoring=elevater` and commits it (HEAD): two commits and an experiment of real results, shared by every
-flow below, each run with the README's command. A flow tested only on constructed files is not tested: add the test
-of a new README command here.
+One module-scoped fixture copies the session's smoke run (tests/conftest.py, `smoke_run`), gives it a miniature demo
+suite whose analyses write every kind of per-sample file the demo writes (zero-shot on a single- and a multi-label
+dataset, linear probe, robustness, retrieval, compositionality, adapt's ELEVATER and FewTrans tables) with a few-step
+toy model, runs `dvc repro` once and commits (HEAD~1), then runs docs/pipeline.md's experiment `dvc exp run -n a -S
+zeroshot.scoring=elevater` and commits it (HEAD): two commits and an experiment of real results, shared by every flow
+below, each run with the command the README or its docs/ page shows. A flow tested only on constructed files is not
+tested: add the test of a new command of the README or docs/ here.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.pipeline_repo import SMOKE_SUITE, make_repo, read_suite, run, synthetic_entry, write_suite
+from tests.pipeline_repo import SMOKE_SUITE, read_suite, run, synthetic_entry, write_suite
 from tests.test_byo_pipeline import PETS, SUITE, XRAY, own_data
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,10 +83,11 @@ def restore(repo: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> Path:
-    """A copy of the repository with the miniature demo suite: `dvc repro`, committed (HEAD~1); then the README's
-    `dvc exp run -n a -S zeroshot.scoring=elevater`, applied and committed with the same setting in conf/ (HEAD)."""
-    repo = make_repo(tmp_path_factory.mktemp("flows") / "repo")
+def demo(smoke_run, tmp_path_factory) -> Path:
+    """A copy of the session's smoke run (tests/conftest.py: its toy model, features and results are reused) with
+    the miniature demo suite: `dvc repro`, committed (HEAD~1); then docs/pipeline.md's `dvc exp run -n a -S
+    zeroshot.scoring=elevater`, applied and committed with the same setting in conf/ (HEAD)."""
+    repo = smoke_run(tmp_path_factory.mktemp("flows") / "repo")
     suite = {**FLOWS_SUITE, "datasets": {**FLOWS_SUITE["datasets"],
                                          "captions": dataset_entry("captions", splits={"test": 24}),
                                          "compositional": dataset_entry("compositional", size=12)}}
@@ -146,7 +148,8 @@ def test_every_per_sample_file_the_demo_writes_is_declared(demo):
 
 
 def test_compare_two_commits_pairs_every_declared_metric_on_the_demo_outputs(demo):
-    """README: `vlbench compare HEAD~1 HEAD` (issue 30, defect 1: it ended in ArrowInvalid on these files)."""
+    """README and docs/comparing.md: `vlbench compare HEAD~1 HEAD` (issue 30, defect 1: it ended in ArrowInvalid on
+    these files)."""
     proc = vlbench(demo, "compare", "HEAD~1", "HEAD", "--json")
     data = json.loads(proc.stdout)
     heads = [run(demo, "git", "rev-parse", r).stdout.strip() for r in ("HEAD~1", "HEAD")]
@@ -199,8 +202,8 @@ def test_compare_refuses_bad_revisions_and_outputs_in_one_line(demo):
 
 
 def test_compare_two_experiments_by_name(demo):
-    """README: `dvc exp run -n a -S zeroshot.scoring=elevater` (the fixture ran it), then `vlbench compare HEAD a`
-    and `--json`."""
+    """docs/comparing.md: `dvc exp run -n a -S zeroshot.scoring=elevater` (the fixture ran it), then `vlbench compare
+    HEAD a` and `--json`."""
     text = vlbench(demo, "compare", "HEAD", "a").stdout
     assert text.splitlines()[0].split()[:3] == ["analysis/dataset/metric", "HEAD", "a"]
     data = json.loads(vlbench(demo, "compare", "HEAD~1", "a", "--json").stdout)
@@ -265,8 +268,9 @@ def check_readable_exp_show(readable: str, everything: str, runs: list[list[str]
 
 
 def test_a_sweep_of_three_experiments_gets_a_leaderboard(demo):
-    """README: `dvc exp run -n wide -S model=toy-wide-smoke` beside the two commits, then `vlbench compare HEAD~1 HEAD
-    wide` (three experiments: a leaderboard, ranks with bootstrap rank intervals) and its page."""
+    """docs/comparing.md ("A sweep and its leaderboard"): `dvc exp run -n wide -S model=toy-wide-smoke` beside the two
+    commits, then `vlbench compare HEAD~1 HEAD wide` (three experiments: a leaderboard, ranks with bootstrap rank
+    intervals) and its page."""
     try:
         run(demo, *DVC, "exp", "run", "-n", "wide", "-S", "model=toy-wide-smoke")
         data = json.loads(vlbench(demo, "compare", "HEAD~1", "HEAD", "wide", "--json").stdout)
@@ -300,7 +304,8 @@ def test_a_sweep_of_three_experiments_gets_a_leaderboard(demo):
 
 
 def test_plan_on_the_reproduced_demo_lists_what_an_override_reruns(demo):
-    """README: `vlbench plan -S ...` runs nothing and lists the stages `dvc exp run -S ...` would run."""
+    """docs/real-datasets.md ("Before a big run"): `vlbench plan -S ...` runs nothing and lists the stages `dvc exp run
+    -S ...` would run."""
     plan = json.loads(vlbench(demo, "plan", "--json", "--no-warmup").stdout)
     assert (plan["model"], plan["suite"]) == ("toy-smoke", "flows")
     assert {r["status"] for r in plan["stages"]} == {"up to date"}
@@ -311,7 +316,8 @@ def test_plan_on_the_reproduced_demo_lists_what_an_override_reruns(demo):
 
 
 def test_reference_lists_the_tables_and_the_demo_says_none_applies(demo):
-    """README: `vlbench reference [--paper P] [--json]`; after `report`, reports/reference.json."""
+    """docs/comparing.md ("Reference numbers"): `vlbench reference [--paper P] [--json]`; after `report`,
+    reports/reference.json."""
     tables = json.loads(vlbench(demo, "reference", "--json").stdout)["tables"]
     assert {"elevater", "open_clip"} <= {t["paper"] for t in tables} and all(t["rows"] for t in tables)
     assert "ELEVATER" in vlbench(demo, "reference", "--paper", "elevater").stdout.upper()
@@ -352,8 +358,9 @@ def test_an_edit_reruns_the_stages_whose_layer_imports_it_and_no_costly_stage(de
 
 
 def test_exp_run_reaches_a_deep_setting_and_reruns_only_its_stages(demo):
-    """`dvc exp run -S +adapt.elevater.final_epochs=3` (README "Settings"): the setting lands in params.yaml and
-    only adapt@ and the report re-run; the embedding, the other analyses and pre-training do not."""
+    """`dvc exp run -S +adapt.elevater.final_epochs=3` (docs/pipeline.md, "params.yaml, `vlbench compose` and
+    settings"): the setting lands in params.yaml and only adapt@ and the report re-run; the embedding, the other
+    analyses and pre-training do not."""
     try:
         proc = run(demo, *DVC, "exp", "run", "-n", "deep", "-S", "+adapt.elevater.final_epochs=3")
         ran = {line.split("'")[1] for line in proc.stdout.splitlines() if line.startswith("Running stage")}
@@ -421,7 +428,7 @@ def test_an_analysis_added_in_its_four_places_runs_reports_and_charts(demo, tmp_
 
 
 def test_fewtrans_fine_tuning_appears_on_the_page_and_compare_pairs_it_by_episode(demo):
-    """README "Fine-tuning": two `fewtrans_episodic` runs on the demo's episodes (authors' centres replaced by tiny
+    """docs/fine-tuning.md: two `fewtrans_episodic` runs on the demo's episodes (authors' centres replaced by tiny
     explicit ones); the page shows fine-tuning, reports/metrics.json has its numbers, and `vlbench compare` pairs the
     two runs over the same episodes with a paired t-interval."""
     def settings(lr: float) -> str:
@@ -449,7 +456,7 @@ def test_fewtrans_fine_tuning_appears_on_the_page_and_compare_pairs_it_by_episod
 
 
 def test_your_own_data_runs_as_an_experiment_and_compares(demo, tmp_path):
-    """README "Your own data": `vlbench data-root`, entries pets and xray and a suite (those of
+    """README and docs/own-data.md: `vlbench data-root`, entries pets and xray and a suite (those of
     tests/test_byo_pipeline.py, which tests the data's edge cases), `dvc exp run -S suite=<it>`, then `vlbench
     compare` against the demo run."""
     own_data(tmp_path / "data")
@@ -466,27 +473,27 @@ def test_your_own_data_runs_as_an_experiment_and_compares(demo, tmp_path):
     found = rows(data)
     pets = found[("zeroshot", "pets", "accuracy")]
     assert list(pets["values"]) == ["mine"] and pets["differences"] == [] and pets["winner"] is None
-    both = found[("zeroshot", "shapes", "accuracy")]  # the demo's file, left in the workspace (README)
+    both = found[("zeroshot", "shapes", "accuracy")]  # the demo's file, left in the workspace (docs/own-data.md)
     assert set(both["values"]) == {"HEAD", "mine"}
 
 
 # ---------------------------------------------------------------------------------------------- fine-tuning
-# The README's fine-tuning flow (section "Fine-tuning (opt-in)", issue 30 defects 2 and 5) on a miniature copy of the
-# pipeline of its own (tests/pipeline_repo.py: the smoke suite, a 3-step toy): `dvc exp run` there changes the
+# docs/fine-tuning.md's flow (issue 30 defects 2 and 5) on a copy of the session's smoke run of its own (the smoke
+# suite, a 3-step toy: tests/conftest.py, `smoke_run`): `dvc exp run` there changes the
 # workspace, which the `demo` fixture's other flows read. First the fine-tuned model's entry before its weights exist,
 # then the fine-tuning command itself, with a search grid in which some candidates diverge, as the demo's does.
 MODEL_NEEDS = "dvc exp run -S model=toy -S 'suite.finetune=[shapes]' -S finetune.method=elevater_full"
-# The README's command with a miniature search: one learning rate (0.01) over ELEVATER's weight-decay grid, whose
-# candidates at weight decay 1e4 and 1e6 multiply the weights by -100 and more per step and so diverge within their
-# 2 epochs; the final run (on the 1e-6 .. 1e2 side the search prefers) completes.
+# docs/fine-tuning.md's command with a miniature search: one learning rate (0.01) over ELEVATER's weight-decay
+# grid, whose candidates at weight decay 1e4 and 1e6 multiply the weights by -100 and more per step and so diverge
+# within their 2 epochs; the final run (on the 1e-6 .. 1e2 side the search prefers) completes.
 FINETUNE_MINIATURE = ["-S", "+finetune.elevater_full.shots=[4]", "-S", "+finetune.elevater_full.seeds=[0]",
              "-S", "+adapt.elevater.lr_grid.log_lower=-2", "-S", "+adapt.elevater.lr_grid.log_upper=-2",
              "-S", "+adapt.elevater.lr_grid.num=1", "-S", "+adapt.elevater.search_epochs=2",
              "-S", "+adapt.elevater.final_epochs=1", "-S", "+adapt.elevater.batch_size=4"]
 
 
-def test_readme_finetune_flow_on_the_pipeline(tmp_path):
-    repo = make_repo(tmp_path / "repo")
+def test_readme_finetune_flow_on_the_pipeline(smoke_run, tmp_path):
+    repo = smoke_run(tmp_path / "repo")
     # `vlbench models` says what a fine-tuned entry needs; selecting it before that run is one line naming both
     listed = {line.split()[0]: line for line in run(repo, *VLBENCH, "models").stdout.splitlines()}
     assert f"needs `{MODEL_NEEDS}` (not made yet)" in listed["toy-elevater-shapes"]
@@ -497,7 +504,7 @@ def test_readme_finetune_flow_on_the_pipeline(tmp_path):
     assert ("model 'toy-elevater-shapes' needs data/finetuned/shapes/elevater_full/checkpoint.pt, which is not there: "
             f"it is made by fine-tuning 'toy' on 'shapes' with elevater_full: `{MODEL_NEEDS}`") in error[0]
 
-    # the README's fine-tuning command: some search candidates diverge, the stage completes
+    # docs/fine-tuning.md's fine-tuning command: some search candidates diverge, the stage completes
     done = run(repo, *DVC, "exp", "run", "-S", "suite.finetune=[shapes]", "-S", "finetune.method=elevater_full",
                *FINETUNE_MINIATURE)
     assert "Running stage 'finetune@shapes'" in done.stdout and "a failed search run (score 0)" in done.stdout

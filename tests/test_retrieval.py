@@ -326,10 +326,11 @@ ENSEMBLE = ["a {c}.", "a picture of a {c}.", "a {c} shape."]  # no "a photo of a
 
 
 @pytest.fixture(scope="module")
-def retrieved(tmp_path_factory):
-    from tests.pipeline_repo import make_repo, read_suite, run, synthetic_entry, write_suite
+def retrieved(smoke_run, tmp_path_factory):
+    """A copy of the session's smoke run (tests/conftest.py) with a caption corpus added: retrieve@shapes."""
+    from tests.pipeline_repo import read_suite, run, synthetic_entry, write_suite
 
-    repo = make_repo(tmp_path_factory.mktemp("retrieve") / "repo")
+    repo = smoke_run(tmp_path_factory.mktemp("retrieve") / "repo")
     suite = read_suite(repo, "smoke")
     suite["datasets"]["corpus"] = synthetic_entry("corpus", {"train": 200}, ["a {c}."])
     suite["datasets"]["shapes"]["texts"]["prompt_sets"] = {"ensemble": ENSEMBLE}  # for retrieve.prompts

@@ -21,15 +21,15 @@ DVC = (sys.executable, "-m", "dvc")
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    from tests.pipeline_repo import make_repo, read_suite, run, write_suite
+def repo(smoke_run, tmp_path_factory):
+    from tests.pipeline_repo import read_suite, run, write_suite
 
     base = tmp_path_factory.mktemp("retrieval")
     www = base / "www"
     www.mkdir()
     write_splits(www)
     write_val2014(www)
-    repo = make_repo(base / "repo")
+    repo = smoke_run(base / "repo")  # the session's smoke run (tests/conftest.py): its toy model is reused
     with serve(www) as base_url:
         coco = yaml.safe_load((CONF / "coco-karpathy-5k.yaml").read_text())
         coco["prepare"]["annotations"]["urls"] = [f"{base_url}/caption_datasets.zip"]

@@ -143,7 +143,7 @@ def test_a_plain_override_of_a_deep_setting_says_to_append_and_a_misspelt_one_is
 
 def test_dvc_exp_run_composes_an_append_and_names_the_append_syntax_for_a_plain_deep_override(tmp_path):
     """DVC composes params.yaml itself: `+` reaches a deep setting (the same bytes as `vlbench compose`), and a plain
-    override of a key params.yaml lacks stops before any stage with Hydra's hint (the README quotes it)."""
+    override of a key params.yaml lacks stops before any stage with Hydra's hint (docs/pipeline.md quotes it)."""
     from dvc.utils.hydra import compose_and_dump
 
     from tests.pipeline_repo import make_repo, run

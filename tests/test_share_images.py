@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import COLORS, png
-from tests.pipeline_repo import make_repo, run
+from tests.pipeline_repo import run
 from vlbench.config import ParamsError, check_suite
 from vlbench.features import read_features
 
@@ -44,8 +44,8 @@ def manifest(name: str, label, image=lambda k: f"img/{k}.png") -> str:
 
 
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory):
-    repo = make_repo(tmp_path_factory.mktemp("share") / "repo")
+def pairs(smoke_run, tmp_path_factory):
+    repo = smoke_run(tmp_path_factory.mktemp("share") / "repo")  # tests/conftest.py: its toy model is reused
     (repo / "pairs/img").mkdir(parents=True)
     for k in range(IMAGES):
         (repo / "pairs/img" / f"{k}.png").write_bytes(png(list(COLORS.values())[label_a(k)], seed=k))

@@ -363,10 +363,11 @@ def test_heatmap_rows_and_file(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    from tests.pipeline_repo import make_repo, read_suite, run, synthetic_entry, write_suite
+def repo(smoke_run, tmp_path_factory):
+    """A copy of the session's smoke run (tests/conftest.py; its toy model is reused) with a captions suite."""
+    from tests.pipeline_repo import read_suite, run, synthetic_entry, write_suite
 
-    repo = make_repo(tmp_path_factory.mktemp("specificity") / "repo")
+    repo = smoke_run(tmp_path_factory.mktemp("specificity") / "repo")
     suite = read_suite(repo, "smoke")
     entry = synthetic_entry("captions", {"test": 30}, ["a {c}."])
     entry["texts"]["specificity"] = {"altered": 5, "nouns": "vocabulary", "classes_from": "labels_and_captions",
