@@ -231,3 +231,31 @@ def test_robustness_stage_scores_a_shift_against_the_reference_zeroshot_result(r
     x, y = doc["metrics"]["reference_accuracy"], doc["metrics"]["accuracy"]
     assert doc["metrics"]["effective_robustness"] == pytest.approx(y - x)  # the identity line (y = x)
     assert doc["counts"]["samples"] == 24 and not (reproduced / "features/toy-smoke/shapes_outline/text").exists()
+
+
+# docs/architecture.md, "Edit this -> these stages rerun", on the smoke suite (shapes, hierarchy; toy-smoke)
+EVERY_STAGE = None  # all of them (but `code`)
+RERUNS = {
+    "vlbench/config.py": EVERY_STAGE,  # params I/O: every command reads params.yaml through it
+    "vlbench/datasets/coco.py": set(),  # a dataset source the suite does not use
+    "vlbench/metrics.py": {"zeroshot@shapes", "zeroshot@hierarchy", "linear_probe@shapes", "report"},
+    "vlbench/analyses/linear_probe.py": {"linear_probe@shapes"},  # one analysis: its stages
+    "vlbench/report/html.py": {"report"},
+}
+
+
+def test_an_edit_reruns_only_the_stages_whose_command_runs_it(reproduced):
+    """Each row: append a comment to the module, rerun the fingerprints (`dvc repro -s code`), and `dvc status` lists
+    exactly the stages whose command can run the module; undone, nothing is stale."""
+    every = set(run(reproduced, *DVC, "stage", "list", "--name-only").stdout.split()) - {"code"}
+    for name, expected in RERUNS.items():
+        path = reproduced / name
+        before = path.read_text()
+        try:
+            path.write_text(before + "\n# an edit\n")
+            run(reproduced, *DVC, "repro", "-s", "code")
+            assert status_stages(reproduced) == (every if expected is EVERY_STAGE else expected), name
+        finally:
+            path.write_text(before)
+            run(reproduced, *DVC, "repro", "-s", "code")
+        assert status_stages(reproduced) == set(), name
