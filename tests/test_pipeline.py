@@ -208,32 +208,6 @@ def test_real_models_have_no_pretrain_stage(repo):
         params.write_text(before)
 
 
-def test_robustness_stage_scores_a_shift_against_the_reference_zeroshot_result(reproduced):
-    """Last in this file (it recomposes the repository's params): the smoke suite plus a tiny outline shift;
-    `dvc repro robustness@shapes_outline` runs only what it lacks and its numbers agree with the files it read."""
-    from tests.pipeline_repo import SMOKE_SUITE, synthetic_entry, write_suite
-
-    run(reproduced, "git", "checkout", "-q", "--", ".")  # the committed toy-smoke results (an earlier test's
-    run(reproduced, *DVC, "checkout", "-q")               # `dvc exp run` may have left another model's in the workspace)
-    outline = synthetic_entry("shapes_outline", {"test": 24}, ["a {c}."])
-    suite = {**SMOKE_SUITE, "slug": "rob", "datasets": {**SMOKE_SUITE["datasets"], "shapes_outline": outline},
-             "embed_images": [*SMOKE_SUITE["embed"], "shapes_outline"], "robustness": ["shapes_outline"]}
-    write_suite(reproduced, suite, "rob")
-    run(reproduced, sys.executable, "-m", "vlbench.cli", "compose", "suite=rob")
-    out = run(reproduced, *DVC, "repro", "robustness@shapes_outline").stdout
-    assert sorted(ran_stages(out)) == ["embed_images@shapes_outline", "prepare@shapes_outline",
-                                       "robustness@shapes_outline"]
-    doc = json.loads((reproduced / "reports/robustness/shapes_outline.json").read_text())
-    zeroshot = json.loads((reproduced / "reports/zeroshot/shapes.json").read_text())
-    preds = pq.read_table(reproduced / "reports/robustness/shapes_outline.predictions.parquet").to_pylist()
-    assert doc["metrics"]["reference_accuracy"] == zeroshot["metrics"]["accuracy"]
-    assert doc["metrics"]["accuracy"] == pytest.approx(sum(p["correct"] for p in preds) / len(preds))
-    assert all(p["correct"] == (p["predicted_reference_class"] == p["label"]) for p in preds)  # the same 12 classes
-    x, y = doc["metrics"]["reference_accuracy"], doc["metrics"]["accuracy"]
-    assert doc["metrics"]["effective_robustness"] == pytest.approx(y - x)  # the identity line (y = x)
-    assert doc["counts"]["samples"] == 24 and not (reproduced / "features/toy-smoke/shapes_outline/text").exists()
-
-
 # docs/architecture.md, "Edit this -> these stages rerun", on the smoke suite (shapes, hierarchy; toy-smoke)
 EVERY_STAGE = None  # all of them (but `code`)
 RERUNS = {
@@ -248,6 +222,9 @@ RERUNS = {
 def test_an_edit_reruns_only_the_stages_whose_command_runs_it(reproduced):
     """Each row: append a comment to the module, rerun the fingerprints (`dvc repro -s code`), and `dvc status` lists
     exactly the stages whose command can run the module; undone, nothing is stale."""
+    run(reproduced, "git", "checkout", "-q", "--", ".")  # the committed toy-smoke results (an earlier test's
+    run(reproduced, *DVC, "checkout", "-q")               # `dvc exp run` may have left another model's)
+    assert status_stages(reproduced) == set()
     every = set(run(reproduced, *DVC, "stage", "list", "--name-only").stdout.split()) - {"code"}
     for name, expected in RERUNS.items():
         path = reproduced / name
@@ -260,3 +237,30 @@ def test_an_edit_reruns_only_the_stages_whose_command_runs_it(reproduced):
             path.write_text(before)
             run(reproduced, *DVC, "repro", "-s", "code")
         assert status_stages(reproduced) == set(), name
+
+
+def test_robustness_stage_scores_a_shift_against_the_reference_zeroshot_result(reproduced):
+    """Last in this file (it recomposes the repository's params): the smoke suite plus a tiny outline shift;
+    `dvc repro robustness@shapes_outline` runs only what it lacks and its numbers agree with the files it read."""
+    from tests.pipeline_repo import SMOKE_SUITE, synthetic_entry, write_suite
+
+    run(reproduced, "git", "checkout", "-q", "--", ".")  # the committed toy-smoke results (an earlier test's
+    run(reproduced, *DVC, "checkout", "-q")               # `dvc exp run` may have left another model's in the workspace)
+    outline = synthetic_entry("shapes_outline", {"test": 24}, ["a {c}."])
+    suite = {**SMOKE_SUITE, "slug": "rob", "datasets": {**SMOKE_SUITE["datasets"], "shapes_outline": outline},
+             "embed_images": [*SMOKE_SUITE["embed"], "shapes_outline"], "robustness": ["shapes_outline"]}
+    write_suite(reproduced, suite, "rob")
+    run(reproduced, sys.executable, "-m", "vlbench.cli", "compose", "suite=rob")
+    out = run(reproduced, *DVC, "repro", "robustness@shapes_outline").stdout
+    assert sorted(ran_stages(out)) == ["code", "embed_images@shapes_outline", "prepare@shapes_outline",
+                                       "robustness@shapes_outline"]  # code: a new dataset, a new fingerprint
+    doc = json.loads((reproduced / "reports/robustness/shapes_outline.json").read_text())
+    zeroshot = json.loads((reproduced / "reports/zeroshot/shapes.json").read_text())
+    preds = pq.read_table(reproduced / "reports/robustness/shapes_outline.predictions.parquet").to_pylist()
+    assert doc["metrics"]["reference_accuracy"] == zeroshot["metrics"]["accuracy"]
+    assert doc["metrics"]["accuracy"] == pytest.approx(sum(p["correct"] for p in preds) / len(preds))
+    assert all(p["correct"] == (p["predicted_reference_class"] == p["label"]) for p in preds)  # the same 12 classes
+    x, y = doc["metrics"]["reference_accuracy"], doc["metrics"]["accuracy"]
+    assert doc["metrics"]["effective_robustness"] == pytest.approx(y - x)  # the identity line (y = x)
+    assert doc["counts"]["samples"] == 24 and not (reproduced / "features/toy-smoke/shapes_outline/text").exists()
+

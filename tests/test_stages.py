@@ -14,6 +14,7 @@ import yaml
 from vlbench import pipeline
 from vlbench.analyses import ANALYSES, by_analysis_stage, load
 from vlbench.config import load_params
+from vlbench.datasets.registry import SOURCES
 from vlbench.finetune import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +43,7 @@ def test_the_generated_stages_are_what_the_analyses_table_gives():
 
 def own_fingerprint(stage: str) -> str:
     """The fingerprint file a dvc.yaml stage depends on (vlbench.pipeline.stage_modules)."""
-    return {"prepare": "data/code/prepare/${key}.txt",
+    return {"prepare": "data/code/prepare/${key}.txt", "pretrain": "data/code/pretrain/${model.train.corpus.source}.txt",
             "finetune": "data/code/finetune/${finetune.method}.txt"}.get(stage, f"data/code/{stage}.txt")
 
 
@@ -70,14 +71,15 @@ def test_each_fingerprint_covers_its_command_and_the_registry_strings_it_resolve
     files = demo_fingerprints()
     params = load_params(ROOT / "params.yaml")
     assert set(files) == {*(f"prepare/{d}" for d in params["suite"]["datasets"]), *by_analysis_stage(),
-                          *(f"finetune/{m}" for m in METHODS), *(s for s in pipeline.COMMANDS
-                                                                 if s not in ("prepare", "finetune"))}
+                          *(f"finetune/{m}" for m in METHODS), *(f"pretrain/{s}" for s in SOURCES),
+                          *(s for s in pipeline.COMMANDS if s not in ("prepare", "pretrain", "finetune"))}
     for name in params["suite"]["datasets"]:
         assert "vlbench/datasets/synthetic.py" in files[f"prepare/{name}"] or name == "compositional", name
         assert "vlbench/datasets/coco.py" not in files[f"prepare/{name}"], name
     assert "vlbench/datasets/compositional.py" in files["prepare/compositional"]
     assert not {f"vlbench/datasets/{m}.py" for m in ("wds", "vtab", "fewtrans", "elevater")} & files["prepare/shapes"]
-    assert "vlbench/datasets/synthetic.py" in files["pretrain"]  # the toy model's training corpus
+    assert "vlbench/datasets/synthetic.py" in files["pretrain/synthetic"]  # the toy model's training corpus
+    assert "vlbench/datasets/coco.py" not in files["pretrain/synthetic"]
     modules = {a.module: pipeline.module_file(a.module).relative_to(ROOT).as_posix() for a in ANALYSES.values()}
     for name in by_analysis_stage():
         assert {"stages/analysis.py", modules[ANALYSES[name].module]} <= files[name], name
@@ -90,15 +92,17 @@ def test_each_fingerprint_covers_its_command_and_the_registry_strings_it_resolve
 
 
 def test_a_fingerprint_changes_with_a_file_its_command_runs_only(tmp_path):
-    """The fingerprints over a copy of the sources: an edit of a dataset source the demo does not use changes none;
+    """The fingerprints over a copy of the sources: an edit of a dataset source the demo does not use changes none a
+    demo stage depends on;
     of the toy model's training, pre-training's and NegCLIP's (which trains the toy way); of one analysis, its own."""
     for folder in (*pipeline.PROJECT_PACKAGES, "conf"):
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     params = load_params(ROOT / "params.yaml")
     modules = pipeline.stage_modules(params, tmp_path)
     before = {name: pipeline.fingerprint(m, tmp_path) for name, m in modules.items()}
-    for name, changed in (("vlbench/datasets/coco.py", set()),
-                          ("vlbench/models/toy.py", {"pretrain", "finetune/negclip"}),
+    for name, changed in (("vlbench/datasets/coco.py", {"pretrain/coco", "pretrain/karpathy"}),  # (Karpathy's splits
+                          # import COCO's reader) corpus sources no demo stage uses
+                          ("vlbench/models/toy.py", {f"pretrain/{s}" for s in SOURCES} | {"finetune/negclip"}),
                           ("vlbench/analyses/linear_probe.py", {"linear_probe"}),
                           ("vlbench/report/html.py", {"report"})):
         with (tmp_path / name).open("a") as f:

@@ -5,7 +5,7 @@ line per file: sha256 and path), written by the `code` stage for the files its c
 everything that imports (at module top or inside a function), plus the "module:function" strings it resolves for the
 entries it runs, and the data files of the packages on the way. Registry strings elsewhere are not followed: a
 dataset source is in `prepare`'s fingerprint of the datasets that use it (`data/code/prepare/<dataset>.txt`) and in
-`pretrain`'s when it makes the toy model's corpus; a fine-tuning method in `data/code/finetune/<method>.txt`; the
+`data/code/pretrain/<source>.txt` (the toy model's corpus); a fine-tuning method in `data/code/finetune/<method>.txt`; the
 charts and summaries of the analyses table in `report`'s. Any edit under vlbench/ or stages/ re-runs `code` (a
 second); a stage reruns when a file of its own fingerprint changed (docs/architecture.md, "Edit this -> these stages
 rerun").
@@ -127,14 +127,14 @@ def source_modules(spec: Any) -> list[str]:
 def stage_modules(params: Mapping[str, Any], root: Path = ROOT) -> dict[str, list[str]]:
     """{fingerprint file under data/code (without .txt): the modules its stages' command runs}: one per stage, one
     per analysis of the generic stage, one per dataset of the suite for `prepare` (its source), one per fine-tuning
-    method, and `pretrain` with the source of the model's training corpus."""
-    out = {stage: [module] for stage, module in COMMANDS.items() if stage not in ("prepare", "finetune", "report")}
+    method, one per dataset source for `pretrain` (the source of the toy model's training corpus)."""
+    out = {stage: [module] for stage, module in COMMANDS.items()
+           if stage not in ("prepare", "pretrain", "finetune", "report")}
     out.update({name: ["stages.analysis", ANALYSES[name].module] for name in by_analysis_stage()})
     out["report"] = [COMMANDS["report"], *(module_of(m) for a in ANALYSES.values() for m in (*a.charts, a.summary)
                                            if m)]
     out.update({f"finetune/{name}": [COMMANDS["finetune"], m.module] for name, m in METHODS.items()})
-    corpus = ((params.get("model") or {}).get("train") or {}).get("corpus")
-    out["pretrain"] = [COMMANDS["pretrain"], *source_modules(corpus)]
+    out.update({f"pretrain/{source}": [COMMANDS["pretrain"], module_of(entry)] for source, entry in SOURCES.items()})
     conf = root / "conf"
     for name in (params.get("suite") or {}).get("datasets") or {}:
         check_name("dataset", name)  # it names a file
@@ -185,11 +185,11 @@ def settings_file(section: str, root: Path = ROOT) -> list[str]:
 
 
 def code_stage() -> dict:
-    """The fingerprints: the sources in; the suite's datasets (each one's source: its entry) and the model (its
-    training corpus) decide which fingerprint files there are and which source each holds."""
+    """The fingerprints: the sources in; the suite's datasets (each one's source: its entry) decide which `prepare`
+    fingerprints there are and which source each holds."""
     return {"cmd": "python -m stages.code",
             "deps": [*PROJECT_PACKAGES, "conf/dataset"],
-            "params": ["suite.datasets", "suite.entries", "model"],
+            "params": ["suite.datasets", "suite.entries"],
             "outs": [CODE_DIR.as_posix()]}
 
 
