@@ -30,7 +30,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vlbench.datasets.tfrecord import serialize_example, write_records  # noqa: E402
+from tests.tfds_fixtures import serialize_example  # noqa: E402
+from vlbench.datasets.tfrecord import write_records  # noqa: E402
 from vlbench.datasets.vtab_tasks import VtabTask  # noqa: E402
 
 

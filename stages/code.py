@@ -1,17 +1,20 @@
-"""code: data/code/<layer>.txt, the fingerprint of the files each layer's stages run (vlbench.pipeline)."""
+"""code: data/code/, the fingerprint of the files each stage's command runs (vlbench.pipeline.stage_modules)."""
 
 from stages.common import parser, run
-from vlbench.io import atomic_path
-from vlbench.pipeline import CODE_DIR, LAYERS, fingerprint
+from vlbench.config import load_params
+from vlbench.io import atomic_dir
+from vlbench.pipeline import CODE_DIR, fingerprint, stage_modules
 
 
 def main() -> None:
-    parser(__doc__, dataset=False).parse_args()
-    CODE_DIR.mkdir(parents=True, exist_ok=True)
-    for layer in LAYERS:
-        with atomic_path(CODE_DIR / f"{layer}.txt") as tmp:
-            tmp.write_text(fingerprint(layer))
-    print(f"code: {len(LAYERS)} layer fingerprints in {CODE_DIR}")
+    args = parser(__doc__, dataset=False).parse_args()
+    files = stage_modules(load_params(args.params))
+    with atomic_dir(CODE_DIR) as tmp:
+        for name, modules in files.items():
+            path = tmp / f"{name}.txt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(fingerprint(modules))
+    print(f"code: {len(files)} fingerprints in {CODE_DIR}")
 
 
 if __name__ == "__main__":

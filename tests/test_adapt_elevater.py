@@ -25,6 +25,8 @@ from vlbench.report import adapt as report_adapt
 
 ROOT = Path(__file__).resolve().parent.parent
 
+PROJECTED_HEADS = ("random_2p", "language_2p")  # the heads that need projected embeddings only
+
 
 # --------------------------------------------------------------------------------------------------
 # sampling and validation
@@ -331,8 +333,9 @@ def test_random_2p_is_pytorch_default_linear_init_and_language_2p_the_text_class
     np.testing.assert_array_equal(b, layer.bias.detach().numpy())
     assert np.abs(w).max() <= 1 / math.sqrt(8)
     inputs = FakeInputs(*blobs(seed=0))
-    pool = elevater.load_pool(inputs, elevater.Settings())
-    init = elevater.head_init(inputs, pool, elevater.Settings(), seed=5)
+    projected = elevater.Settings(heads=PROJECTED_HEADS)
+    pool = elevater.load_pool(inputs, projected)
+    init = elevater.head_init(inputs, pool, projected, seed=5)
     wl, bl = init.weights["language_2p"]
     np.testing.assert_allclose(np.linalg.norm(wl, axis=0), 1.0, atol=1e-6)
     np.testing.assert_allclose(wl.T, inputs.text_means / np.linalg.norm(inputs.text_means, axis=1, keepdims=True),
@@ -379,13 +382,13 @@ class FakeInputs:
         return self.text
 
 
-FAST = {"shots": [1, 5, "full"], "seeds": [0, 1], "search_epochs": 3, "final_epochs": 4}
+FAST = {"shots": [1, 5, "full"], "seeds": [0, 1], "search_epochs": 3, "final_epochs": 4, "heads": list(PROJECTED_HEADS)}
 
 
 def test_protocol_end_to_end_reports_every_setting():
     inputs = FakeInputs(*blobs(seed=1))
     result = elevater.evaluate(inputs, {**FAST, "parameter_efficiency": {"m0": 10_000}}, seed=0)
-    keys = {f"elevater/{h}/{s}/last" for h in elevater.DEFAULT_HEADS for s in ("1", "5", "full")}
+    keys = {f"elevater/{h}/{s}/last" for h in PROJECTED_HEADS for s in ("1", "5", "full")}
     assert keys <= set(result.metrics)
     assert result.metrics["elevater/language_2p/full/last"] > 0.9  # separable blobs
     runs = result.details["runs"]
@@ -410,7 +413,7 @@ def test_protocol_end_to_end_reports_every_setting():
     assert 0 <= interval["low"] <= m <= interval["high"] <= 1
     # one seed ("full"): a bootstrap over the test samples of the final head's predictions, which the table keeps
     preds = result.tables["elevater_predictions"]
-    assert preds.num_rows == 90 * len(runs) * len(elevater.DEFAULT_HEADS)  # 90 test samples
+    assert preds.num_rows == 90 * len(runs) * len(PROJECTED_HEADS)  # 90 test samples
     rows = [r for r in preds.to_pylist() if (r["head"], r["shots"], r["seed"]) == ("random_2p", "full", 0)]
     correct = np.array([r["predicted"] == r["label"] for r in rows])
     assert [r["sample_id"] for r in rows] == inputs.images("test").table.column("sample_id").to_pylist()
@@ -423,7 +426,7 @@ def test_protocol_end_to_end_reports_every_setting():
     assert not any(key.endswith("/pe") for key in result.metrics)  # in the details only: dvc exp show stays narrow
     table = result.tables["elevater_search"]
     assert table.num_rows == sum(r["search_runs"] for r in runs)
-    assert set(table.column("head").to_pylist()) == set(elevater.DEFAULT_HEADS)
+    assert set(table.column("head").to_pylist()) == set(PROJECTED_HEADS)
 
 
 def test_runs_in_worker_processes_are_the_runs_in_this_process_bit_for_bit():

@@ -215,11 +215,11 @@ def test_winogavil_jaccard_against_datacomps_loop(repo):
 
 
 def test_the_results_give_their_cells_of_the_datacomp_average(repo):
-    """The four results' DataComp cells (`wds.datacomp_cell`) in a row whose other 34 cells are written here: the
+    """The four results' DataComp cells (`tests.datacomp_cells.datacomp_cell`) in a row whose other 34 cells are written here: the
     average is the plain mean of the 38 (DataComp's aggregate_scores.py); WinoGAViL's cell is its Jaccard."""
     import yaml
 
-    from vlbench.datasets.wds import datacomp_cell
+    from tests.datacomp_cells import datacomp_cell
     from vlbench.reference.datacomp import run_numbers
 
     cells = {}

@@ -21,7 +21,7 @@ from vlbench.datasets.download import ChecksumError
 from vlbench.datasets.hf_captions import catalogue_row
 from vlbench.datasets.hub import read_lock
 from vlbench.datasets.registry import prepare_dataset
-from vlbench.datasets.wds import datacomp_cell
+from tests.datacomp_cells import datacomp_cell
 
 COCO = "nlphuji/mscoco_2014_5k_test_image_text_retrieval"
 FILES = ["TEST/test/0000.parquet", "TEST/test/0001.parquet"]

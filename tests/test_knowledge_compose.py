@@ -3,10 +3,16 @@ Vondrick, and the tokenizer measurement on ELEVATER's real files (when ../shared
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 import pytest
+from nltk.tokenize import NLTKWordTokenizer
 
 from tests.test_knowledge_sources import REFERENCE, needs_reference
 from vlbench.knowledge.compose import (
+    ComposedTexts,
     abbreviation_breaks,
     cupl_texts,
     descriptor_sentence,
@@ -14,8 +20,6 @@ from vlbench.knowledge.compose import (
     knowledge_string,
     knowledge_suffix,
     menon_texts,
-    texts_per_class,
-    tokenization_audit,
     word_tokenize,
 )
 from vlbench.knowledge.sources import (
@@ -30,6 +34,31 @@ CLASSES = ["cat", "dog", "eel", "owl"]  # covered, empty, null, missing (in WIKI
 WIKI = KnowledgeTable("wiktionary", "w.tsv", {"cat": "A small domesticated carnivorous mammal.", "dog": "", "eel": None})
 GPT3 = KnowledgeTable("gpt3", "g.tsv", {"cat": [" Cats purr.", " Cats hunt mice."], "dog": [" Dogs bark."],
                                         "eel": [" Eels swim."], "owl": [" Owls hoot.", " Owls (Strigiformes) fly."]})
+
+
+def texts_per_class(result: ComposedTexts) -> Mapping[int, list[str]]:
+    """{class_index: [texts]} of composed rows, in row order."""
+    grouped: dict[int, list[str]] = {}
+    for index, text in zip(result.class_index, result.texts):
+        grouped.setdefault(index, []).append(text)
+    return grouped
+
+
+def tokenization_audit(knowledge_strings: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """For (classname, knowledge) pairs, what the tokenizer choice changes in ELEVATER's knowledge string:
+    `texts`; `multi_sentence`: strings that sentence splitting changes (Treebank on the whole line differs from
+    per-sentence); `abbreviation_risk`: strings with a sentence end after an abbreviation-like token, the only
+    places where the untrained and NLTK's trained Punkt can disagree; `risk_tokens`: those tokens, counted."""
+    words = NLTKWordTokenizer()  # the Treebank-style tokenizer on the whole line
+    audit = {"texts": 0, "multi_sentence": 0, "abbreviation_risk": 0, "risk_tokens": Counter()}
+    for classname, knowledge in knowledge_strings:
+        text = f" ; {classname} , {knowledge}"
+        audit["texts"] += 1
+        audit["multi_sentence"] += words.tokenize(text) != word_tokenize(text)
+        risky = abbreviation_breaks(text)
+        audit["abbreviation_risk"] += bool(risky)
+        audit["risk_tokens"].update(risky)
+    return audit
 
 
 def by_class(result):

@@ -1,9 +1,11 @@
 """Model registry entries (conf/model) and SigLIP-style models: hf-hub archs, the sigmoid logit bias, and the
 preprocessing and text handling an entry fixes, all offline (a tiny SigLIP-shaped repo in a local hub cache)."""
 
+import inspect
 import subprocess
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -11,12 +13,22 @@ import open_clip
 import pytest
 import torch
 import yaml
+from open_clip.factory import get_model_config
+from open_clip.tokenizer import HFTokenizer, SimpleTokenizer
+from open_clip.transform import PreprocessCfg
 
 from tests.tiny_siglip import LOGIT_BIAS, LOGIT_SCALE, write_repo
 from vlbench.embed import embed_image_splits, embed_text_sets
 from vlbench.features import StaleFeaturesError, matches, read_features
 from vlbench.models.identity import is_local_checkpoint, model_identity
-from vlbench.models.loading import ModelError, load_model, tag_declaration, validate_model_config
+from vlbench.models.loading import (
+    PREPROCESS_KEYS,
+    ModelError,
+    load_model,
+    normalize_preprocess,
+    register_local_configs,
+    validate_model_config,
+)
 from vlbench.reference import load_tables
 from vlbench.texts import read_text_set
 
@@ -29,6 +41,28 @@ TINY = {"slug": "tiny-siglip", "arch": f"hf-hub:{REPO}", "pretrained": "hf-hub",
         "preprocess": {"size": 32, "mode": "RGB", "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
                        "interpolation": "bicubic", "resize_mode": "squash", "fill_color": 0},
         "text": {"context_length": 16, "clean": "canonicalize"}, "logits": "sigmoid"}
+
+
+def tag_declaration(arch: str, tag: str) -> dict[str, Any]:
+    """What open_clip builds for a published (arch, tag), as a registry entry declares it (`preprocess`, `text`,
+    `logits`), read from open_clip's registries without building a model: the tag's pretrained cfg (mean, std,
+    interpolation, resize_mode) over PreprocessCfg's defaults, the arch config's image size, token length and text
+    cleaning (its tokenizer_kwargs, else the default of the tokenizer class open_clip picks) and init_logit_bias."""
+    register_local_configs()
+    model_cfg, pcfg = get_model_config(arch), open_clip.get_pretrained_cfg(arch, tag)
+    if not model_cfg or not pcfg:
+        raise ModelError(f"open_clip has no pretrained tag {tag!r} of architecture {arch!r}")
+    defaults = {k: getattr(PreprocessCfg(), k) for k in PREPROCESS_KEYS}
+    preprocess = {**defaults, **{k: pcfg[k] for k in PREPROCESS_KEYS if k in pcfg},
+                  "size": model_cfg["vision_cfg"].get("image_size", defaults["size"])}
+    text_cfg = model_cfg["text_cfg"]
+    tokenizer = HFTokenizer if text_cfg.get("hf_tokenizer_name") else SimpleTokenizer
+    clean = text_cfg.get("tokenizer_kwargs", {}).get("clean",
+                                                     inspect.signature(tokenizer.__init__).parameters["clean"].default)
+    return {"preprocess": normalize_preprocess(preprocess),
+            "text": {"context_length": text_cfg.get("context_length", open_clip.tokenizer.DEFAULT_CONTEXT_LENGTH),
+                     "clean": clean},
+            "logits": "softmax" if model_cfg.get("init_logit_bias") is None else "sigmoid"}
 
 
 @pytest.fixture(scope="module")

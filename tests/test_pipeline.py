@@ -99,14 +99,15 @@ def test_every_declared_plot_renders_offline(reproduced, tmp_path):
 
 def test_a_changed_template_reembeds_texts_only(reproduced):
     """The entry conf/dataset/shapes.yaml is a file dependency of its stages (no compose needed): exactly the
-    dataset's prepare@ and texts@ are stale; prepare's output is unchanged, so no image is embedded again."""
+    dataset's prepare@ and texts@ are stale (and the code fingerprints, which read each entry's source); prepare's output is unchanged, so no image is embedded again."""
     entry = reproduced / "conf/dataset/shapes.yaml"
     before = entry.read_text()
     try:
         entry.write_text(before.replace("a drawing of a {c}.", "a sketch of a {c}."))
-        assert status_stages(reproduced) == {"prepare@shapes", "texts@shapes"}
+        # code: an entry names its source, so the fingerprints are rewritten (the same bytes: nothing more reruns)
+        assert status_stages(reproduced) == {"code", "prepare@shapes", "texts@shapes"}
         out = run(reproduced, *DVC, "repro").stdout
-        assert sorted(ran_stages(out)) == ["embed_texts@shapes", "prepare@shapes", "report", "texts@shapes",
+        assert sorted(ran_stages(out)) == ["code", "embed_texts@shapes", "prepare@shapes", "report", "texts@shapes",
                                            "zeroshot@shapes"]
     finally:
         entry.write_text(before)
@@ -202,6 +203,37 @@ def test_real_models_have_no_pretrain_stage(reproduced):
         params.write_text(before)
 
 
+# docs/architecture.md, "Edit this -> these stages rerun", on the smoke suite (shapes, hierarchy; toy-smoke)
+EVERY_STAGE = None  # all of them (but `code`)
+RERUNS = {
+    "vlbench/config.py": EVERY_STAGE,  # params I/O: every command reads params.yaml through it
+    "vlbench/datasets/coco.py": set(),  # a dataset source the suite does not use
+    "vlbench/metrics.py": {"zeroshot@shapes", "zeroshot@hierarchy", "linear_probe@shapes", "report"},
+    "vlbench/analyses/linear_probe.py": {"linear_probe@shapes"},  # one analysis: its stages
+    "vlbench/report/html.py": {"report"},
+}
+
+
+def test_an_edit_reruns_only_the_stages_whose_command_runs_it(reproduced):
+    """Each row: append a comment to the module, rerun the fingerprints (`dvc repro -s code`), and `dvc status` lists
+    exactly the stages whose command can run the module; undone, nothing is stale."""
+    run(reproduced, "git", "checkout", "-q", "--", ".")  # the committed toy-smoke results (an earlier test's
+    run(reproduced, *DVC, "checkout", "-q")               # `dvc exp run` may have left another model's)
+    assert status_stages(reproduced) == set()
+    every = set(run(reproduced, *DVC, "stage", "list", "--name-only").stdout.split()) - {"code"}
+    for name, expected in RERUNS.items():
+        path = reproduced / name
+        before = path.read_text()
+        try:
+            path.write_text(before + "\n# an edit\n")
+            run(reproduced, *DVC, "repro", "-s", "code")
+            assert status_stages(reproduced) == (every if expected is EVERY_STAGE else expected), name
+        finally:
+            path.write_text(before)
+            run(reproduced, *DVC, "repro", "-s", "code")
+        assert status_stages(reproduced) == set(), name
+
+
 def test_robustness_stage_scores_a_shift_against_the_reference_zeroshot_result(reproduced):
     """Last in this file (it recomposes the repository's params): the smoke suite plus a tiny outline shift;
     `dvc repro robustness@shapes_outline` runs only what it lacks and its numbers agree with the files it read."""
@@ -215,8 +247,8 @@ def test_robustness_stage_scores_a_shift_against_the_reference_zeroshot_result(r
     write_suite(reproduced, suite, "rob")
     run(reproduced, sys.executable, "-m", "vlbench.cli", "compose", "suite=rob")
     out = run(reproduced, *DVC, "repro", "robustness@shapes_outline").stdout
-    assert sorted(ran_stages(out)) == ["embed_images@shapes_outline", "prepare@shapes_outline",
-                                       "robustness@shapes_outline"]
+    assert sorted(ran_stages(out)) == ["code", "embed_images@shapes_outline", "prepare@shapes_outline",
+                                       "robustness@shapes_outline"]  # code: a new dataset, a new fingerprint
     doc = json.loads((reproduced / "reports/robustness/shapes_outline.json").read_text())
     zeroshot = json.loads((reproduced / "reports/zeroshot/shapes.json").read_text())
     preds = pq.read_table(reproduced / "reports/robustness/shapes_outline.predictions.parquet").to_pylist()

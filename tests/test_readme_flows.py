@@ -333,7 +333,7 @@ def stale_stages(repo: Path) -> set[str]:
 
 
 def test_an_edit_reruns_the_stages_whose_layer_imports_it_and_no_costly_stage(demo):
-    """Code dependencies by layer (vlbench.pipeline): after an edit of the statistics module, `dvc repro code`
+    """Code dependencies per stage (vlbench.pipeline): after an edit of the statistics module, `dvc repro code`
     leaves every analysis stage stale and no embedding or pre-training stage; after an edit of the toy model's
     training, pre-training is stale and no analysis is."""
     def reset() -> None:
@@ -349,7 +349,7 @@ def test_an_edit_reruns_the_stages_whose_layer_imports_it_and_no_costly_stage(de
             reset()
             with (demo / module).open("a") as f:
                 f.write("\n# an edit\n")
-            assert stale_stages(demo) == {"code"}  # DVC sees the folder change; the layers are not known yet
+            assert stale_stages(demo) == {"code"}  # DVC sees the folder change; the fingerprints are not known yet
             run(demo, *DVC, "repro", "code")
             found = stale_stages(demo)
             assert stale <= found and not fresh & found, (module, sorted(found))
@@ -394,7 +394,7 @@ FEATURE_NORM_ROW = ('    Analysis("feature_norm", "vlbench.analyses.feature_norm
 
 def test_an_analysis_added_in_its_four_places_runs_reports_and_charts(demo, tmp_path):
     """docs/architecture.md's four places: the module, its ANALYSES row, its chart, its config section; then
-    `vlbench compose` writes its stage and `dvc repro` runs it (and the analyses, whose layer changed), not the
+    `vlbench compose` writes its stage and `dvc repro` runs it (and the analyses, whose command reads the table), not the
     embedding; its number reaches reports/headline.json, the page and a chart."""
     import numpy as np
     import shutil

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from vlbench.analyses import ANALYSES
 from vlbench.cli import main
 from vlbench.reference import DATA_DIR, PAPERS, ReferenceDataError, UnknownPaperError, load_tables, validate_table
 from vlbench.reference.verdicts import DEFAULT_TOLERANCE, reference_report, tolerance
@@ -156,6 +157,20 @@ def test_published_spread_alone_is_taken_for_ours_too():
     assert tol == pytest.approx(1.96 * math.sqrt(2) * 0.0124 + 0.00005) and "sqrt(2)" in rule
     tiny = elevater_table(0.6535, "65.35±0.01", 0.0001)  # never below the analysis's default
     assert tolerance(tiny.rows[0], None)[0] == pytest.approx(DEFAULT_TOLERANCE["adapt"] + 0.00005)
+
+
+@pytest.mark.parametrize("analysis", sorted(ANALYSES))
+def test_a_row_of_every_analysis_gets_a_verdict(analysis):
+    """Issue 40: a reference row may name any analysis of the table (compositionality's had no default tolerance: a
+    KeyError in the middle of `report`); each gets its analysis's default tolerance."""
+    tables = [validate_table(table([row(analysis=analysis, dataset="sugarcrepe", metric="accuracy", value=0.85,
+                                        published="85.0")]), "t.json")]
+    metrics = {analysis: {"sugarcrepe": {"accuracy": 0.853}}}
+    results = {analysis: {"sugarcrepe": {"params": {}}}}
+    (c,) = reference_report(tables, metrics, MODEL, results)["comparisons"]
+    assert c["analysis"] == analysis and c["verdict"] == "reproduced"
+    assert c["tolerance"] == pytest.approx(DEFAULT_TOLERANCE[analysis] + 0.0005)
+    assert c["tolerance_rule"] == f"default for {analysis}: {DEFAULT_TOLERANCE[analysis]:g} + 0.0005 (printed precision)"
 
 
 def test_rows_that_do_not_apply_say_why():

@@ -5,6 +5,7 @@ gave before."""
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import sys
@@ -159,3 +160,99 @@ def test_dvc_exp_run_composes_an_append_and_names_the_append_syntax_for_a_plain_
     assert proc.returncode != 0
     assert "Could not override 'adapt.elevater.shots'.\nTo append to your config use +adapt.elevater.shots=[5]" in output
     assert run(repo, "git", "status", "--porcelain").stdout == ""  # params.yaml as it was, nothing ran
+
+
+# ---- one source for each default (issue 40): conf/settings/<section>.yaml, and conf/config.yaml's kept keys
+
+# a mapping that holds some of a section's values on purpose, with the reason
+NOT_COPIES = {("vlbench/finetune/fewtrans.py", "adapt.fewtrans.linear"):
+              "finetune.fewtrans_episodic's own ensemble (FewTrans App. B.2), which adapt's linear head shares"}
+
+
+def setting_mappings(conf: Path) -> list[tuple[str, dict]]:
+    """(dotted name, mapping) for every section of conf/settings/ and each mapping inside it, as the stages see them."""
+    full = effective(yaml.safe_load((conf / "config.yaml").read_text()) or {}, conf)
+    found: list[tuple[str, dict]] = []
+
+    def walk(name: str, node) -> None:
+        if isinstance(node, dict) and node:
+            found.append((name, node))
+            for key, value in node.items():
+                walk(f"{name}.{key}", value)
+
+    for section in section_defaults(conf):
+        walk(section, full[section])
+    return found
+
+
+def _literal(node):
+    try:
+        return True, ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(a) == list(b)
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def default_copies(root: Path, conf: Path) -> list[str]:
+    """'file:line: section: keys' for each dict literal or class body (a dataclass's field defaults) of the project's
+    modules that writes 3 or more of one settings mapping's keys at that mapping's values: a second copy."""
+    mappings = setting_mappings(conf)
+    found = []
+    for path in sorted(p for package in ("vlbench", "stages") for p in (root / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
+                pairs = [(k.value, v) for k, v in zip(node.keys, node.values)]
+            elif isinstance(node, ast.ClassDef):
+                pairs = [(b.target.id, b.value) for b in node.body if isinstance(b, ast.AnnAssign)
+                         and isinstance(b.target, ast.Name) and b.value is not None]
+            else:
+                continue
+            for name, mapping in mappings:
+                keys = [k for k, v in pairs if k in mapping and _same(_literal(v)[1], mapping[k]) and _literal(v)[0]]
+                where = path.relative_to(root).as_posix()
+                if len(keys) >= 3 and (where, name) not in NOT_COPIES:
+                    found.append(f"{where}:{node.lineno}: {name}: {keys}")
+    return found
+
+
+def test_no_module_keeps_a_second_copy_of_a_sections_defaults():
+    """Every default is written once, in conf/settings/<section>.yaml (or conf/config.yaml for the keys it keeps);
+    module code reads it with vlbench.config.defaults (issue 40: 81 defaults of 6 sections had a second copy in a
+    module dict, and three disagreed)."""
+    copies = default_copies(ROOT, ROOT / "conf")
+    assert not copies, "defaults written twice (read them with vlbench.config.defaults): " + "; ".join(copies)
+
+
+def test_the_copy_finder_finds_a_dict_and_a_dataclass_copy(tmp_path):
+    conf = tmp_path / "conf"
+    (conf / "settings").mkdir(parents=True)
+    (conf / "config.yaml").write_text("probe:\n  kind: a\n")
+    (conf / "settings/probe.yaml").write_text("split: test\nsteps: [1, 2]\nlr: 0.1\nhead: {width: 3, depth: 2, act: relu}\n")
+    (tmp_path / "vlbench").mkdir()
+    (tmp_path / "stages").mkdir()
+    (tmp_path / "vlbench/a.py").write_text('D = {"kind": "a", "split": "test", "steps": [1, 2], "lr": 0.2}\n')
+    (tmp_path / "vlbench/b.py").write_text("class H:\n    width: int = 3\n    depth: int = 2\n    act: str = 'relu'\n")
+    (tmp_path / "stages/c.py").write_text('D = {"split": "test", "steps": [1, 2]}\n')  # two keys: not a copy
+    assert default_copies(tmp_path, conf) == ["vlbench/a.py:1: probe: ['kind', 'split', 'steps']",
+                                              "vlbench/b.py:1: probe.head: ['width', 'depth', 'act']"]
+
+
+def test_module_defaults_are_the_settings_files():
+    """The three defaults that disagreed (issue 40) are the settings files' (the demo's, which its numbers use)."""
+    from vlbench.analyses.adapt import elevater, vtab
+    from vlbench.analyses.retrieval import DEFAULTS as RETRIEVAL
+    from vlbench.config import defaults
+
+    adapt = yaml.safe_load((SETTINGS / "adapt.yaml").read_text())
+    assert RETRIEVAL["dataset_text_sets"] == {"captions": "captions"} == defaults("retrieval.dataset_text_sets")
+    assert vtab.DEFAULTS["groups"] == adapt["vtab"]["groups"] and len(adapt["vtab"]["groups"]) == 4
+    assert elevater.Settings().heads == tuple(adapt["elevater"]["heads"]) == ("random_2p", "language_2p", "language_1p")
+    assert elevater.Settings.from_cfg({}) == elevater.Settings()
+    with pytest.raises(ParamsError, match=r"no default 'adapt.vtab.group' \(no 'group' in conf/config.yaml nor "
+                                          r"conf/settings/adapt.yaml\)"):
+        defaults("adapt.vtab.group")

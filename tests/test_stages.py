@@ -1,4 +1,4 @@
-"""The shape of the pipeline: light stages, code dependencies by layer (vlbench.pipeline), stages generated from the
+"""The shape of the pipeline: light stages, code dependencies per stage (vlbench.pipeline), stages generated from the
 analyses table."""
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ import yaml
 
 from vlbench import pipeline
 from vlbench.analyses import ANALYSES, by_analysis_stage, load
+from vlbench.config import load_params
+from vlbench.datasets.registry import SOURCES
+from vlbench.finetune import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_STAGES = ("embed_images", "embed_texts", "pretrain", "finetune")  # the only stages that run a model
@@ -38,47 +41,74 @@ def test_the_generated_stages_are_what_the_analyses_table_gives():
     assert stages["report"]["params"] == ["suite"]
 
 
+def own_fingerprint(stage: str) -> str:
+    """The fingerprint file a dvc.yaml stage depends on (vlbench.pipeline.stage_modules)."""
+    return {"prepare": "data/code/prepare/${key}.txt", "pretrain": "data/code/pretrain/${model.train.corpus.source}.txt",
+            "finetune": "data/code/finetune/${finetune.method}.txt"}.get(stage, f"data/code/{stage}.txt")
+
+
 @pytest.mark.parametrize("stage", sorted(dvc_stages()))
-def test_no_stage_lists_source_files_each_depends_on_its_layer(stage):
+def test_no_stage_lists_source_files_each_depends_on_its_own_fingerprint(stage):
     deps = [d for d in dvc_stages()[stage].get("deps", []) if isinstance(d, str)]
     if stage == "code":
-        assert deps == ["vlbench", "stages"]
+        assert deps == ["vlbench", "stages", "conf/dataset"]
         return
-    assert f"data/code/{pipeline.stage_layer(stage)}.txt" in deps
+    assert [d for d in deps if d.startswith("data/code")] == [own_fingerprint(stage)]
     assert not [d for d in deps if d.startswith(("vlbench/", "stages/"))], f"{stage} lists source files"
 
 
-@pytest.mark.parametrize("stage", sorted(set(dvc_stages()) - {"code"}))
-def test_each_stage_module_and_what_it_loads_by_name_is_in_its_layer(stage):
-    """A layer's fingerprint covers its stages' modules and the modules they load by name ("module:function"
-    strings: analyses, charts, fine-tuning methods, dataset sources)."""
-    files = {p.relative_to(ROOT).as_posix() for p in pipeline.layer_files(pipeline.stage_layer(stage))}
-    module = "stages/analysis.py" if stage in by_analysis_stage() else f"stages/{stage}.py"
-    assert module in files
-    if stage in by_analysis_stage():
-        a = ANALYSES[stage]
-        for name in (a.module, *(c.split(":")[0] for c in a.charts)):
-            assert pipeline.module_file(name).relative_to(ROOT).as_posix() in files, name
-    if stage == "prepare":
-        assert {f"vlbench/datasets/{m}.py" for m in ("wds", "vtab", "fewtrans", "elevater")} <= files
-        assert "vlbench/datasets/data/elevater.json" in files  # a package's data files come with it
-    if stage == "finetune":
-        assert {"vlbench/finetune/elevater.py", "vlbench/finetune/negclip.py", "vlbench/finetune/fewtrans.py"} <= files
+def demo_fingerprints(root: Path = ROOT) -> dict[str, set[str]]:
+    """{fingerprint file: the files it covers} for the demo's params."""
+    params = load_params(ROOT / "params.yaml")
+    return {name: {p.relative_to(root).as_posix() for p in pipeline.files_of(modules, root)}
+            for name, modules in pipeline.stage_modules(params, root).items()}
 
 
-def test_a_fingerprint_changes_with_a_file_of_its_layer_only(tmp_path):
-    """data/code/<layer>.txt over a copy of the sources: an edit of the toy model's training changes pre-training's
-    and fine-tuning's fingerprints, not the embedding's nor the analyses'; an edit of the statistics changes the
-    analyses', not the embedding's."""
-    for folder in pipeline.PROJECT_PACKAGES:
+def test_each_fingerprint_covers_its_command_and_the_registry_strings_it_resolves():
+    """A fingerprint covers its stage's module and the modules it loads by name for the entries it runs: prepare the
+    dataset's source only, an analysis its own module only, the report the charts and summaries, a fine-tuning
+    method its own module."""
+    files = demo_fingerprints()
+    params = load_params(ROOT / "params.yaml")
+    assert set(files) == {*(f"prepare/{d}" for d in params["suite"]["datasets"]), *by_analysis_stage(),
+                          *(f"finetune/{m}" for m in METHODS), *(f"pretrain/{s}" for s in SOURCES),
+                          *(s for s in pipeline.COMMANDS if s not in ("prepare", "pretrain", "finetune"))}
+    for name in params["suite"]["datasets"]:
+        assert "vlbench/datasets/synthetic.py" in files[f"prepare/{name}"] or name == "compositional", name
+        assert "vlbench/datasets/coco.py" not in files[f"prepare/{name}"], name
+    assert "vlbench/datasets/compositional.py" in files["prepare/compositional"]
+    assert not {f"vlbench/datasets/{m}.py" for m in ("wds", "vtab", "fewtrans", "elevater")} & files["prepare/shapes"]
+    assert "vlbench/datasets/synthetic.py" in files["pretrain/synthetic"]  # the toy model's training corpus
+    assert "vlbench/datasets/coco.py" not in files["pretrain/synthetic"]
+    modules = {a.module: pipeline.module_file(a.module).relative_to(ROOT).as_posix() for a in ANALYSES.values()}
+    for name in by_analysis_stage():
+        assert {"stages/analysis.py", modules[ANALYSES[name].module]} <= files[name], name
+        assert modules["vlbench.analyses.linear_probe"] not in files[name] or name == "linear_probe", name
+    for chart in (c.split(":")[0] for a in ANALYSES.values() for c in a.charts):
+        assert pipeline.module_file(chart).relative_to(ROOT).as_posix() in files["report"], chart
+    for name, m in METHODS.items():
+        assert pipeline.module_file(m.module).relative_to(ROOT).as_posix() in files[f"finetune/{name}"]
+    assert "vlbench/datasets/data/elevater.json" in files["prepare/shapes"]  # a package's data files come with it
+
+
+def test_a_fingerprint_changes_with_a_file_its_command_runs_only(tmp_path):
+    """The fingerprints over a copy of the sources: an edit of a dataset source the demo does not use changes none a
+    demo stage depends on;
+    of the toy model's training, pre-training's and NegCLIP's (which trains the toy way); of one analysis, its own."""
+    for folder in (*pipeline.PROJECT_PACKAGES, "conf"):
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    before = {layer: pipeline.fingerprint(layer, tmp_path) for layer in pipeline.LAYERS}
-    for name, changed in (("vlbench/models/toy.py", {"pretrain", "finetune"}),
-                          ("vlbench/stats.py", {"analyses", "finetune"})):
+    params = load_params(ROOT / "params.yaml")
+    modules = pipeline.stage_modules(params, tmp_path)
+    before = {name: pipeline.fingerprint(m, tmp_path) for name, m in modules.items()}
+    for name, changed in (("vlbench/datasets/coco.py", {"pretrain/coco", "pretrain/karpathy"}),  # (Karpathy's splits
+                          # import COCO's reader) corpus sources no demo stage uses
+                          ("vlbench/models/toy.py", {f"pretrain/{s}" for s in SOURCES} | {"finetune/negclip"}),
+                          ("vlbench/analyses/linear_probe.py", {"linear_probe"}),
+                          ("vlbench/report/html.py", {"report"})):
         with (tmp_path / name).open("a") as f:
             f.write("\n# an edit\n")
-        after = {layer: pipeline.fingerprint(layer, tmp_path) for layer in pipeline.LAYERS}
-        assert {layer for layer in after if after[layer] != before[layer]} == changed, name
+        after = {name: pipeline.fingerprint(m, tmp_path) for name, m in modules.items()}
+        assert {n for n in after if after[n] != before[n]} == changed, name
         before = after
 
 

@@ -5,13 +5,13 @@ import struct
 import numpy as np
 import pytest
 
+from tests.tfds_fixtures import serialize_example
 from vlbench.datasets.tfrecord import (
     TfRecordError,
     count_records,
     iter_records,
     masked_crc,
     parse_example,
-    serialize_example,
     write_records,
 )
 

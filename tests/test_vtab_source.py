@@ -14,14 +14,15 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from tests.tfds_fixtures import serialize_example
+from tests.tfds_fixtures import write_tfds_folder as write_folder
 from vlbench.analyses.adapt import vtab as adapt_vtab
 from vlbench.datasets import vtab_tasks
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.datasets.download import ManualDownloadError
 from vlbench.datasets.registry import describe, prepare_dataset
-from vlbench.datasets.tfrecord import serialize_example, write_records
+from vlbench.datasets.tfrecord import write_records
 from vlbench.datasets.vtab import shard_name
-from vlbench.datasets.vtab import write_tfds_folder as write_folder
 from vlbench.datasets.vtab_tasks import VtabTask
 from vlbench.features import embedding_array, features_schema, write_table
 from vlbench.texts import text_table, write_text_sets

@@ -252,7 +252,7 @@ def test_the_entries_are_the_tools_output(tmp_path):
 
 
 def test_a_result_gives_its_datacomp_cell():
-    from vlbench.datasets.wds import datacomp_cell
+    from tests.datacomp_cells import datacomp_cell
 
     iwildcam = entry("wds-wilds-iwildcam")["prepare"]
     assert datacomp_cell("wds-wilds-iwildcam", iwildcam, {"f1_macro": 0.25, "accuracy": 0.5}) == ("iWildCam", 0.25)

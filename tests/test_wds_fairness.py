@@ -23,7 +23,7 @@ from tests.wds_shards import (
 from vlbench import metrics, stats
 from vlbench.datasets.canonical import DatasetError, load_meta, objective_classes
 from vlbench.datasets.registry import prepare_dataset
-from vlbench.datasets.wds import datacomp_cell
+from tests.datacomp_cells import datacomp_cell
 from vlbench.texts import build_text_sets
 
 REPO = "djghosh/wds_fairface_test"

@@ -12,7 +12,7 @@ from tests.http_server import serve
 from tests.wds_shards import REVISION, entry, winogavil_instances, write_winogavil
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.datasets.registry import catalogue, prepare_dataset
-from vlbench.datasets.wds import datacomp_cell
+from tests.datacomp_cells import datacomp_cell
 from vlbench.datasets.winogavil import prompt
 from vlbench.texts import build_text_sets
 

@@ -7,7 +7,9 @@ digits, `-` and `_`), so a key can never point a stage at a folder it does not o
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import os
 import re
 import shlex
@@ -84,6 +86,27 @@ def section_defaults(config_dir: str | Path | None = None) -> dict[str, dict[str
             raise ParamsError(f"{path}: expected a mapping of {path.stem}'s settings, got {type(section).__name__}")
         defaults[path.stem] = section
     return defaults
+
+
+CHECKOUT_CONF = Path(__file__).resolve().parent.parent / CONF  # the conf/ of the checkout vlbench is imported from
+
+
+@functools.cache
+def _checkout_defaults() -> dict[str, Any]:
+    return effective(yaml.safe_load((CHECKOUT_CONF / "config.yaml").read_text()) or {}, CHECKOUT_CONF)
+
+
+def defaults(dotted: str) -> Any:
+    """A settings section (or a part of it, `adapt.vtab`) where nothing overrides it: conf/config.yaml's kept keys and
+    conf/settings/<section>.yaml of this checkout, the only place a default is written; module code reads its defaults
+    here (a fresh copy) instead of keeping its own (tests/test_settings.py looks for second copies)."""
+    node: Any = _checkout_defaults()
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise ParamsError(f"{CHECKOUT_CONF}: no default {dotted!r} (no {part!r} in conf/config.yaml nor "
+                              f"conf/settings/{dotted.split('.')[0]}.yaml)")
+        node = node[part]
+    return copy.deepcopy(node)
 
 
 def effective(params: Mapping[str, Any], config_dir: str | Path | None = None) -> dict[str, Any]:
@@ -255,23 +278,16 @@ def made_text_sets(entry: Mapping[str, Any]) -> set[str]:
 
 
 CAPTION_PROMPT_SET = "captions_prompted"  # vlbench.texts.CAPTION_PROMPT_SET
-# the analyses' defaults of the settings that decide which text sets they read (tests/test_config.py checks them)
-NEEDS_DEFAULTS = {"extensibility.variants": ["single", "ensemble", "repe"],
-                  "adapt.protocols": ["elevater", "vtab", "fewtrans"],
-                  "adapt.fewtrans.methods": ["zeroshot", "prototype", "linear"], "adapt.fewtrans.text_set": "prompts",
-                  "retrieve.prompts": "prompts", "retrieval.text_set": "captions_prompted",
-                  "retrieval.dataset_text_sets": {}}
-
 
 def text_set_needs(params: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(analysis, dataset, text set) for every text set that an analysis of the suite reads and that the entry alone
     decides (`prompts_<name>`, `captions_prompted`): extensibility's variants (datasets and set members), adapt
     FewTrans' zeroshot method, retrieve's prompts, retrieval's captions."""
-    def setting(dotted: str) -> Any:  # the analysis' own default where params leave the key out (the stages' deps
-        node: Any = params               # stay by layer: this module imports no analysis)
+    def setting(dotted: str) -> Any:  # the default where params leave the key out
+        node: Any = params
         for key in dotted.split("."):
             node = node.get(key) if isinstance(node, Mapping) else None
-        return NEEDS_DEFAULTS[dotted] if node is None else node
+        return defaults(dotted) if node is None else node
 
     suite = params["suite"]
     members = list(suite.get("extensibility") or []) + [d for ds in (suite.get("extensibility_sets") or {}).values()

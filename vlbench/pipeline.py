@@ -1,11 +1,14 @@
 """What dvc.yaml derives from the code: each stage's code fingerprint, and the analysis stages from the analyses table.
 
-Code dependencies by layer: a stage does not list source files. It depends on the fingerprint of its layer,
-data/code/<layer>.txt, which the `code` stage writes (one line per file: sha256 and path) for the files its layer's
-entry modules reach through imports (function-level ones and "module:function" strings included) and the data files
-of the packages on the way. Any edit under vlbench/ or stages/ re-runs `code` (a second); a layer's fingerprint, and
-so its stages, change only when a file it reaches changes. The costly stages (prepare, embedding, pre-training,
-fine-tuning) are a layer each; every stage that only reads cached features shares the `analyses` layer.
+A stage reruns only for code its command can run. It depends on one fingerprint file, `data/code/<stage>.txt` (one
+line per file: sha256 and path), written by the `code` stage for the files its command reaches: its stage module and
+everything that imports (at module top or inside a function), plus the "module:function" strings it resolves for the
+entries it runs, and the data files of the packages on the way. Registry strings elsewhere are not followed: a
+dataset source is in `prepare`'s fingerprint of the datasets that use it (`data/code/prepare/<dataset>.txt`) and in
+`data/code/pretrain/<source>.txt` (the toy model's corpus); a fine-tuning method in `data/code/finetune/<method>.txt`; the
+charts and summaries of the analyses table in `report`'s. Any edit under vlbench/ or stages/ re-runs `code` (a
+second); a stage reruns when a file of its own fingerprint changed (docs/architecture.md, "Edit this -> these stages
+rerun").
 
 `generated_stages()` is the part of dvc.yaml written from `vlbench.analyses.ANALYSES` (`vlbench compose` refreshes it
 between the two marker lines): the `code` stage, one block per analysis, and the report.
@@ -16,11 +19,15 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from vlbench.analyses import ANALYSES, by_analysis_stage
+from vlbench.config import ParamsError, check_name, dataset_entry
+from vlbench.datasets.registry import SOURCES
 from vlbench.errors import VlbenchError
 from vlbench.finetune import METHODS, SECTIONS, TABLES
 from vlbench.results import HEADLINE_FILE
@@ -29,25 +36,11 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE_DIR = Path("data/code")
 PROJECT_PACKAGES = ("vlbench", "stages")
 
-# layer -> the modules its stages start from; analyses' and fine-tuning methods' modules come from their tables
-LAYERS: dict[str, tuple[str, ...]] = {
-    "prepare": ("stages.prepare",),
-    "texts": ("stages.texts",),
-    "knowledge": ("stages.knowledge",),
-    "pretrain": ("stages.pretrain",),
-    "embed_images": ("stages.embed_images",),
-    "embed_texts": ("stages.embed_texts",),
-    "embed_knowledge": ("stages.embed_knowledge",),
-    "finetune": ("stages.finetune", "stages.heldout", *(m.module for m in METHODS.values())),
-    "analyses": ("stages.analysis", "stages.retrieve", "stages.share_images", "stages.extensibility_sets",
-                 "stages.report", "stages.train_plot",
-                 *(a.module for a in ANALYSES.values() if a.stage == "stages.analysis"),
-                 *(module for a in ANALYSES.values() for module in (*a.charts, a.summary or "") if module)),
-}
-
-# "vlbench.x.y:function": a function loaded by name (dataset sources, charts, fine-tuning methods); a bare module name
-# in a string is not followed (the analyses table names modules that only their own layer runs: LAYERS lists them)
-MODULE_STRING = re.compile(r"^(?:vlbench|stages)(?:\.\w+)+:\w+$")
+# stage -> the module its command runs (`python -m stages.<module>`); the analyses' stages: stages.analysis
+COMMANDS: dict[str, str] = {stage: f"stages.{stage}" for stage in (
+    "prepare", "texts", "knowledge", "pretrain", "train_plot", "embed_images", "embed_texts", "embed_knowledge",
+    "share_images", "retrieve", "extensibility_sets", "heldout", "finetune", "report")}
+# a bare "vlbench.pkg.{name}" f-string imports any module of the package (adapt's protocols)
 MODULE_PREFIX = re.compile(r"^(?:vlbench|stages)(?:\.\w+)+$")
 
 
@@ -67,8 +60,8 @@ def module_file(name: str, root: Path = ROOT) -> Path | None:
 
 
 def imported_names(path: Path, root: Path = ROOT) -> set[str]:
-    """Every module `path` names: imports at any depth of the file, "module:function" strings, and for an f-string
-    "vlbench.pkg.{name}" every module of the package."""
+    """Every module `path` imports: imports at any depth of the file, and for an f-string "vlbench.pkg.{name}" every
+    module of the package ("module:function" strings of registries are resolved per stage: `stage_modules`)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -76,8 +69,6 @@ def imported_names(path: Path, root: Path = ROOT) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_STRING.match(node.value):
-            names.add(node.value.split(":")[0])
         elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
             prefix = str(node.values[0].value)
             if prefix.endswith(".") and MODULE_PREFIX.match(prefix[:-1]):
@@ -121,27 +112,60 @@ def _data_under(folder: Path) -> set[Path]:
     return found
 
 
-def layer_files(layer: str, root: Path = ROOT) -> list[Path]:
-    code = import_closure(list(LAYERS[layer]), root)
+def module_of(entry: str) -> str:
+    """The module of a registry's "module:function" string."""
+    return entry.split(":")[0]
+
+
+def source_modules(spec: Any) -> list[str]:
+    """The module of the dataset source a `prepare` spec names (none for a spec without a known source: its stage
+    then fails with the registry's own message)."""
+    source = spec.get("source") if isinstance(spec, Mapping) else None
+    return [module_of(SOURCES[source])] if source in SOURCES else []
+
+
+def stage_modules(params: Mapping[str, Any], root: Path = ROOT) -> dict[str, list[str]]:
+    """{fingerprint file under data/code (without .txt): the modules its stages' command runs}: one per stage, one
+    per analysis of the generic stage, one per dataset of the suite for `prepare` (its source), one per fine-tuning
+    method, one per dataset source for `pretrain` (the source of the toy model's training corpus)."""
+    out = {stage: [module] for stage, module in COMMANDS.items()
+           if stage not in ("prepare", "pretrain", "finetune", "report")}
+    out.update({name: ["stages.analysis", ANALYSES[name].module] for name in by_analysis_stage()})
+    out["report"] = [COMMANDS["report"], *(module_of(m) for a in ANALYSES.values() for m in (*a.charts, a.summary)
+                                           if m)]
+    out.update({f"finetune/{name}": [COMMANDS["finetune"], m.module] for name, m in METHODS.items()})
+    out.update({f"pretrain/{source}": [COMMANDS["pretrain"], module_of(entry)] for source, entry in SOURCES.items()})
+    conf = root / "conf"
+    for name in (params.get("suite") or {}).get("datasets") or {}:
+        check_name("dataset", name)  # it names a file
+        try:
+            spec = dataset_entry(params, name, conf)["prepare"]
+        except ParamsError:
+            spec = None  # prepare@<name> says what is wrong with the entry
+        out[f"prepare/{name}"] = [COMMANDS["prepare"], *source_modules(spec)]
+    return out
+
+
+def files_of(modules: list[str], root: Path = ROOT) -> list[Path]:
+    code = import_closure(modules, root)
     return sorted(code | data_files(code))
 
 
-def fingerprint(layer: str, root: Path = ROOT) -> str:
-    """data/code/<layer>.txt: `<sha256>  <path>` per file the layer reaches, sorted by path."""
+def fingerprint(modules: list[str], root: Path = ROOT) -> str:
+    """A fingerprint file's text: `<sha256>  <path>` per file `modules` reach, sorted by path."""
     lines = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(root).as_posix()}"
-             for p in layer_files(layer, root)]
+             for p in files_of(modules, root)]
     return "\n".join(lines) + "\n"
 
 
-def stage_layer(stage: str) -> str:
-    """The layer whose fingerprint a dvc.yaml stage depends on: its own, the held-out search fine-tuning's, any other
-    stage the analyses'."""
-    return stage if stage in LAYERS else {"heldout": "finetune"}.get(stage, "analyses")
+def code_file(stage: str, key: str | None = None) -> str:
+    """The fingerprint a dvc.yaml stage depends on: data/code/<stage>.txt, or data/code/<stage>/<key>.txt."""
+    return f"{CODE_DIR.as_posix()}/{stage}{f'/{key}' if key else ''}.txt"
 
 
 # --- the generated part of dvc.yaml ---
 
-MARK_BEGIN = "  # >>> generated by `vlbench compose` from vlbench.analyses.ANALYSES and vlbench.pipeline.LAYERS: do not edit"
+MARK_BEGIN = "  # >>> generated by `vlbench compose` from vlbench.analyses.ANALYSES and vlbench.pipeline.COMMANDS: do not edit"
 MARK_END = "  # <<< end of the generated stages"
 REPORT_OUTS = ("reports/metrics.json", "reports/model.json", "reports/reference.json", "reports/plots",
                "reports/index.html")
@@ -161,9 +185,12 @@ def settings_file(section: str, root: Path = ROOT) -> list[str]:
 
 
 def code_stage() -> dict:
+    """The fingerprints: the sources in; the suite's datasets (each one's source: its entry) decide which `prepare`
+    fingerprints there are and which source each holds."""
     return {"cmd": "python -m stages.code",
-            "deps": list(PROJECT_PACKAGES),
-            "outs": [f"{CODE_DIR.as_posix()}/{layer}.txt" for layer in LAYERS]}
+            "deps": [*PROJECT_PACKAGES, "conf/dataset"],
+            "params": ["suite.datasets", "suite.entries"],
+            "outs": [CODE_DIR.as_posix()]}
 
 
 def analysis_stage(name: str, root: Path = ROOT) -> dict:
@@ -172,7 +199,7 @@ def analysis_stage(name: str, root: Path = ROOT) -> dict:
             *(f"reports/{name}/${{item}}.{table}.parquet" for table in a.table_names)]
     return {"foreach": f"${{suite.{name}}}",
             "do": {"cmd": f"python -m stages.analysis --analysis {name} --dataset ${{item}}",
-                   "deps": [f"{CODE_DIR.as_posix()}/analyses.txt", *settings_file(name, root),
+                   "deps": [code_file(name), *settings_file(name, root),
                             *(READS.get(r, r) for r in a.reads)],
                    "params": [*ANALYSIS_PARAMS, name],
                    "outs": outs}}
@@ -183,7 +210,7 @@ def report_stage() -> dict:
     aggregates out. Its params: the whole suite, so a misspelled suite key always reaches a stage's check of
     params.yaml (vlbench.config.check_suite)."""
     return {"cmd": "python -m stages.report",
-            "deps": [f"{CODE_DIR.as_posix()}/analyses.txt", *(f"reports/{name}" for name in ANALYSES)],
+            "deps": [code_file("report"), *(f"reports/{name}" for name in ANALYSES)],
             "params": ["suite"],
             "metrics": [{HEADLINE_FILE.as_posix(): {"cache": False}}],
             "outs": [{path: {"cache": False}} for path in REPORT_OUTS]}
@@ -195,7 +222,7 @@ def finetune_stage(root: Path = ROOT) -> dict:
     sections = ["finetune", *SECTIONS]
     return {"foreach": "${suite.finetune}",
             "do": {"cmd": "python -m stages.finetune --dataset ${item}",
-                   "deps": [f"{CODE_DIR.as_posix()}/finetune.txt", *(f for s in sections for f in settings_file(s, root)),
+                   "deps": [code_file("finetune", "${finetune.method}"), *(f for s in sections for f in settings_file(s, root)),
                             "data/prepared/${item}", "data/texts/${item}", "${model.weights_file}"],
                    "params": ["seed", "model.slug", "model.arch", "model.pretrained", "model.precision", *sections],
                    # persist: the work units a killed run left are kept for the rerun (vlbench.finetune.units)
@@ -210,7 +237,7 @@ def heldout_stage(root: Path = ROOT) -> dict:
     centres; its units persist for a rerun after a kill."""
     return {"foreach": "${suite.heldout}",
             "do": {"cmd": "python -m stages.heldout --dataset ${item}",
-                   "deps": [f"{CODE_DIR.as_posix()}/finetune.txt", *settings_file("finetune", root),
+                   "deps": [code_file("heldout"), *settings_file("finetune", root),
                             *settings_file("adapt", root), "data/prepared/${item}", "data/texts/${item}",
                             "${model.weights_file}"],
                    "params": ["seed", "model.slug", "model.arch", "model.pretrained", "model.precision",

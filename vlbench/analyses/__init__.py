@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from types import ModuleType
 
+from vlbench.datasets.canonical import METRICS as DATASET_METRICS  # DataComp's included: its cells are headlines
 from vlbench.errors import VlbenchError
 
 
@@ -126,10 +127,6 @@ config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yam
                      if fnmatchcase(k, p) and isinstance(values[k], (int, float))), None)
 
 
-# every metric a prepared dataset may name (vlbench.datasets.canonical.METRICS): DataComp's macro F1 and worst-group
-# accuracies included, so that a datacomp run's cells are headline numbers
-_DATASET_METRICS = ("accuracy", "mean_per_class", "map_11point", "roc_auc", "f1_macro", "worst_group_accuracy",
-                    "worst_group_top5", "winogavil_jaccard")
 # predictions per image: accuracy, mean-per-class and worst-group accuracy from the predicted class; the whole-set
 # metrics (11-point mAP of multi-label data from `labels`, ROC-AUC, macro F1, worst-group top-5) from the logits
 _PREDICTIONS = (SampleTable("predictions", "image", ("accuracy", "mean_per_class", "worst_group_accuracy"),
@@ -147,14 +144,14 @@ _NOT_SAMPLED = "compared from the two intervals"
 ANALYSES = {a.name: a for a in (
     Analysis("zeroshot", "vlbench.analyses.zeroshot", "Zero-shot classification (CLIP prompt ensembles)",
              charts=("vlbench.report.plots:bars", "vlbench.report.plots:knowledge_variants"),
-             headline=_DATASET_METRICS + ("knowledge_best_*",),
+             headline=DATASET_METRICS + ("knowledge_best_*",),
              explain="Each test image is classified by the class whose prompt ensemble (the mean of its normalised "
                      "template embeddings) is most similar; the number is the dataset's own metric on the test split. "
                      "knowledge_best_* is the best knowledge-augmented prompt variant (WordNet, Wiktionary, LLM "
                      "descriptions, retrieval) on the same split.",
              tables=_PREDICTIONS),
     Analysis("linear_probe", "vlbench.analyses.linear_probe", "Linear probe (CLIP-paper logistic regression)",
-             headline=_DATASET_METRICS,
+             headline=DATASET_METRICS,
              explain="A logistic regression on frozen image features, its L2 strength chosen on a validation split "
                      "as in the CLIP paper, then refit on train + validation; the dataset's metric on the test split.",
              tables=_PREDICTIONS, reads=("prepared", "images")),

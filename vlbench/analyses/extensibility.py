@@ -34,7 +34,7 @@ import numpy as np
 
 from vlbench import expansion as ex
 from vlbench.analyses.scoring import class_weights, similarities
-from vlbench.config import check_name, check_suite_dataset, get
+from vlbench.config import check_name, check_suite_dataset, defaults, get
 from vlbench.expansion import ExtensibilityError
 from vlbench.knowledge.repe import DEFAULT_PROMPTS, read_repe_class_weights, weights_path
 from vlbench.knowledge.vocabulary import PROMPT_SET_PREFIX, VOCABULARY_SET, related_words
@@ -45,12 +45,7 @@ PROTOCOLS = ("paper", "authors")
 DUPLICATES = ("first", "remove", "merge")
 GROUPINGS = ("auto", "group", "class")
 REPE = "repe"
-DEFAULTS: dict[str, Any] = {
-    "split": "test", "protocol": "paper", "orders": 100, "trials": 3, "average_e": "images", "average_s": "images",
-    "variants": ["single", "ensemble", REPE], "grouping": "auto", "duplicates": "first",
-    "geometry": {"max_images": 2000},
-    "adversarial": {"variant": "single", "top": 20, "exclude_related": False},
-}
+DEFAULTS: dict[str, Any] = defaults("extensibility")  # conf/config.yaml and conf/settings/extensibility.yaml
 UNIFORMITY_T = 2.0  # Wang & Isola's t
 _CHUNK = 1 << 22  # elements per chunk of an (images x texts) product
 

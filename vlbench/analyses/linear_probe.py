@@ -202,10 +202,6 @@ class SearchResult(NamedTuple):
     best: Any  # the chosen grid candidate
     trace: list[tuple[Any, float]]  # (candidate, score) of every evaluation, in the order they were made
 
-    @property
-    def best_score(self) -> float:
-        return next(score for value, score in self.trace if value == self.best)
-
 
 def coarse_to_fine_search(score: Callable[[T], float], grid: Sequence[T], coarse_step: int) -> SearchResult:
     """Maximise ``score`` over the ordered candidates ``grid`` without evaluating all of them.

@@ -39,7 +39,7 @@ import pyarrow as pa
 from vlbench.analyses.base import Result
 from vlbench.analyses.specificity import text_ids
 from vlbench.analyses.scoring import l2_normalize
-from vlbench.config import ParamsError
+from vlbench.config import ParamsError, defaults
 from vlbench.errors import VlbenchError
 from vlbench.stats import cluster_ratio_interval
 from vlbench.texts import read_text_set
@@ -47,8 +47,7 @@ from vlbench.texts import read_text_set
 TIES = ("pessimistic", "index")
 DUPLICATES = ("distinct", "merge")
 DIRECTIONS = ("i2t", "t2i")
-DEFAULTS = {"split": "test", "text_set": "captions_prompted", "dataset_text_sets": {}, "recall_at": [1, 5, 10],
-            "ties": "pessimistic", "duplicates": "distinct"}
+DEFAULTS = defaults("retrieval")  # conf/config.yaml and conf/settings/retrieval.yaml
 CHUNK = 256  # queries scored at once: 256 x 25,010 COCO captions is 51 MB of float64 scores
 FIXED_POINT = 2.0 ** 25  # features rounded to multiples of 2**-25: exact float64 sums (exact_scores)
 

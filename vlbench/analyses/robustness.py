@@ -17,7 +17,7 @@ the result reports the shift accuracy, x, the line's prediction and their differ
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -49,13 +49,6 @@ def logit(p):
 
 def expit(z):
     return 1.0 / (1.0 + np.exp(-np.asarray(z, dtype=np.float64)))
-
-
-def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
-    """(slope, intercept) of the least-squares line through (logit x, logit y): the logit-linear fit of Taori et al."""
-    lx, ly = logit(x), logit(y)
-    slope = float(np.sum((lx - lx.mean()) * (ly - ly.mean())) / np.sum((lx - lx.mean()) ** 2))
-    return slope, float(ly.mean() - slope * lx.mean())
 
 
 def line_prediction(x: float, slope: float, intercept: float) -> float:

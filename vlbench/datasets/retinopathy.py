@@ -4,7 +4,7 @@ TFDS's `diabetic_retinopathy_detection/btgraham-300` (3.0.0, `_btgraham_processi
 Graham, the 2015 Kaggle winner, described: scale the image so that the eyeball's radius is 300 pixels, subtract
 the local average colour (4 * (image - GaussianBlur(image, sigma = radius / 30)) + 128, saturated to 0..255),
 paint everything outside 90% of the radius grey (128), crop to that circle's box, and encode as JPEG quality 72.
-This module does the same steps with the same OpenCV operations TFDS calls (bilinear `resize`, `GaussianBlur`
+This module does the same steps up to the encoding with the same OpenCV operations TFDS calls (bilinear `resize`, `GaussianBlur`
 with a kernel size derived from sigma, `addWeighted`, a filled `circle`), so pixels agree with TFDS's for a given
 OpenCV build; a NumPy/SciPy/PIL version differs (docs/datasets.md, "VTAB tasks", gives the measured difference).
 Every step works per channel except the radius estimate, which sums the channels: RGB and OpenCV's BGR give the
@@ -19,7 +19,6 @@ from vlbench.errors import VlbenchError
 
 RADIUS = 300  # btgraham-300
 MASK_RATIO = 0.9
-JPEG_QUALITY = 72
 GREY = 128
 
 
@@ -63,13 +62,3 @@ def btgraham(image: np.ndarray, radius: int = RADIUS, mask_ratio: float = MASK_R
     return np.ascontiguousarray(image)
 
 
-def btgraham_jpeg(data: bytes, radius: int = RADIUS, quality: int = JPEG_QUALITY, name: str = "image") -> bytes:
-    """A raw Kaggle JPEG's bytes -> the btgraham JPEG's bytes, decoded and encoded with OpenCV as TFDS does."""
-    cv2 = _cv2()
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    if image is None:
-        raise RetinopathyError(f"{name}: not a decodable image")
-    ok, buf = cv2.imencode(".jpg", btgraham(image, radius), [int(cv2.IMWRITE_JPEG_QUALITY), quality])
-    if not ok:  # pragma: no cover - OpenCV fails to encode only on an empty image, which btgraham never returns
-        raise RetinopathyError(f"{name}: JPEG encoding failed")
-    return buf.tobytes()

@@ -18,7 +18,7 @@ np.ndarray int64 | np.ndarray float32}.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -202,32 +202,3 @@ def parse_example(data: bytes) -> dict[str, list[bytes] | np.ndarray]:
     return out
 
 
-def _varint_bytes(n: int) -> bytes:
-    out = bytearray()
-    n &= (1 << 64) - 1
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint_bytes(number << 3 | 2) + _varint_bytes(len(payload)) + payload
-
-
-def serialize_example(features: Mapping[str, Sequence[bytes] | Sequence[int] | Sequence[float] | np.ndarray]) -> bytes:
-    """A tf.train.Example of {key: list of bytes | int64 values | float32 values} (packed lists, as TensorFlow
-    writes them); an np.ndarray's dtype picks the list, a Python list's first element does."""
-    entries = b""
-    for key, values in features.items():
-        array = np.asarray(values)
-        if array.dtype.kind in "SOU" or (len(values) and isinstance(values[0], bytes)):
-            feature = _field(1, b"".join(_field(1, bytes(v)) for v in values))
-        elif array.dtype.kind == "f":
-            feature = _field(2, _field(1, array.astype("<f4").tobytes()))
-        else:
-            feature = _field(3, _field(1, b"".join(_varint_bytes(int(v)) for v in array.ravel())))
-        entries += _field(1, _field(1, key.encode("utf-8")) + _field(2, feature))
-    return _field(1, entries)

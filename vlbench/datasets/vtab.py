@@ -40,7 +40,7 @@ from PIL import Image
 from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, write_dataset
 from vlbench.datasets.download import ManualDownloadError
 from vlbench.datasets.spec import check_keys
-from vlbench.datasets.tfrecord import count_records, iter_records, parse_example, write_records
+from vlbench.datasets.tfrecord import count_records, iter_records, parse_example
 from vlbench.datasets.vtab_tasks import TASKS, VtabTask
 
 KEYS = ("source", "task", "root", "preprocess")
@@ -136,20 +136,6 @@ def _split_shards(info_path: Path, task: VtabTask, splits: Mapping, split: str) 
     except (TypeError, ValueError) as err:
         raise DatasetError(f"{info_path}: split {split!r} has shardLengths {entry['shardLengths']!r}, not counts") from err
     return [(info_path.parent / shard_name(task, split, i, len(lengths)), n) for i, n in enumerate(lengths)]
-
-
-def write_tfds_folder(root: Path, task: VtabTask, splits: Mapping[str, list[list[bytes]]]) -> Path:
-    """The task's TFDS-prepared folder under `root` as TFDS lays it out (dataset_info.json + shards), of
-    {split: [records of each shard]}: the miniatures of the tests and the benchmark's stand-ins."""
-    folder = tfds_folder(root, task)
-    folder.mkdir(parents=True, exist_ok=True)
-    info = {"name": builder(task), "version": task.version, "fileFormat": "tfrecord", "splits": []}
-    for split, shards in splits.items():
-        for i, records in enumerate(shards):
-            write_records(folder / shard_name(task, split, i, len(shards)), records)
-        info["splits"].append({"name": split, "filepathTemplate": TEMPLATE, "shardLengths": [str(len(r)) for r in shards]})
-    (folder / INFO).write_text(json.dumps(info, indent=2))
-    return folder
 
 
 def check_shard_lengths(shards: Mapping[str, list[tuple[Path, int]]]) -> None:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from vlbench.analyses import specificity, zeroshot
 from vlbench.analyses.base import Inputs
+from vlbench.config import defaults
 from vlbench.datasets.canonical import load_meta
 from vlbench.embed import embed_image_splits, embed_text_sets, model_for_dataset
 from vlbench.finetune import FinetuneError
@@ -56,19 +57,7 @@ from vlbench.models.toy import make_optimizer
 from vlbench.texts import read_text_set
 
 METHOD = "negclip"
-DEFAULTS: dict[str, Any] = {
-    "train_split": "train",
-    "eval_split": "test",
-    "epochs": 5,                  # the authors' command: --epochs=5
-    "batch_size": 256,            # image-caption pairs per step (--batch-size=256)
-    "lr": 1.0e-6,                 # --lr=1e-6 (the paper picks it among 1e-5, 5e-6, 1e-6 on COCO validation)
-    "warmup": 50,                 # --warmup 50
-    "weight_decay": 0.2,          # open_clip's default --wd
-    "hard_negative_images": True,  # Sec. 5: nearest-neighbour images with their captions and negatives
-    "neighbours": 3,              # each image's hard negative drawn from its 3 nearest images
-    "max_steps": None,            # cap on the steps (null: epochs x pairs / batch)
-    "workers": 0,
-}
+DEFAULTS: dict[str, Any] = defaults("finetune.negclip")  # conf/settings/finetune.yaml
 LOG_SCALE_MAX = float(np.log(100.0))
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,23 +101,6 @@ def abbreviation_breaks(text: str) -> list[str]:
         if last.endswith(".") and ("." in word or len(word) == 1 or word in ABBREVIATIONS):
             found.append(last)
     return found
-
-
-def tokenization_audit(knowledge_strings: Iterable[tuple[str, str]]) -> dict[str, Any]:
-    """For (classname, knowledge) pairs, what the tokenizer choice changes in ELEVATER's knowledge string:
-    `texts`; `multi_sentence`: strings that sentence splitting changes (Treebank on the whole line differs from
-    per-sentence); `abbreviation_risk`: strings with a sentence end after an abbreviation-like token, the only
-    places where the untrained and NLTK's trained Punkt can disagree; `risk_tokens`: those tokens, counted."""
-    _, words = _untrained()
-    audit = {"texts": 0, "multi_sentence": 0, "abbreviation_risk": 0, "risk_tokens": Counter()}
-    for classname, knowledge in knowledge_strings:
-        text = f" ; {classname} , {knowledge}"
-        audit["texts"] += 1
-        audit["multi_sentence"] += words.tokenize(text) != word_tokenize(text)
-        risky = abbreviation_breaks(text)
-        audit["abbreviation_risk"] += bool(risky)
-        audit["risk_tokens"].update(risky)
-    return audit
 
 
 # ---------------------------------------------------------------------------------------------------- ELEVATER
@@ -309,11 +292,4 @@ def menon_texts(class_names: Sequence[str], table: KnowledgeTable, templates: Se
         result.items["menon"] += len(value or [])
     return result
 
-
-def texts_per_class(result: ComposedTexts) -> Mapping[int, list[str]]:
-    """{class_index: [texts]} of composed rows, in row order."""
-    grouped: dict[int, list[str]] = {}
-    for index, text in zip(result.class_index, result.texts):
-        grouped.setdefault(index, []).append(text)
-    return grouped
 

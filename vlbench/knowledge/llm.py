@@ -50,7 +50,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from vlbench.config import ParamsError
+from vlbench.config import ParamsError, defaults
 from vlbench.io import atomic_path
 from vlbench.knowledge.sources import DATA_DIR, KnowledgeError
 
@@ -87,8 +87,8 @@ class LLMOptions:
     """The params' `knowledge.llm`: the model (None: env VLBENCH_LLM_MODEL) and CuPL's questions (a list's name in
     the style table or the questions themselves)."""
 
-    model: str | None = None
-    questions: str | tuple[str, ...] = "imagenet"
+    model: str | None = defaults("knowledge.llm.model")  # conf/settings/knowledge.yaml
+    questions: str | tuple[str, ...] = defaults("knowledge.llm.questions")
 
     def for_style(self, style: str) -> dict[str, Any]:
         return {"llm_style": style, **({"questions": _jsonable(self.questions)} if _uses_questions(style) else {})}

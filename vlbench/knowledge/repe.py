@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from vlbench import portable
-from vlbench.config import NAME, ParamsError
+from vlbench.config import NAME, ParamsError, defaults
 from vlbench.errors import VlbenchError
 from vlbench.features import StaleFeaturesError, embedding_array, features_schema, read_features
 from vlbench.io import atomic_dir
@@ -36,7 +36,7 @@ MODALITIES = ("image", "text")
 INDEX_KINDS = ("auto", "flat", "ivf", "hnsw")
 QUERY_MISSING = ("ensemble", "error")
 TEXT_SET = "repe"  # the `text_set` of the class weights' fingerprint
-DEFAULT_PROMPTS = "prompts"  # retrieve.prompts: the class text set whose template prompts are mixed
+DEFAULT_PROMPTS = "prompts"  # what a fingerprint without `prompts_set` was made from (fixed, whatever retrieve.prompts' default)
 WEIGHTS_FILE = "class_weights.parquet"
 RETRIEVED_FILE = "retrieved.parquet"
 INDEX_INFO_FILE = "index.json"
@@ -51,34 +51,37 @@ class RetrievalError(VlbenchError):
 # Settings (params.yaml `retrieve`)
 
 
+_DEFAULTS = defaults("retrieve")  # conf/config.yaml and conf/settings/retrieve.yaml, where each is explained
+
+
 @dataclass(frozen=True)
 class IndexConfig:
-    kind: str = "auto"  # auto: flat up to exact_max vectors, hnsw up to hnsw_max, ivf beyond
-    exact_max: int = 1_000_000  # one query per class: exact search of 1M x 512 beats building an IVF index on a CPU
-    hnsw_max: int = 1_000_000  # = exact_max: HNSW (slowest to build on a CPU) only when asked for
-    nlist: int | None = None  # ivf cells; None: 4 * sqrt(n); at most train_size / 39 (faiss's minimum per cell)
-    nprobe: int = 128
-    train_size: int = 100_000  # ivf: rows sampled (seeded) to train the coarse quantiser
-    hnsw_m: int = 32
-    ef_construction: int = 80
-    ef_search: int = 256
-    seed: int = 0
+    kind: str = _DEFAULTS["index"]["kind"]  # auto: flat up to exact_max vectors, hnsw up to hnsw_max, ivf beyond
+    exact_max: int = _DEFAULTS["index"]["exact_max"]
+    hnsw_max: int = _DEFAULTS["index"]["hnsw_max"]
+    nlist: int | None = _DEFAULTS["index"]["nlist"]  # None: 4 * sqrt(n); at most train_size / 39 (faiss's minimum)
+    nprobe: int = _DEFAULTS["index"]["nprobe"]
+    train_size: int = _DEFAULTS["index"]["train_size"]  # ivf: rows sampled (seeded) to train the coarse quantiser
+    hnsw_m: int = _DEFAULTS["index"]["hnsw_m"]
+    ef_construction: int = _DEFAULTS["index"]["ef_construction"]
+    ef_search: int = _DEFAULTS["index"]["ef_search"]
+    seed: int = _DEFAULTS["index"]["seed"]
 
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    corpus: str = "corpus"
-    prompts: str = DEFAULT_PROMPTS
-    split: str = "train"
-    captions: str = "captions"
-    modality: str = "image"
-    query: str = "a photo of a {c}."
-    query_missing: str = "ensemble"
-    top_k: int = 1000
-    filter: str = "word"
-    keep: int = 100
-    shift_lambda: float = 0.25
-    recall_queries: int = 100
+    corpus: str = _DEFAULTS["corpus"]
+    prompts: str = _DEFAULTS["prompts"]
+    split: str = _DEFAULTS["split"]
+    captions: str = _DEFAULTS["captions"]
+    modality: str = _DEFAULTS["modality"]
+    query: str = _DEFAULTS["query"]
+    query_missing: str = _DEFAULTS["query_missing"]
+    top_k: int = _DEFAULTS["top_k"]
+    filter: str = _DEFAULTS["filter"]
+    keep: int = _DEFAULTS["keep"]
+    shift_lambda: float = _DEFAULTS["shift_lambda"]
+    recall_queries: int = _DEFAULTS["recall_queries"]
     index: IndexConfig = field(default_factory=IndexConfig)
 
     def as_dict(self) -> dict[str, Any]:

@@ -36,10 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlbench.config import ParamsError
+from vlbench.config import ParamsError, defaults
 from vlbench.knowledge.compose import (
     AGGREGATIONS,
-    DEFAULT_GPT3_ITEMS,
     STYLES,
     TOKENIZERS,
     ComposedTexts,
@@ -109,15 +108,16 @@ VARIANTS = {
 }
 DEFAULT_VARIANTS = tuple(v for v, spec in VARIANTS.items() if spec.kind != "llm")  # nothing calls an endpoint unasked
 OPTION_KEYS = ("variants", "gpt3_items", "style", "tokenizer", "aggregation", "llm")
+_DEFAULTS = defaults("knowledge")  # conf/config.yaml and conf/settings/knowledge.yaml
 
 
 @dataclass(frozen=True)
 class KnowledgeOptions:
     variants: tuple[str, ...] = DEFAULT_VARIANTS
-    gpt3_items: int = DEFAULT_GPT3_ITEMS
-    style: str = "elevater"
-    tokenizer: str = "punkt-untrained"
-    aggregation: str = "and"
+    gpt3_items: int = _DEFAULTS["gpt3_items"]
+    style: str = _DEFAULTS["style"]
+    tokenizer: str = _DEFAULTS["tokenizer"]
+    aggregation: str = _DEFAULTS["aggregation"]
     llm: LLMOptions = LLMOptions()
 
     def for_variant(self, variant: Variant) -> dict[str, Any]:

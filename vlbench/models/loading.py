@@ -168,35 +168,6 @@ def load_model(cfg: Mapping[str, Any], device: str | torch.device | None = None,
     return LoadedModel(model, preprocess, tokenizer, fingerprint, device, dtype)
 
 
-def tag_declaration(arch: str, tag: str) -> dict[str, Any]:
-    """What open_clip builds for a published (arch, tag), as a registry entry declares it (`preprocess`, `text`,
-    `logits`), read from open_clip's registries without building a model: the tag's pretrained cfg (mean, std,
-    interpolation, resize_mode) over PreprocessCfg's defaults, the arch config's image size, token length and text
-    cleaning (its tokenizer_kwargs, else the default of the tokenizer class open_clip picks) and init_logit_bias."""
-    import inspect
-
-    import open_clip
-    from open_clip.factory import get_model_config
-    from open_clip.tokenizer import HFTokenizer, SimpleTokenizer
-    from open_clip.transform import PreprocessCfg
-
-    register_local_configs()
-    model_cfg, pcfg = get_model_config(arch), open_clip.get_pretrained_cfg(arch, tag)
-    if not model_cfg or not pcfg:
-        raise ModelError(f"open_clip has no pretrained tag {tag!r} of architecture {arch!r}")
-    defaults = {k: getattr(PreprocessCfg(), k) for k in PREPROCESS_KEYS}
-    preprocess = {**defaults, **{k: pcfg[k] for k in PREPROCESS_KEYS if k in pcfg},
-                  "size": model_cfg["vision_cfg"].get("image_size", defaults["size"])}
-    text_cfg = model_cfg["text_cfg"]
-    tokenizer = HFTokenizer if text_cfg.get("hf_tokenizer_name") else SimpleTokenizer
-    clean = text_cfg.get("tokenizer_kwargs", {}).get("clean",
-                                                     inspect.signature(tokenizer.__init__).parameters["clean"].default)
-    return {"preprocess": normalize_preprocess(preprocess),
-            "text": {"context_length": text_cfg.get("context_length", open_clip.tokenizer.DEFAULT_CONTEXT_LENGTH),
-                     "clean": clean},
-            "logits": "softmax" if model_cfg.get("init_logit_bias") is None else "sigmoid"}
-
-
 def build_tokenizer(cfg: Mapping[str, Any], cache_dir: str | None = None) -> Callable:
     """open_clip's tokenizer for the arch, with the entry's `text.context_length` and `text.clean` where given. A
     tokenizer that lives on the Hugging Face hub (SigLIP's) and is not in the cache fails with a ModelError."""

@@ -42,6 +42,7 @@ from vlbench.analyses.adapt.common import (
 )
 from vlbench.analyses.adapt.common import device as pick_device
 from vlbench.analyses.scoring import class_weights, knowledge_variant, label_matrix
+from vlbench.config import defaults
 from vlbench.features import (
     PRE_PROJECTION,
     PROJECTION,
@@ -56,7 +57,6 @@ from vlbench.stats import SAMPLE_METRICS, bootstrap_sample_metric, seeds_interva
 
 HEADS = ("random_2p", "language_2p", "language_1p")
 PRE_PROJECTION_HEADS = ("language_1p",)  # trained on the pre-projection features (embed.pre_projection), as its own search
-DEFAULT_HEADS = ("random_2p", "language_2p")  # those that need projected embeddings only
 REPORTS = ("last", "best_on_test")
 # the toolkit's LOGIT_SCALE_INIT (Classifier.__init__ in full_model_finetune.py); the head's factor is exp of it, fixed
 # (TRAINABLE_LOGIT_SCALE false): none -> exp(0) = 1, clip -> 1/0.07, ln_cls -> log(C), pretrained -> the model's scale
@@ -78,30 +78,33 @@ WD_REFINEMENTS = ("index", "left")  # the toolkit's WD_SEARCH_LEFT false (since 
 # settings
 
 
+_DEFAULTS = defaults("adapt.elevater")  # conf/settings/adapt.yaml
+
+
 @dataclass(frozen=True)
 class Settings:
-    """The `adapt.elevater` params, checked."""
+    """The `adapt.elevater` params, checked; each default is conf/settings/adapt.yaml's."""
 
-    train_split: str = "train"
-    test_split: str = "test"
-    shots: tuple = (5, 20, 50, "full")
-    seeds: tuple = (0, 1, 2)
-    heads: tuple = DEFAULT_HEADS
-    val_fraction: float = 0.2
-    batch_size: int = 64
-    search_epochs: int = 10
-    final_epochs: int = 50
-    lr_log_range: tuple = (-6, -1)
-    lr_num: int = 6
-    wd_log_range: tuple = (-6, 6)
-    momentum: float = 0.9
-    nesterov: bool = False
-    logit_scale: str = "none"
-    report: str = "last"
-    search_subset: Mapping[str, int] = field(default_factory=lambda: {"patch-camelyon": 10000})
-    wd_refinement: str = "index"
-    knowledge: tuple = ("wiktionary", "gpt3", "wiktionary_gpt3")
-    pe_m0: float = 1e8
+    train_split: str = _DEFAULTS["train_split"]
+    test_split: str = _DEFAULTS["test_split"]
+    shots: tuple = tuple(_DEFAULTS["shots"])
+    seeds: tuple = tuple(_DEFAULTS["seeds"])
+    heads: tuple = tuple(_DEFAULTS["heads"])
+    val_fraction: float = _DEFAULTS["val_fraction"]
+    batch_size: int = _DEFAULTS["batch_size"]
+    search_epochs: int = _DEFAULTS["search_epochs"]
+    final_epochs: int = _DEFAULTS["final_epochs"]
+    lr_log_range: tuple = (_DEFAULTS["lr_grid"]["log_lower"], _DEFAULTS["lr_grid"]["log_upper"])
+    lr_num: int = _DEFAULTS["lr_grid"]["num"]
+    wd_log_range: tuple = (_DEFAULTS["wd_grid"]["log_lower"], _DEFAULTS["wd_grid"]["log_upper"])
+    momentum: float = _DEFAULTS["momentum"]
+    nesterov: bool = _DEFAULTS["nesterov"]
+    logit_scale: str = _DEFAULTS["logit_scale"]
+    report: str = _DEFAULTS["report"]
+    search_subset: Mapping[str, int] = field(default_factory=lambda: dict(_DEFAULTS["search_subset"]))
+    wd_refinement: str = _DEFAULTS["wd_refinement"]
+    knowledge: tuple = tuple(_DEFAULTS["knowledge"])
+    pe_m0: float = float(_DEFAULTS["parameter_efficiency"]["m0"])
 
     @classmethod
     def from_cfg(cls, cfg: Mapping[str, Any]) -> Settings:
@@ -114,9 +117,10 @@ class Settings:
         unknown += [f"{name}.{k}" for name, (given, known) in nested.items() for k in sorted(set(given) - known)]
         if unknown:
             raise AdaptError(f"params.yaml: unknown key(s) adapt.elevater.{', adapt.elevater.'.join(unknown)}")
-        extra = {"lr_log_range": (lr.get("log_lower", -6), lr.get("log_upper", -1)), "lr_num": lr.get("num", 6),
-                 "wd_log_range": (wd.get("log_lower", -6), wd.get("log_upper", 6)),
-                 "pe_m0": float(pe.get("m0", 1e8))}
+        lr, wd = {**_DEFAULTS["lr_grid"], **lr}, {**_DEFAULTS["wd_grid"], **wd}
+        extra = {"lr_log_range": (lr["log_lower"], lr["log_upper"]), "lr_num": lr["num"],
+                 "wd_log_range": (wd["log_lower"], wd["log_upper"]),
+                 "pe_m0": float(pe.get("m0", _DEFAULTS["parameter_efficiency"]["m0"]))}
         tuples = {k: tuple(cfg[k] or ()) for k in ("shots", "seeds", "heads", "knowledge") if k in cfg}
         settings = cls(**{**cfg, **tuples, **extra})
         settings.check()

@@ -38,6 +38,7 @@ from vlbench.analyses.adapt import fewtrans_dag as dag
 from vlbench.analyses.adapt.common import AdaptError, ProtocolResult, cpu_threads, device as pick_device
 from vlbench.analyses.adapt.vtab import exp_shifted, flush_denormals
 from vlbench.analyses.scoring import class_weights
+from vlbench.config import defaults
 from vlbench.datasets.registry import FEWTRANS_SPLITS
 from vlbench.metrics import mean_confidence_interval
 from vlbench.stats import episodes_interval
@@ -52,27 +53,7 @@ SPLITS_FILE = FEWTRANS_SPLITS  # per dataset: base and novel class counts, as da
 EPOCH_SEARCH = (1, 2, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100)  # App. A: the search space of E*
 CHUNK = 64  # episodes per batched linear-head computation (runtime only: results do not depend on it)
 
-DEFAULTS: dict[str, Any] = {
-    "splits": ["test"],  # the prepared splits whose images form each class's pool
-    "episodes": 600,
-    "min_ways": 2,
-    "max_ways": 15,
-    "max_support": 150,  # MAX_SUPPORT_SET_SIZE
-    "max_shots": 10,  # MAX_SUPPORT_SIZE_CONTRIB_PER_CLASS (also FewTrans' per-class cap)
-    "max_query": 10,  # MAX_NUM_QUERY (base classes)
-    "novel_query": 15,  # NUM_QUERY_NOVEL
-    "min_examples": 2,  # MIN_EXAMPLES_IN_CLASS (base classes with fewer images never appear)
-    "novel_fraction": None,  # None: the counts of fewtrans_splits.json; a number: round(fraction x classes); 0: none
-    "novel_classes": {},  # {dataset: number of novel classes}, over fewtrans_splits.json and novel_fraction
-    "hierarchy": {},  # {dataset: "dag"}: classes from one WordNet node per episode (USE_DAG_HIERARCHY)
-    "novel_roots": {},  # {dataset: [wnid, ...]}: novel classes = those below these nodes (Meta-Dataset's ImageNet)
-    "max_spanning_leaves": dag.MAX_SPANNING_LEAVES,  # MAX_SPANNING_LEAVES_ELIGIBLE
-    "methods": list(METHODS),
-    "text_set": "prompts",
-    # the ensemble (App. B.2): learning rates lr x lr_factors; epochs E'/3, 2E'/3, E' with E' = epochs + epoch_offset
-    "linear": {"lr": 0.1, "epochs": 80, "lr_factors": [0.04, 0.2, 1.0, 5.0, 25.0], "epoch_offset": 10,
-               "epoch_mode": "grid", "combine": "sum", "batch_size": 512},
-}
+DEFAULTS: dict[str, Any] = defaults("adapt.fewtrans")  # conf/settings/adapt.yaml
 
 
 def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -30,7 +30,6 @@ import numpy as np
 from vlbench.analyses.adapt.common import AdaptError
 from vlbench.knowledge.hierarchy import HierarchyError, wordnet_graph
 
-MAX_SPANNING_LEAVES = 392  # MAX_SPANNING_LEAVES_ELIGIBLE
 MODES = ("dag",)
 
 

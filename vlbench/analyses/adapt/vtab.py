@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from vlbench.analyses.adapt.common import AdaptError, ProtocolResult, cpu_threads, device as pick_device
+from vlbench.config import defaults
 from vlbench.features import (
     PRE_PROJECTION,
     Features,
@@ -44,26 +45,7 @@ PREPROCESSES = ("squash", "default")  # the prepared dataset's `preprocess`: VTA
 REPRESENTATIONS = ("projected", "pre_projection")  # the embedding as the model outputs it | before its projection
 BLOCK = 250  # steps of batch indices drawn at a time (runtime only: the stream is the same)
 
-DEFAULTS: dict[str, Any] = {
-    "train_split": "train",
-    "val_split": "val",
-    "test_split": "test",
-    "train_examples": 800,
-    "val_examples": 200,
-    "selection": "val200",  # val200 (task_adaptation's code) | paper (App. I: sweep on the 1,000, select on all of val)
-    "preprocess": "squash",  # what every dataset must be prepared with (App. I: "resize all images to 224x224")
-    "learning_rates": [0.1, 0.01],
-    "steps": [2500, 10000],
-    "batch_size": 512,
-    "momentum": 0.9,
-    "decay_at": [0.3, 0.6, 0.9],  # fractions of the steps after which the rate is multiplied by decay_factor
-    "decay_factor": 0.1,
-    "warmup_steps": 0,
-    "runs": 3,
-    "normalize": False,  # VTAB trains on the representation as the model outputs it
-    "representation": "projected",  # or pre_projection: the features before the image tower's projection
-    "groups": {},  # {dataset: natural | specialized | structured}, over vtab_groups.json
-}
+DEFAULTS: dict[str, Any] = defaults("adapt.vtab")  # conf/settings/adapt.yaml
 
 
 def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
