@@ -22,7 +22,8 @@ import numpy as np
 from vlbench import stats
 from vlbench.analyses import ANALYSES
 from vlbench.reference import load_tables
-from vlbench.reference.datacomp import AVERAGE, run_numbers
+from vlbench.datasets.registry import declared_metrics
+from vlbench.reference.datacomp import AVERAGE, cell_interval, run_numbers
 from vlbench.reference.verdicts import reference_report
 from vlbench.report.aggregate import headline, headline_numbers
 
@@ -44,16 +45,17 @@ def _by_analysis(results: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[s
 def experiment_cells(results: Mapping[tuple[str, str], Mapping[str, Any]]
                      ) -> tuple[dict[tuple[str, str, str], dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """({(analysis, dataset, metric): {"value", "low", "high"}} of one experiment's main numbers and suite averages,
-    its metrics as reports/metrics.json holds them, its model), from its result files only."""
+    its metrics as reports/metrics.json holds them, its model), from its result files and the metric each dataset's
+    entry declares in this checkout's registry (`declared_metrics`; the report stage's choice, reports/headline.json)."""
     per = _by_analysis(results)
-    metrics, model = headline(per)
+    declared = declared_metrics({d for _, d in results})
+    metrics, model = headline(per, declared)
     cells = {}
-    for analysis, datasets in headline_numbers(metrics).items():
+    for analysis, datasets in headline_numbers(metrics, declared).items():
         for dataset, numbers in datasets.items():
             (metric, value), = numbers.items()
-            interval = ((per.get(analysis, {}).get(dataset) or {}).get("intervals") or {}).get(metric) or {}
-            cells[(analysis, dataset, metric)] = {"value": float(value), "low": interval.get("low"),
-                                                  "high": interval.get("high")}
+            intervals = (per.get(analysis, {}).get(dataset) or {}).get("intervals") or {}
+            cells[(analysis, dataset, metric)] = {"value": float(value), **cell_interval(intervals, metric)}
     average = run_numbers(metrics, per).get(AVERAGE)
     if average:
         cells[DATACOMP_AVERAGE] = dict(average)
