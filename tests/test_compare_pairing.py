@@ -431,3 +431,26 @@ def test_a_number_only_one_run_has_is_listed_without_differences(tmp_path):
             experiment(tmp_path, "b", {}, {("zeroshot", "other"): {"accuracy": 0.4}})]
     found = row(compare(runs), "zeroshot", "accuracy")
     assert (found["dataset"], list(found["values"]), found["differences"], found["winner"]) == ("mine", ["a"], [], None)
+
+
+def test_the_rank_shown_is_one_plus_the_intervals_entirely_above_as_the_readme_says():
+    """Issue 44.5: the README said experiments whose rank intervals overlap share a rank, which no rule can keep
+    together with separated experiments ranking apart (B overlaps D, D overlaps E, B lies above E). The rule, stated
+    in the README and docs/protocols.md: 1 + the intervals entirely above; separated experiments never share a rank."""
+    from vlbench.leaderboard import shown_ranks
+
+    intervals = {"A": (1, 1), "B": (2, 3), "C": (2, 4), "D": (3, 4), "E": (4, 5)}
+    assert shown_ranks(intervals) == {"A": 1, "B": 2, "C": 2, "D": 2, "E": 3}
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        lows = rng.integers(1, 8, 6)
+        found = {k: (int(lo), int(lo + rng.integers(0, 4))) for k, lo in zip("abcdef", lows)}
+        shown = shown_ranks(found)
+        for x, (_, x_high) in found.items():
+            assert shown[x] == 1 + sum(high < found[x][0] for _, high in found.values())
+            for y, (y_low, _) in found.items():
+                if x_high < y_low:  # x separated above y
+                    assert shown[x] < shown[y]
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "experiments whose rank intervals overlap share a rank" not in readme
+    assert "the rank shown is 1 + the number of experiments whose rank interval lies entirely above this\none's" in readme

@@ -6,8 +6,9 @@ published number exists for the experiment's model; the published rows of the re
 Ranks (docs/protocols.md, "Leaderboard"): within a column, the experiments' units are resampled jointly (the paired
 statistic's replicates, `vlbench.stats`), each replicate ranked (1 = highest), and the 2.5% and 97.5% percentiles of
 each experiment's ranks are its rank interval. The rank shown counts the experiments that are better in every
-likely world: 1 + how many have a rank interval entirely above this one's (so experiments the intervals cannot
-separate share a rank). A column without replicates (no per-sample table, a summary) ranks by value, without
+likely world: 1 + how many have a rank interval entirely above this one's (`shown_ranks`: experiments the
+intervals separate never share a rank; experiments whose intervals overlap share one only when as many intervals lie
+entirely above each). A column without replicates (no per-sample table, a summary) ranks by value, without
 intervals. Verdicts are reports/reference.json's (`vlbench.reference.verdicts.reference_report`) for each
 experiment's own results; nothing is recomputed here.
 """
@@ -79,8 +80,18 @@ def _ranks(values: Mapping[str, float], replicates: tuple[list[str], np.ndarray]
     order, reps = replicates
     low, high = stats.rank_intervals(reps)
     interval = {n: (int(low[i]), int(high[i])) for i, n in enumerate(order)}
-    return {n: {"rank": 1 + sum(interval[m][1] < interval[n][0] for m in names), "rank_low": interval[n][0],
-                "rank_high": interval[n][1], "rank_by_value": by_value[n]} for n in names}
+    shown = shown_ranks(interval)
+    return {n: {"rank": shown[n], "rank_low": interval[n][0], "rank_high": interval[n][1],
+                "rank_by_value": by_value[n]} for n in names}
+
+
+def shown_ranks(intervals: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+    """{name: the rank shown} from each experiment's rank interval (low, high): 1 + the number of experiments whose
+    interval lies entirely above (their worst rank better than this one's best). An experiment separated from another
+    (the intervals disjoint) always shows a better rank than it; two whose intervals overlap show the same rank only
+    when as many intervals lie entirely above each (A (1,1), B (2,3), C (2,4), D (3,4), E (4,5) show 1, 2, 2, 2, 3:
+    C and E overlap but differ, as E has B above it and C has not)."""
+    return {n: 1 + sum(high < low_n for _, high in intervals.values()) for n, (low_n, _) in intervals.items()}
 
 
 def _verdicts(metrics: Mapping[str, Any], model: Mapping[str, Any], per: Mapping[str, Any], tables
@@ -146,7 +157,8 @@ def build(experiments: Sequence[Any], rows: Sequence[Mapping[str, Any]],
             "method": f"ranks: 1 = highest; rank interval: {100 * (1 - stats.LEVEL) / 2:g}% and "
                       f"{100 * (1 + stats.LEVEL) / 2:g}% percentiles of each experiment's rank over "
                       f"{stats.RESAMPLES} joint resamples of the column's units; the rank shown is 1 + the number of "
-                      f"experiments whose rank interval lies entirely above"}
+                      f"experiments whose rank interval lies entirely above (experiments whose intervals overlap may "
+                      f"still show different ranks)"}
 
 
 def _cell_text(cell: Mapping[str, Any] | None) -> str:
