@@ -42,7 +42,8 @@ def test_an_entry_declaring_mean_per_class_has_it_as_its_headline(tmp_path, monk
     write_result("linear_probe", "mine", Result({"mean_per_class": 0.55}, {"test": 10}, {}), {"model": "m"})
     write_report({"zeroshot": ["mine"], "linear_probe": ["mine"]}, {"model": "m", "suite": "mine"}, declared)
     headline = json.loads(Path("reports/headline.json").read_text())
-    assert headline == {"zeroshot": {"mine": {"mean_per_class": 0.61}}, "linear_probe": {"mine": {"mean_per_class": 0.55}}}
+    assert headline == {"zeroshot": {"mine": {"mean_per_class": 0.61}},
+                        "linear_probe": {"mine": {"mean_per_class": 0.55}}}
     page = Path("reports/index.html").read_text()
     assert 'data-analysis="zeroshot" data-dataset="mine" data-metric="mean_per_class" data-value="0.61"' in page
     docs = {(a, "mine"): json.loads(Path(f"reports/{a}/mine.json").read_text()) for a in ("zeroshot", "linear_probe")}

@@ -47,7 +47,8 @@ def experiment_cells(results: Mapping[tuple[str, str], Mapping[str, Any]]
                      ) -> tuple[dict[tuple[str, str, str], dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """({(analysis, dataset, metric): {"value", "low", "high"}} of one experiment's main numbers and suite averages,
     its metrics as reports/metrics.json holds them, its model), from its result files and the metric each dataset's
-    entry declares in this checkout's registry (`declared_metrics`; the report stage's choice, reports/headline.json)."""
+    entry declares in this checkout's registry (`declared_metrics`, as the report stage chooses reports/headline.json's
+    numbers)."""
     per = _by_analysis(results)
     declared = declared_metrics({d for _, d in results})
     metrics, model = headline(per, declared)
@@ -127,9 +128,38 @@ def _published(columns: Sequence[tuple[str, str, str]], tables) -> list[dict[str
     return sorted(rows.values(), key=lambda e: (e["paper"], e["table"], e["row"]))
 
 
+def separated_first(cells: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The experiment whose rank interval lies entirely above every other's in one column ({name: cell}), else None."""
+    for name, cell in cells.items():
+        if cell.get("rank_high") is not None and len(cells) > 1 and all(
+                other.get("rank_low") is not None and cell["rank_high"] < other["rank_low"]
+                for o, other in cells.items() if o != name):
+            return name
+    return None
+
+
+def agreement(first: str | None, winner: str | None, correction: Mapping[str, Any]) -> str | None:
+    """Why a column's leaderboard and its row of the pairwise table tell different stories (None where they agree):
+    the rank intervals are each column's own 95% percentiles, not adjusted for the comparison's many tests; the
+    pairwise winner needs an adjusted p below 0.05 against every other experiment (docs/protocols.md, "Leaderboard")."""
+    if first == winner:
+        return None
+    family = f"{correction.get('method', 'holm')} over {correction.get('tests', 0)} tests"
+    if first is not None and winner is None:
+        return (f"{first}'s rank interval lies above every other's (95% percentiles of this column's ranks, not "
+                f"adjusted), but no pairwise difference with it survives the correction ({family}): no winner")
+    if first is None:
+        return (f"{winner} beats every other experiment at adjusted p < 0.05 ({family}), but the rank intervals do "
+                f"not separate it from all of them (the joint ranks of the column's resamples overlap)")
+    return f"the rank intervals put {first} first, the pairwise table calls {winner} the winner ({family})"
+
+
 def build(experiments: Sequence[Any], rows: Sequence[Mapping[str, Any]],
-          replicates: Mapping[tuple[str, str, str], tuple[list[str], np.ndarray]]) -> dict[str, Any]:
-    """The `leaderboard` key of `vlbench compare --json`: {"columns": [{"id", "analysis", "dataset", "metric"}],
+          replicates: Mapping[tuple[str, str, str], tuple[list[str], np.ndarray]],
+          correction: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The `leaderboard` key of `vlbench compare --json`: {"columns": [{"id", "analysis", "dataset", "metric",
+    "winner", "first", "note"?}] (`winner`: the pairwise table's for the column's row; `first`: `separated_first`;
+    `note`: `agreement`, where the two differ),
     "rows": [{"experiment", "rev", "model", "cells": {id: {"value", "low", "high", "rank", "rank_low", "rank_high",
     "rank_by_value", "verdict"?, "published"?, "tolerance"?}}}], "published": [{"model", "model_name", "paper",
     "table", "row", "values": {id: {"value", "published"}}}], "method"}."""
@@ -141,6 +171,8 @@ def build(experiments: Sequence[Any], rows: Sequence[Mapping[str, Any]],
         models[e.name] = model.get("model")
         verdicts[e.name] = _verdicts(metrics, model, _by_analysis(e.results), tables) if model.get("model") else {}
     columns = sorted({k for c in cells.values() for k in c}, key=_order)
+    winners = {(r["analysis"], r["dataset"], r["metric"]): r["winner"] for r in rows}
+    stories = {}
     for key in columns:
         values = {n: c[key]["value"] for n, c in cells.items() if key in c}
         for name, rank in _ranks(values, replicates.get(key)).items():
@@ -149,7 +181,11 @@ def build(experiments: Sequence[Any], rows: Sequence[Mapping[str, Any]],
             if found:
                 cells[name][key].update(verdict=found["verdict"], published=found["theirs"],
                                         tolerance=found["tolerance"])
-    return {"columns": [{"id": column_id(*k), "analysis": k[0], "dataset": k[1], "metric": k[2]} for k in columns],
+        first = separated_first({n: c[key] for n, c in cells.items() if key in c})
+        note = agreement(first, winners.get(key), correction or {}) if key in winners else None
+        stories[key] = {"winner": winners.get(key), "first": first, **({"note": note} if note else {})}
+    return {"columns": [{"id": column_id(*k), "analysis": k[0], "dataset": k[1], "metric": k[2], **stories[k]}
+                        for k in columns],
             "rows": [{"experiment": e.name, "rev": e.rev, "model": models[e.name],
                       "cells": {column_id(*k): cells[e.name][k] for k in columns if k in cells[e.name]}}
                      for e in experiments],
@@ -182,4 +218,6 @@ def format_leaderboard(board: Mapping[str, Any]) -> str:
                *(f"{p['values'][i]['value']:.4f}" if i in p["values"] else "-" for i in ids)]
               for p in board["published"]]
     widths = [max(len(str(row[i])) for row in [head, *lines]) for i in range(len(head))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *lines])
+    notes = [f"note: {c['id']}: {c['note']}" for c in board["columns"] if c.get("note")]
+    return "\n".join(["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *lines]]
+                     + notes)

@@ -448,9 +448,11 @@ TEST_NAMES = {"mcnemar": "McNemar", "bootstrap": "bootstrap SE", "t": "paired t"
 def _difference_text(d: Mapping[str, Any]) -> str:
     """b - a with its interval and p-values: the test's raw p and its p adjusted over the comparison (paired: McNemar's
     exact test, the bootstrap, or a t-test over episodes or seeds), or, only with --unpaired, from the two
-    intervals; untested where the runs cannot be paired."""
+    intervals; untested where the runs cannot be paired or their per-sample results are identical."""
     if d.get("p") is None:
         p = ['<span class="muted">not tested</span>']
+    elif d.get("identical"):
+        p = ['<span class="muted">identical per-sample results: not in the correction\'s family</span>']
     elif d.get("paired"):
         test = TEST_NAMES.get(d.get("test"), d.get("test") or "")
         p = [f"p<sub>{_e(test)}</sub> = {number(d.get('p'))}", f"adjusted {number(d.get('p_adjusted'))}"]
@@ -558,7 +560,8 @@ def render_leaderboard(board: Mapping[str, Any]) -> str:
         "a cell's verdict compares it with its model's published number. Click a header to sort.</p>",
         '<table class="sortable leaderboard">',
         f"<thead><tr><th>experiment</th><th>model</th>{head}</tr></thead>",
-        "<tbody>", *rows, "</tbody>", "</table>"])
+        "<tbody>", *rows, "</tbody>", "</table>",
+        *(f'<p class="note">{_e(c["id"])}: {_e(c["note"])}</p>' for c in columns if c.get("note"))])
 
 
 def render_comparison(data: Mapping[str, Any]) -> str:
@@ -581,7 +584,9 @@ def render_comparison(data: Mapping[str, Any]) -> str:
     body += [
         "<p>Each value with its 95% interval; each difference (b &minus; a) with its paired test's p-value (McNemar's "
         "exact test for accuracies, the paired bootstrap, or a paired t-test over episodes or seeds) and the p-value "
-        f"adjusted by {_e(method)} correction over the comparison's {_e(correction.get('tests', 'n/a'))} tests; a "
+        f"adjusted by {_e(method)} correction over the comparison's {_e(correction.get('tests', 'n/a'))} tests"
+        + (f" ({_e(correction['identical_left_out'])} comparisons of identical per-sample results left out: no "
+           f"discordant sample, they cannot reject)" if correction.get("identical_left_out") else "") + "; a "
         "difference that cannot be paired is tested only with --unpaired (from the two intervals); the winner "
         "(better than every other experiment at adjusted p &lt; 0.05) is highlighted.</p>",
         _table(head, comparison_rows(data))]
