@@ -409,7 +409,7 @@ def test_the_leaderboard_says_where_it_and_the_pairwise_table_differ(tmp_path):
         assert ("note" in c) == (c["first"] != c["winner"])
     note = differ[0]["note"]
     assert note == ("b's rank interval lies above every other's (95% percentiles of this column's ranks, not "
-                    "adjusted), but no pairwise difference with it survives the correction (holm over 10 tests): "
+                    "adjusted), but not all its pairwise differences survive the correction (holm over 10 tests): "
                     "no winner")
     assert f"note: {differ[0]['id']}: {note}" in format_leaderboard(data["leaderboard"])
     assert agreement("b", "b", {}) is None and agreement(None, None, {}) is None

@@ -147,7 +147,7 @@ def agreement(first: str | None, winner: str | None, correction: Mapping[str, An
     family = f"{correction.get('method', 'holm')} over {correction.get('tests', 0)} tests"
     if first is not None and winner is None:
         return (f"{first}'s rank interval lies above every other's (95% percentiles of this column's ranks, not "
-                f"adjusted), but no pairwise difference with it survives the correction ({family}): no winner")
+                f"adjusted), but not all its pairwise differences survive the correction ({family}): no winner")
     if first is None:
         return (f"{winner} beats every other experiment at adjusted p < 0.05 ({family}), but the rank intervals do "
                 f"not separate it from all of them (the joint ranks of the column's resamples overlap)")
