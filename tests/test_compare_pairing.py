@@ -385,7 +385,7 @@ def test_comparisons_of_identical_results_are_left_out_of_the_family_and_said_so
     family = [d for r in data["rows"] for d in r["differences"] if not d["identical"]]
     assert [d["p_adjusted"] for d in family] == pytest.approx(holm_loop(np.array([d["p"] for d in family])).tolist())
     text = format_table(data)
-    assert "a_copy-a +0.0000 identical (not tested)" in text
+    assert "a_copy-a +0.0000 p=1 identical, not in the family (mcnemar)" in text
     assert text.splitlines()[-1] == ("p adjusted: Holm over 20 tests; 10 comparison(s) of identical per-sample results "
                                      "left out of the family (no discordant unit: p = 1, they cannot reject)")
 

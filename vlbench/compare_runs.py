@@ -489,7 +489,7 @@ def _significance(d: Mapping[str, Any]) -> str:
     if p is None:
         return f"{d['b']}-{d['a']} {d['delta']:+.4f} (not tested: unpaired)"
     if d.get("identical"):
-        return f"{d['b']}-{d['a']} {d['delta']:+.4f} identical (not tested)"
+        return f"{d['b']}-{d['a']} {d['delta']:+.4f} p={p:.3g} identical, not in the family ({d['test']})"
     shown = f"p={p:.3g} adj={adjusted:.3g}" + ("*" if adjusted is not None and adjusted < ALPHA else "")
     return f"{d['b']}-{d['a']} {d['delta']:+.4f} {shown} ({d['test']})" + ("" if d["paired"] else " (unpaired)")
 

@@ -451,11 +451,11 @@ def _difference_text(d: Mapping[str, Any]) -> str:
     intervals; untested where the runs cannot be paired or their per-sample results are identical."""
     if d.get("p") is None:
         p = ['<span class="muted">not tested</span>']
-    elif d.get("identical"):
-        p = ['<span class="muted">identical per-sample results: not in the correction\'s family</span>']
     elif d.get("paired"):
         test = TEST_NAMES.get(d.get("test"), d.get("test") or "")
-        p = [f"p<sub>{_e(test)}</sub> = {number(d.get('p'))}", f"adjusted {number(d.get('p_adjusted'))}"]
+        p = [f"p<sub>{_e(test)}</sub> = {number(d.get('p'))}",
+             '<span class="muted">identical per-sample results: not in the correction\'s family</span>'
+             if d.get("identical") else f"adjusted {number(d.get('p_adjusted'))}"]
         p += ([f"p<sub>percentile bootstrap</sub> = {number(d.get('p_bootstrap'))}"]
               if d.get("p_bootstrap") is not None and d.get("test") != "mcnemar" else [])
         unit = f" {_e(d['unit'])}s" if d.get("unit") else ""
