@@ -5,7 +5,7 @@ import json
 
 from stages.common import parser, run
 from vlbench.config import load_params
-from vlbench.report.aggregate import INDEX_FILE, report_datasets, write_report
+from vlbench.report.aggregate import INDEX_FILE, declared_metrics, report_datasets, write_report
 from vlbench.results import REFERENCE_FILE
 
 
@@ -13,7 +13,7 @@ def main() -> None:
     args = parser(__doc__, dataset=False).parse_args()
     params = load_params(args.params)
     reproduce = {"model": (params.get("model") or {}).get("slug"), "suite": (params.get("suite") or {}).get("slug")}
-    metrics = write_report(report_datasets(params), reproduce)
+    metrics = write_report(report_datasets(params), reproduce, declared_metrics(params))
     print(json.dumps(metrics, indent=2))
     reference = json.loads(REFERENCE_FILE.read_text())
     print(f"{REFERENCE_FILE}: " + (", ".join(f"{n} {v}" for v, n in reference["summary"].items())

@@ -113,7 +113,8 @@ def test_compare_two_commits_pairs_per_sample_results_and_names_the_winner(repo)
     p_exact = sps.binomtest(int(np.sum(a & ~b)), int(np.sum(a != b))).pvalue
     assert diff["p_mcnemar"] == pytest.approx(p_exact) and (diff["test"], diff["p"]) == ("mcnemar", diff["p_mcnemar"])
     # two tests in the comparison (zeroshot's paired one; linear probe's is untested without --unpaired): Holm
-    assert data["correction"] == {"method": "holm", "alpha": 0.05, "tests": 1, "unpaired": False}
+    assert data["correction"] == {"method": "holm", "alpha": 0.05, "tests": 1, "unpaired": False,
+                                  "identical_left_out": 0}
     assert diff["p_adjusted"] == pytest.approx(p_exact) and zs["winner"] == "HEAD"
     lp = rows[("linear_probe", "accuracy")]
     (untested,) = lp["differences"]

@@ -342,10 +342,77 @@ def test_the_winner_is_called_after_the_correction_over_the_rows(tmp_path):
         assert [d["p"] for d in diffs] == pytest.approx(raw.tolist())
         assert [d["p_adjusted"] for d in diffs] == pytest.approx(expected.tolist())
         assert [r["winner"] for r in data["rows"]] == ["b" if q < 0.05 else None for q in expected]
-        assert data["correction"] == {"method": method, "alpha": 0.05, "tests": 10, "unpaired": False}
+        assert data["correction"] == {"method": method, "alpha": 0.05, "tests": 10, "unpaired": False,
+                                      "identical_left_out": 0}
     assert sum(q < 0.05 for q in holm_loop(raw)) < sum(q < 0.05 for q in raw)
     with pytest.raises(CompareError, match="--correction 'bonferroni': one of holm, bh, none"):
         compare(runs, correction="bonferroni")
+
+
+def ten_rows_runs(tmp_path, copy: bool = False) -> tuple[list[Experiment], np.ndarray, np.ndarray]:
+    """Ten datasets with a modest gain of b over a each (b right wherever a is, and a few more); with `copy` a third run
+    whose per-sample results are a's exactly. (the runs, a's correctness, b's)."""
+    rng = np.random.default_rng(9)
+    n = 300
+    base = rng.random((10, n)) < 0.6
+    gain = base | (rng.random((10, n)) < 0.05)
+    runs = []
+    for name, right in (("a", base), ("b", gain), *((("a_copy", base),) if copy else ())):
+        tables = {("zeroshot", f"d{k}", "predictions"): pa.table({
+            "sample_id": [f"s{i}" for i in range(n)], "label": np.zeros(n, np.int64),
+            "predicted": np.where(right[k], 0, 1)}) for k in range(10)}
+        runs.append(experiment(tmp_path, name, tables,
+                               {("zeroshot", f"d{k}"): {"accuracy": float(right[k].mean())} for k in range(10)}))
+    return runs, base, gain
+
+
+def test_comparisons_of_identical_results_are_left_out_of_the_family_and_said_so(tmp_path):
+    """Issue 44.6: a run whose per-sample results equal another's (no discordant sample, p = 1) cannot reject; it is
+    not counted in Holm's family: the 20 tests left are adjusted as the 20 alone, the 10 identical ones are marked, the
+    JSON counts them and the text says so."""
+    from vlbench.compare_runs import format_table
+
+    runs, base, gain = ten_rows_runs(tmp_path, copy=True)
+    data = compare(runs)
+    raw = np.array([stats.mcnemar_exact(base[k], gain[k]) for k in range(10)])
+    assert data["correction"]["tests"] == 20 and data["correction"]["identical_left_out"] == 10
+    for k, r in enumerate(data["rows"]):
+        by = {(d["a"], d["b"]): d for d in r["differences"]}
+        same = by[("a", "a_copy")]
+        assert same["identical"] and same["p"] == 1.0 and same["p_adjusted"] == 1.0
+        assert not by[("a", "b")]["identical"] and by[("a", "b")]["p"] == pytest.approx(raw[k])
+        assert by[("b", "a_copy")]["p"] == pytest.approx(raw[k])  # b against a's copy: the same test as against a
+    family = [d for r in data["rows"] for d in r["differences"] if not d["identical"]]
+    assert [d["p_adjusted"] for d in family] == pytest.approx(holm_loop(np.array([d["p"] for d in family])).tolist())
+    text = format_table(data)
+    assert "a_copy-a +0.0000 p=1 identical, not in the family (mcnemar)" in text
+    assert text.splitlines()[-1] == ("p adjusted: Holm over 20 tests; 10 comparison(s) of identical per-sample results "
+                                     "left out of the family (no discordant unit: p = 1, they cannot reject)")
+
+
+def test_the_leaderboard_says_where_it_and_the_pairwise_table_differ(tmp_path):
+    """Issue 44.6: a column's rank intervals (95%, this column alone) can put b above a while Holm over the ten rows
+    calls no winner; the leaderboard's column says so, and says nothing where the two agree."""
+    from vlbench.leaderboard import agreement, format_leaderboard, separated_first
+
+    runs, _, _ = ten_rows_runs(tmp_path)
+    data = compare(runs, leaderboard=True)
+    winners = {f"{r['analysis']}/{r['dataset']}/{r['metric']}": r["winner"] for r in data["rows"]}
+    columns = data["leaderboard"]["columns"]
+    differ = [c for c in columns if c["first"] != c["winner"]]
+    assert differ and any(c["winner"] == "b" for c in columns)  # both stories occur on these rows
+    for c in columns:
+        assert c["winner"] == winners[c["id"]]
+        cells = {r["experiment"]: r["cells"][c["id"]] for r in data["leaderboard"]["rows"]}
+        expected_first = "b" if cells["b"]["rank_high"] < cells["a"]["rank_low"] else None
+        assert c["first"] == expected_first == separated_first(cells)
+        assert ("note" in c) == (c["first"] != c["winner"])
+    note = differ[0]["note"]
+    assert note == ("b's rank interval lies above every other's (95% percentiles of this column's ranks, not "
+                    "adjusted), but not all its pairwise differences survive the correction (holm over 10 tests): "
+                    "no winner")
+    assert f"note: {differ[0]['id']}: {note}" in format_leaderboard(data["leaderboard"])
+    assert agreement("b", "b", {}) is None and agreement(None, None, {}) is None
 
 
 # ------------------------------------------------------------------------------------------------- leaderboard
@@ -431,3 +498,26 @@ def test_a_number_only_one_run_has_is_listed_without_differences(tmp_path):
             experiment(tmp_path, "b", {}, {("zeroshot", "other"): {"accuracy": 0.4}})]
     found = row(compare(runs), "zeroshot", "accuracy")
     assert (found["dataset"], list(found["values"]), found["differences"], found["winner"]) == ("mine", ["a"], [], None)
+
+
+def test_the_rank_shown_is_one_plus_the_intervals_entirely_above_as_the_readme_says():
+    """Issue 44.5: the README said experiments whose rank intervals overlap share a rank, which no rule can keep
+    together with separated experiments ranking apart (B overlaps D, D overlaps E, B lies above E). The rule, stated
+    in docs/comparing.md and docs/protocols.md: 1 + the intervals entirely above; separated experiments never share a rank."""
+    from vlbench.leaderboard import shown_ranks
+
+    intervals = {"A": (1, 1), "B": (2, 3), "C": (2, 4), "D": (3, 4), "E": (4, 5)}
+    assert shown_ranks(intervals) == {"A": 1, "B": 2, "C": 2, "D": 2, "E": 3}
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        lows = rng.integers(1, 8, 6)
+        found = {k: (int(lo), int(lo + rng.integers(0, 4))) for k, lo in zip("abcdef", lows)}
+        shown = shown_ranks(found)
+        for x, (_, x_high) in found.items():
+            assert shown[x] == 1 + sum(high < found[x][0] for _, high in found.values())
+            for y, (y_low, _) in found.items():
+                if x_high < y_low:  # x separated above y
+                    assert shown[x] < shown[y]
+    page = (Path(__file__).resolve().parents[1] / "docs/comparing.md").read_text()  # the README's comparing page
+    assert "experiments whose rank intervals overlap share a rank" not in page
+    assert "the rank shown is 1 + the number of experiments whose rank interval lies entirely above this\none's" in page

@@ -353,3 +353,44 @@ def test_open_clip_retrieval_reference_compares_only_clip_benchmarks_setting():
         else:
             assert report["applies"] is False
             assert all("text_set" in s["reason"] for s in report["not_compared"])
+
+
+def independent_tied(scores: np.ndarray, positives: np.ndarray) -> np.ndarray:
+    """Per query, by a loop: does a negative score exactly as much as the query's best (highest-scored) positive?"""
+    out = []
+    for row, pos in zip(scores, positives):
+        pos = [p for p in pos if p >= 0]
+        top = max(row[p] for p in pos)
+        out.append(any(row[g] == top for g in range(row.size) if g not in pos))
+    return np.array(out)
+
+
+def test_tied_flags_and_counts_name_a_tie_of_the_best_positive_under_either_rule():
+    """Issue 44.4: query 0's best positive (0.9) ties a negative while its other positive ranks as well (both rank 2
+    when pessimistic): it was counted untied; query 1's other positive (0.3) ties a negative and is placed first by
+    `index`, its best one (0.9) ties nothing: it was counted tied under `index`. On integer scores with many ties the
+    counts equal an independent loop's, the same under both rules."""
+    scores = np.array([[5, 9, 9, 1, 2], [3, 9, 3, 1, 2], [9, 1, 9, 9, 2], [4, 8, 1, 2, 3]], np.float64)
+    positives = np.array([[0, 1], [0, 1], [0, -1], [1, 0]])
+    want = [True, False, True, False]
+    for ties in r.TIES:
+        _, tied = r._chunk_ranks(scores, positives, ties)
+        assert tied.tolist() == want, ties
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 6, (400, 30)).astype(np.float64)
+    positives = np.stack([rng.choice(30, 3, replace=False) for _ in range(400)])
+    positives[::3, 2] = -1
+    expected = independent_tied(scores, positives)
+    assert 50 < expected.sum() < 400
+    for ties in r.TIES:
+        ranks, tied = r._chunk_ranks(scores, positives, ties)
+        assert tied.tolist() == expected.tolist(), ties
+    # through the analysis: the counts are the flags' sums, the same under both rules
+    x = unit(rng.integers(0, 3, (40, 6)).astype(np.float64) + 1e-9)
+    t = unit(rng.integers(0, 3, (80, 6)).astype(np.float64) + 1e-9)
+    owner = np.repeat(np.arange(40), 2)
+    i2t_pos, _ = r.positive_sets(owner, [f"c{i}" for i in range(80)], 40, "distinct")
+    exact = r.exact_scores(r.fixed_point(x), r.fixed_point(t))
+    for ties in r.TIES:
+        _, tied = r.first_positive_ranks(x, t, i2t_pos, ties)
+        assert tied.tolist() == independent_tied(exact, i2t_pos).tolist()

@@ -361,7 +361,8 @@ def _entry(a: str, b: str, delta: float, d: stats.Difference | None, unit: str |
             "high": _number(d.high) if d else None,
             "p_bootstrap": _number(d.p_bootstrap) if d and test in ("bootstrap", "mcnemar", "normal") else None,
             "p_mcnemar": _number(d.p_mcnemar) if d else None, "n": d.n if d else 0, "paired": bool(d and d.paired),
-            "unit": unit, "unpaired_reason": reason, "test": test, "p": _number(p), "p_adjusted": None}
+            "unit": unit, "unpaired_reason": reason, "test": test, "p": _number(p), "p_adjusted": None,
+            "identical": bool(d and d.identical)}
 
 
 def _paired_entries(paired: Paired, resamples: int) -> tuple[dict[tuple[str, str], dict[str, Any]], np.ndarray]:
@@ -370,7 +371,7 @@ def _paired_entries(paired: Paired, resamples: int) -> tuple[dict[tuple[str, str
     for (i, j), d in diffs.items():
         if paired.estimator.t_test:
             test, p = "t", d.p_bootstrap
-            d = stats.Difference(d.delta, d.low, d.high, float("nan"), None, d.n, True)
+            d = stats.Difference(d.delta, d.low, d.high, float("nan"), None, d.n, True, d.identical)
         elif d.p_mcnemar is not None:
             test, p = "mcnemar", d.p_mcnemar
         else:
@@ -406,14 +407,19 @@ def differences(have: Sequence[Experiment], analysis: str, dataset: str, metric:
     return out, paired, reps
 
 
-def correct_rows(rows: Sequence[dict[str, Any]], method: str = "holm") -> int:
-    """Adjust every difference's `p` over all the differences of the comparison (`stats.adjust_p`), in place; the
-    number of tests."""
-    entries = [d for r in rows for d in r["differences"]]
-    p = np.array([np.nan if d["p"] is None else d["p"] for d in entries], dtype=np.float64)
-    for d, q in zip(entries, stats.adjust_p(p, method)):
+def correct_rows(rows: Sequence[dict[str, Any]], method: str = "holm") -> tuple[int, int]:
+    """Adjust every difference's `p` over the comparison's family (`stats.adjust_p`), in place: every tested difference
+    except those of identical per-sample results (`identical`: no discordant unit, p = 1, no test can reject them;
+    their `p_adjusted` is their `p`). (the number of tests in the family, the number of identical ones left out)."""
+    entries = [d for r in rows for d in r["differences"] if d["p"] is not None]
+    family = [d for d in entries if not d.get("identical")]
+    p = np.array([d["p"] for d in family], dtype=np.float64)
+    for d, q in zip(family, stats.adjust_p(p, method)):
         d["p_adjusted"] = _number(float(q))
-    return int(np.isfinite(p).sum())
+    for d in entries:
+        if d.get("identical"):
+            d["p_adjusted"] = d["p"]
+    return int(np.isfinite(p).sum()), len(entries) - len(family)
 
 
 def winner(names: Sequence[str], differences: Sequence[Mapping[str, Any]], alpha: float = ALPHA) -> str | None:
@@ -456,13 +462,14 @@ def compare(experiments: Sequence[Experiment], correction: str = "holm", unpaire
                 replicates[(analysis, dataset, metric)] = (paired.names, reps)
             rows.append({"analysis": analysis, "dataset": dataset, "metric": metric, "values": values,
                          "differences": diffs, "winner": None})
-    tests = correct_rows(rows, correction)
+    tests, identical = correct_rows(rows, correction)
     for row in rows:
         row["winner"] = winner(list(row["values"]), row["differences"])
     data = {"experiments": [{"name": e.name, "rev": e.rev} for e in experiments], "rows": rows,
-            "correction": {"method": correction, "alpha": ALPHA, "tests": tests, "unpaired": unpaired}}
+            "correction": {"method": correction, "alpha": ALPHA, "tests": tests, "unpaired": unpaired,
+                           "identical_left_out": identical}}
     if leaderboard or (leaderboard is None and len(experiments) > 2):
-        data["leaderboard"] = build(experiments, rows, replicates)
+        data["leaderboard"] = build(experiments, rows, replicates, data["correction"])
     return data
 
 
@@ -481,8 +488,21 @@ def _significance(d: Mapping[str, Any]) -> str:
     p, adjusted = d.get("p"), d.get("p_adjusted")
     if p is None:
         return f"{d['b']}-{d['a']} {d['delta']:+.4f} (not tested: unpaired)"
+    if d.get("identical"):
+        return f"{d['b']}-{d['a']} {d['delta']:+.4f} p={p:.3g} identical, not in the family ({d['test']})"
     shown = f"p={p:.3g} adj={adjusted:.3g}" + ("*" if adjusted is not None and adjusted < ALPHA else "")
     return f"{d['b']}-{d['a']} {d['delta']:+.4f} {shown} ({d['test']})" + ("" if d["paired"] else " (unpaired)")
+
+
+def correction_text(correction: Mapping[str, Any]) -> str:
+    """What the adjusted p-values were adjusted over: the method, the family's size and the identical comparisons left
+    out of it (docs/protocols.md, "Paired comparisons")."""
+    method = {"holm": "Holm", "bh": "Benjamini-Hochberg", "none": "no correction"}.get(correction.get("method"),
+                                                                                      "no correction")
+    left_out = correction.get("identical_left_out") or 0
+    return (f"p adjusted: {method} over {correction.get('tests', 0)} tests"
+            + (f"; {left_out} comparison(s) of identical per-sample results left out of the family (no discordant "
+               f"unit: p = 1, they cannot reject)" if left_out else ""))
 
 
 def format_table(data: Mapping[str, Any]) -> str:
@@ -493,7 +513,8 @@ def format_table(data: Mapping[str, Any]) -> str:
     lines = [[f"{r['analysis']}/{r['dataset']}/{r['metric']}", *(_value(r["values"].get(n)) for n in names),
               "; ".join(_significance(d) for d in r["differences"]), r["winner"] or "-"] for r in data["rows"]]
     widths = [max(len(str(row[i])) for row in [head, *lines]) for i in range(len(head))]
-    return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *lines])
+    table = "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *lines])
+    return table + "\n" + correction_text(data.get("correction") or {})
 
 
 def write_page(data: Mapping[str, Any], out: Path) -> Path:

@@ -60,6 +60,7 @@ class Difference:
     p_mcnemar: float | None
     n: int
     paired: bool
+    identical: bool = False  # both systems' per-unit results are the same: no discordant unit, the test cannot reject
 
 
 def _quantiles(values: np.ndarray, level: float) -> tuple[float, float]:
@@ -503,6 +504,10 @@ class Ratio:
     def point(self) -> np.ndarray:
         return self.num.sum(axis=1) / self.den.sum()
 
+    def same(self, a: int, b: int) -> bool:
+        """Whether systems a and b have the same result on every unit (`identical_pairs`)."""
+        return bool(np.array_equal(self.num[a], self.num[b]))
+
     def replicates(self, resamples: int, rng: np.random.Generator) -> np.ndarray:
         rows, counts, codes = _codes(np.c_[self.num.T, self.den])
         return _replicates(self, rows, counts, codes, resamples, rng)
@@ -544,6 +549,9 @@ class PerClass:
     def _rows(self):
         return _codes(np.c_[self.classes, self.correct.T.astype(np.int64)])
 
+    def same(self, a: int, b: int) -> bool:
+        return bool(np.array_equal(self.correct[a], self.correct[b]))
+
     def point(self) -> np.ndarray:
         rows, counts, _ = self._rows()
         return self._of(counts[None, :].astype(np.float64), rows)[0]
@@ -571,6 +579,9 @@ class MedianOfRuns:
     def point(self) -> np.ndarray:
         return np.median(self.correct.mean(axis=2), axis=1)
 
+    def same(self, a: int, b: int) -> bool:
+        return bool(np.array_equal(self.correct[a], self.correct[b]))
+
     def replicates(self, resamples: int, rng: np.random.Generator) -> np.ndarray:
         e, runs, n = self.correct.shape
         rows, counts, codes = _codes(self.correct.reshape(e * runs, n).T.astype(np.int64))
@@ -594,6 +605,9 @@ class WholeSet:
         from vlbench import metrics
 
         return np.array([metrics.compute(self.metric, s, self.labels, c) for s, c in zip(self.scores, self.conventions)])
+
+    def same(self, a: int, b: int) -> bool:
+        return self.conventions[a] == self.conventions[b] and bool(np.array_equal(self.scores[a], self.scores[b]))
 
     def replicates(self, resamples: int, rng: np.random.Generator) -> np.ndarray:
         out = []
@@ -651,7 +665,8 @@ def pairwise_differences(estimator, resamples: int = RESAMPLES, seed: int = 0, l
                          ) -> tuple[np.ndarray, dict[tuple[int, int], Difference], np.ndarray]:
     """(point estimates (E,), {(a, b): Difference of b - a} for every pair a < b, the joint replicates (R, E)):
     a paired bootstrap on the joint replicates (percentile interval, `bootstrap_p`; McNemar's exact test where the
-    units' outcomes are 0/1), or for `UnitMeans` the paired t-interval over units."""
+    units' outcomes are 0/1), or for `UnitMeans` the paired t-interval over units; `identical` where the two systems'
+    per-unit results are the same (`same`: no discordant unit, so no test can reject)."""
     _check_resamples(resamples)
     point = estimator.point()
     reps = estimator.replicates(resamples, np.random.default_rng(seed))
@@ -670,7 +685,7 @@ def pairwise_differences(estimator, resamples: int = RESAMPLES, seed: int = 0, l
                 low, high = _quantiles(reps[:, b] - reps[:, a], level)
                 p = bootstrap_p(reps[:, b] - reps[:, a])
             p_mcnemar = None if mcnemar is None else float(mcnemar[a, b])
-            out[a, b] = Difference(delta, low, high, p, p_mcnemar, int(estimator.units), True)
+            out[a, b] = Difference(delta, low, high, p, p_mcnemar, int(estimator.units), True, estimator.same(a, b))
     return point, out, reps
 
 

@@ -100,6 +100,8 @@ class Analysis:
     that pairs two runs and the statistic), which `vlbench compare` reads as declared, in this order (the first whose
     `metrics` match a metric pairs it); `reads`: its inputs, dvc.yaml dependencies per dataset (`prepared`: data/prepared/<d>,
 `texts`: data/texts/<d>, `features`: features/<model>/<d>, `images`: its image features only; any other string is a path as dvc.yaml writes it);
+`dataset_metric`: its number on a dataset is the dataset's own metric, so its headline there is the metric the entry
+declares (`main_metric`);
 `stage`: the stage module that writes the results, the generic analysis stage unless the row runs a model. Its
 config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yaml stage is generated from this row
 (vlbench.pipeline)."""
@@ -114,17 +116,25 @@ config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yam
     tables: tuple[SampleTable, ...] = ()
     reads: tuple[str, ...] = ("prepared", "texts", "features")
     stage: str = "stages.analysis"  # the stage module that writes its results (fine-tuning runs a model: its own)
+    dataset_metric: bool = False
 
     @property
     def table_names(self) -> tuple[str, ...]:
         """The names of the tables it writes, each once (several declarations may pair metrics on one table)."""
         return tuple(dict.fromkeys(t.name for t in self.tables))
 
-    def main_metric(self, values: Mapping[str, object]) -> str | None:
+    def main_metric(self, values: Mapping[str, object], declared: str | None = None) -> str | None:
         """The one number of a dataset's metrics that stands for the analysis (reports/headline.json, what `dvc exp
-        show` lists): the first numeric key matching `headline`, in pattern order."""
-        return next((k for p in self.headline for k in values
-                     if fnmatchcase(k, p) and isinstance(values[k], (int, float))), None)
+        show` lists): the metric the dataset's entry declares (`declared`, vlbench.datasets.registry.declared_metric)
+        where the analysis reports the dataset's metric and the values hold it, else the first numeric key matching
+        `headline`, in pattern order."""
+        if self.dataset_metric and declared is not None and _is_number(values.get(declared)):
+            return declared
+        return next((k for p in self.headline for k in values if fnmatchcase(k, p) and _is_number(values[k])), None)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # predictions per image: accuracy, mean-per-class and worst-group accuracy from the predicted class; the whole-set
@@ -149,12 +159,12 @@ ANALYSES = {a.name: a for a in (
                      "template embeddings) is most similar; the number is the dataset's own metric on the test split. "
                      "knowledge_best_* is the best knowledge-augmented prompt variant (WordNet, Wiktionary, LLM "
                      "descriptions, retrieval) on the same split.",
-             tables=_PREDICTIONS),
+             tables=_PREDICTIONS, dataset_metric=True),
     Analysis("linear_probe", "vlbench.analyses.linear_probe", "Linear probe (CLIP-paper logistic regression)",
              headline=DATASET_METRICS,
              explain="A logistic regression on frozen image features, its L2 strength chosen on a validation split "
                      "as in the CLIP paper, then refit on train + validation; the dataset's metric on the test split.",
-             tables=_PREDICTIONS, reads=("prepared", "images")),
+             tables=_PREDICTIONS, reads=("prepared", "images"), dataset_metric=True),
     Analysis("specificity", "vlbench.analyses.specificity", "Specificity (true vs subtly wrong texts: mAP per cell)",
              charts=("vlbench.report.plots:bars", "vlbench.report.plots:specificity_heatmap"),
              explain="For each kind of true text (captions, single labels, multi labels) against each kind of wrong "
@@ -187,7 +197,8 @@ ANALYSES = {a.name: a for a in (
              tables=(SampleTable("i2t_ranks", "image", ("i2t_r*",), statistic="mean", label=None, predicted=None,
                                  select="i2t_r{k}", value="rank", at_most="k"),
                      SampleTable("t2i_ranks", "image", ("t2i_r*",), ("caption_row",), "mean", label=None,
-                                 predicted=None, select="t2i_r{k}", value="rank", at_most="k", cluster="sample_id"))),
+                                 predicted=None, select="t2i_r{k}", value="rank", at_most="k", cluster="sample_id")),
+             dataset_metric=True),
     Analysis("granularity", "vlbench.analyses.granularity", "Granularity (WordNet levels: direct vs propagated mAP)",
              charts=("vlbench.report.plots:bars", "vlbench.report.plots:granularity_levels"),
              headline=("leaf_map", "coarse_map_*", "twolevel_*"),

@@ -63,7 +63,8 @@ class RetrievalError(VlbenchError):
 def first_positive_ranks(queries: np.ndarray, gallery: np.ndarray, positives: np.ndarray,
                          ties: str = "pessimistic") -> tuple[np.ndarray, np.ndarray]:
     """(rank, tied) per query: `rank` the 1-based position of the query's best-placed positive when the gallery is
-    sorted by decreasing cosine score, `tied` whether a negative has exactly that positive's score.
+    sorted by decreasing cosine score, `tied` whether a negative has exactly the score of its best positive (its
+    highest-scored one), the same under either `ties` rule.
 
     `queries` (n, d) and `gallery` (m, d) are normalised features; `positives` (n, k) the gallery rows positive for
     each query, -1 padded (at least one each). The best-placed positive p has only negatives above it, so its position
@@ -95,22 +96,22 @@ def exact_scores(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _chunk_ranks(scores: np.ndarray, pos: np.ndarray, ties: str) -> tuple[np.ndarray, np.ndarray]:
+    """(rank, tied) of a chunk's queries (`first_positive_ranks`); `tied`: a negative has exactly the score of the
+    query's best positive (its highest-scored one), whichever `ties` rule ranks it."""
     rows = np.arange(scores.shape[0])[:, None]
     negative = np.ones(scores.shape, bool)
     negative[np.broadcast_to(rows, pos.shape)[pos >= 0], pos[pos >= 0]] = False
     columns = np.arange(scores.shape[1])[None, :]
     best = np.full(scores.shape[0], np.iinfo(np.int64).max)
-    best_tied = np.zeros(scores.shape[0], bool)
     for j in range(pos.shape[1]):
         valid = pos[:, j] >= 0
         s = scores[rows[:, 0], np.maximum(pos[:, j], 0)][:, None]
         equal = negative & (scores == s)
         first = equal if ties == "pessimistic" else equal & (columns < pos[:, j:j + 1])
         rank = 1 + (negative & (scores > s)).sum(axis=1) + first.sum(axis=1)
-        better = valid & (rank < best)
-        best = np.where(better, rank, best)
-        best_tied = np.where(better, equal.any(axis=1), best_tied)
-    return best, best_tied
+        best = np.where(valid & (rank < best), rank, best)
+    top = np.where(pos >= 0, scores[rows, np.maximum(pos, 0)], -np.inf).max(axis=1)
+    return best, (negative & (scores == top[:, None])).any(axis=1)
 
 
 def recall_at(ranks: np.ndarray, k: int) -> float:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vlbench.config import ParamsError, compose, conf_dir, dataset_entry, prepared_dir
+from vlbench.config import ParamsError, compose, conf_dir, dataset_entry, load_entry, prepared_dir
 from vlbench.datasets.canonical import DatasetError, DatasetMeta
 
 SOURCES = {
@@ -96,10 +96,41 @@ def describe(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     classes_json = prepared_dir(name) / "classes.json"
     if classes_json.is_file():
         prepared = json.loads(classes_json.read_text())
-        row.update(classes=prepared["num_classes"], splits=prepared["splits"], metric=prepared["metric"])
-    row["metric"] = row["metric"] or "accuracy"
+        row.update(classes=prepared["num_classes"], splits=prepared["splits"])
+    row["metric"] = declared_metric(name, entry) or "accuracy"
     row.update(base_novel(name))
     return row
+
+
+def declared_metric(name: str, entry: Mapping[str, Any]) -> str | None:
+    """The metric the entry declares for its dataset, its headline number (reports/headline.json, the page's matrix,
+    the leaderboard; docs/protocols.md, "Headline numbers"): the source's, where it knows it without data
+    (`catalogue_row`: DataComp's main metric of a wds task, mean recall@1 for its retrieval tasks), else the spec's
+    `metric`, else the prepared data's (classes.json); None where none says."""
+    spec = entry["prepare"]
+    module = importlib.import_module(SOURCES[_source(name, spec)].split(":")[0])
+    found = module.catalogue_row(name, dict(spec)).get("metric") if hasattr(module, "catalogue_row") else None
+    if found or spec.get("metric"):
+        return found or spec["metric"]
+    classes_json = prepared_dir(name) / "classes.json"
+    return json.loads(classes_json.read_text()).get("metric") if classes_json.is_file() else None
+
+
+def declared_metrics(names, config_dir: str | Path | None = None) -> dict[str, str]:
+    """{name: `declared_metric`} of the names the registry (conf/dataset/<name>.yaml) has an entry for, as the entry
+    file says (a suite's `entries` overrides aside); {} without a conf/ here."""
+    try:
+        folder = conf_dir(config_dir) / "dataset"
+    except ParamsError:
+        return {}
+    out = {}
+    for name in names:
+        path = folder / f"{name}.yaml"
+        if path.is_file():
+            metric = declared_metric(name, load_entry(path))
+            if metric:
+                out[name] = metric
+    return out
 
 
 def leaf_classes(name: str, spec: Mapping[str, Any], cache: Path | None = None,

@@ -124,12 +124,13 @@ def _columns(metrics: Mapping[str, Any]) -> list[str]:
     return [a for a in ANALYSES if metrics.get(a)] + [a for a in metrics if a not in ANALYSES and metrics[a]]
 
 
-def main_metric(analysis: str, values: Mapping[str, Any]) -> str | None:
-    """The metric that stands for `analysis` on a dataset (`Analysis.main_metric`, what reports/headline.json holds);
-    for an analysis the table does not know, its first number."""
+def main_metric(analysis: str, values: Mapping[str, Any], declared: str | None = None) -> str | None:
+    """The metric that stands for `analysis` on a dataset (`Analysis.main_metric`, what reports/headline.json holds:
+    the metric the dataset's entry declares, `declared`, where the analysis reports it); for an analysis the table
+    does not know, its first number."""
 
     if analysis in ANALYSES:
-        return ANALYSES[analysis].main_metric(values)
+        return ANALYSES[analysis].main_metric(values, declared)
     return next((k for k, v in values.items() if _is_number(v)), None)
 
 
@@ -219,7 +220,7 @@ def _matrix_cell(analysis: str, dataset: str, key: str | None, common: str | Non
 
 
 def _matrix_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]],
-                    reference: Mapping[str, Any]) -> list[str]:
+                    reference: Mapping[str, Any], declared: Mapping[str, str]) -> list[str]:
     """Datasets x analyses: each cell the analysis's main number (reports/headline.json), its interval as a bar, the
     reference verdict where one exists; an empty cell where the analysis did not run on the dataset. A column's
     most common metric is named in its head, any other in its cell."""
@@ -227,7 +228,8 @@ def _matrix_section(metrics: Mapping[str, Any], results: Mapping[str, Mapping[st
 
 
     columns, datasets = _columns(metrics), matrix_rows(metrics, results)
-    keys = {(a, d): main_metric(a, metrics[a][d]) if metrics[a].get(d) else None for a in columns for d in datasets}
+    keys = {(a, d): main_metric(a, metrics[a][d], declared.get(d)) if metrics[a].get(d) else None
+            for a in columns for d in datasets}
     common = {a: next(iter(Counter(k for (a2, _), k in keys.items() if a2 == a and k).most_common(1)), (None,))[0]
               for a in columns}
     notes, _ = text_notes(headline_rows(metrics, results))
@@ -421,11 +423,14 @@ def _nav(metrics: Mapping[str, Any]) -> list[str]:
 
 
 def index_page(*, model: Mapping[str, Any], metrics: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]],
-               reference: Mapping[str, Any], charts: Mapping[str, Sequence[Path]], run: Mapping[str, Any]) -> str:
+               reference: Mapping[str, Any], charts: Mapping[str, Sequence[Path]], run: Mapping[str, Any],
+               declared: Mapping[str, str] | None = None) -> str:
     """reports/index.html: first the matrix (datasets x analyses, each cell the main number, its interval as a bar,
     the reference verdict), then every headline number folded by analysis, the model, the reference comparison, each
-    analysis's charts with what its numbers mean, and how to reproduce it (`run`: {"model", "suite"})."""
-    body = (_nav(metrics) + _matrix_section(metrics, results, reference) + _headline_section(metrics, results)
+    analysis's charts with what its numbers mean, and how to reproduce it (`run`: {"model", "suite"}); `declared`:
+    {dataset: the metric its entry declares}, the matrix's number where the analysis reports it."""
+    body = (_nav(metrics) + _matrix_section(metrics, results, reference, declared or {})
+            + _headline_section(metrics, results)
             + _model_section(model) + _reference_section(reference) + _placement_section(metrics, results))
     for analysis in metrics:
         body += _analysis_section(analysis, charts.get(analysis) or [])
@@ -443,12 +448,14 @@ TEST_NAMES = {"mcnemar": "McNemar", "bootstrap": "bootstrap SE", "t": "paired t"
 def _difference_text(d: Mapping[str, Any]) -> str:
     """b - a with its interval and p-values: the test's raw p and its p adjusted over the comparison (paired: McNemar's
     exact test, the bootstrap, or a t-test over episodes or seeds), or, only with --unpaired, from the two
-    intervals; untested where the runs cannot be paired."""
+    intervals; untested where the runs cannot be paired or their per-sample results are identical."""
     if d.get("p") is None:
         p = ['<span class="muted">not tested</span>']
     elif d.get("paired"):
         test = TEST_NAMES.get(d.get("test"), d.get("test") or "")
-        p = [f"p<sub>{_e(test)}</sub> = {number(d.get('p'))}", f"adjusted {number(d.get('p_adjusted'))}"]
+        p = [f"p<sub>{_e(test)}</sub> = {number(d.get('p'))}",
+             '<span class="muted">identical per-sample results: not in the correction\'s family</span>'
+             if d.get("identical") else f"adjusted {number(d.get('p_adjusted'))}"]
         p += ([f"p<sub>percentile bootstrap</sub> = {number(d.get('p_bootstrap'))}"]
               if d.get("p_bootstrap") is not None and d.get("test") != "mcnemar" else [])
         unit = f" {_e(d['unit'])}s" if d.get("unit") else ""
@@ -553,7 +560,8 @@ def render_leaderboard(board: Mapping[str, Any]) -> str:
         "a cell's verdict compares it with its model's published number. Click a header to sort.</p>",
         '<table class="sortable leaderboard">',
         f"<thead><tr><th>experiment</th><th>model</th>{head}</tr></thead>",
-        "<tbody>", *rows, "</tbody>", "</table>"])
+        "<tbody>", *rows, "</tbody>", "</table>",
+        *(f'<p class="note">{_e(c["id"])}: {_e(c["note"])}</p>' for c in columns if c.get("note"))])
 
 
 def render_comparison(data: Mapping[str, Any]) -> str:
@@ -576,7 +584,9 @@ def render_comparison(data: Mapping[str, Any]) -> str:
     body += [
         "<p>Each value with its 95% interval; each difference (b &minus; a) with its paired test's p-value (McNemar's "
         "exact test for accuracies, the paired bootstrap, or a paired t-test over episodes or seeds) and the p-value "
-        f"adjusted by {_e(method)} correction over the comparison's {_e(correction.get('tests', 'n/a'))} tests; a "
+        f"adjusted by {_e(method)} correction over the comparison's {_e(correction.get('tests', 'n/a'))} tests"
+        + (f" ({_e(correction['identical_left_out'])} comparisons of identical per-sample results left out: no "
+           f"discordant sample, they cannot reject)" if correction.get("identical_left_out") else "") + "; a "
         "difference that cannot be paired is tested only with --unpaired (from the two intervals); the winner "
         "(better than every other experiment at adjusted p &lt; 0.05) is highlighted.</p>",
         _table(head, comparison_rows(data))]
