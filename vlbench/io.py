@@ -117,6 +117,14 @@ def clean_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return stale + asides
 
 
+CACHE_VARIABLE = "VLBENCH_CACHE"  # the user's cache of machine facts (WordNet's copy, the plan's measured rates)
+
+
+def user_cache_dir() -> Path:
+    """$VLBENCH_CACHE, else ~/.cache/vlbench."""
+    return Path(os.environ.get(CACHE_VARIABLE) or os.path.join(os.path.expanduser("~"), ".cache", "vlbench"))
+
+
 class WriteError(VlbenchError):
     """A file could not be written (a full disk, a quota, a size limit, a read-only folder); the old file is kept."""
 
