@@ -232,7 +232,8 @@ def test_an_edited_or_incomplete_unit_file_is_recomputed_with_a_warning_naming_i
     assert path.read_bytes() == written  # rewritten as it was first written
 
 
-@pytest.mark.parametrize("change, why", [(edit_result, "does not match its checksum"), (drop_result, "has no `result`")])
+@pytest.mark.parametrize("change, why", [(edit_result, "does not match its checksum"),
+                                         (drop_result, "has no `result`")])
 def test_in_strict_mode_an_edited_unit_file_stops_the_run_in_one_line(tmp_path, monkeypatch, change, why):
     doubled(tmp_path)
     path = unit_file(tmp_path, 2)
@@ -260,8 +261,8 @@ def test_a_truncated_or_swapped_unit_file_is_still_named_in_one_line(tmp_path):
         doubled(tmp_path, strict=False)
 
 
-def test_an_episode_whose_stored_result_was_edited_is_recomputed_and_the_table_is_unchanged(world, toy_model_cfg,
-                                                                                            local_run, tmp_path, capsys):
+def test_an_episode_whose_stored_result_was_edited_is_recomputed_and_the_table_is_unchanged(
+        world, toy_model_cfg, local_run, tmp_path, capsys):
     """The flow the issue met: a stored result edited by hand was used as it was ("0 units computed")."""
     folder = tmp_path / "units"
     folder.mkdir()

@@ -42,7 +42,8 @@ def test_a_full_disk_while_writing_features_names_the_file():
 
 def test_a_full_disk_while_the_report_writes_the_page_is_one_line_and_the_old_page_stays(tmp_path):
     """The report stage on the committed results, in a process whose files may not grow past 300 kB (RLIMIT_FSIZE:
-    the kernel's own EFBIG, as a full disk gives ENOSPC): every JSON and chart fits, the page (about 640 kB) does not."""
+    the kernel's own EFBIG, as a full disk gives ENOSPC): every JSON and chart fits, the page (about 640 kB) does
+    not."""
     for path in (ROOT / "reports").glob("*/*.json"):
         if path.parent.name != "plots":
             (tmp_path / "reports" / path.parent.name).mkdir(parents=True, exist_ok=True)

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROBE = ("import sys, os, json; import stages; before = 'torch' in sys.modules; seen = os.environ.get('GOMP_SPINCOUNT'); "
-         "import torch; print(json.dumps({'torch_before': before, 'spin': seen, 'torch_after': 'torch' in sys.modules}))")
+PROBE = ("import sys, os, json; import stages; before = 'torch' in sys.modules; "
+         "seen = os.environ.get('GOMP_SPINCOUNT'); import torch; "
+         "print(json.dumps({'torch_before': before, 'spin': seen, 'torch_after': 'torch' in sys.modules}))")
 
 
 def stage_process(**env) -> dict:

@@ -9,8 +9,9 @@ is (method, episode, search point). Each finished unit is written at once, atomi
 the missing ones, and units pulled from a teammate's DVC remote are reused. A unit file is used only as it was written:
 one whose content does not match its checksum (a result edited by hand), that has no result or no checksum (written
 before unit files carried one) is recomputed with a warning naming it, or stops the run in one line in strict mode
-($VLBENCH_STRICT_UNITS=1); an unreadable (truncated) file or one holding another unit's key always stops it. Callers assemble their tables from the results in the order of
-their unit list, never in completion order, so the bytes do not depend on which unit finished first.
+($VLBENCH_STRICT_UNITS=1); an unreadable (truncated) file or one holding another unit's key always stops it.
+Callers assemble their tables from the results in the order of their unit list, never in completion order, so the
+bytes do not depend on which unit finished first.
 
 Engines (a runtime choice, never a param): `local` runs the units one after another in this process; `ray` runs one
 Ray task per unit (`vlbench.embed_ray.connect`: $VLBENCH_RAY_ADDRESS or a local Ray; the portable settings reach the
@@ -93,7 +94,8 @@ def describe(identity: Mapping[str, Any]) -> str:
 
 
 def checksum(doc: Mapping[str, Any]) -> str:
-    """The sha256 of a unit file's key, identity and result (canonical JSON: the same before writing and after reading)."""
+    """The sha256 of a unit file's key, identity and result (canonical JSON: the same before writing and after
+    reading)."""
     return hashlib.sha256(canonical({k: doc.get(k) for k in ("key", "identity", "result")}).encode()).hexdigest()
 
 
