@@ -230,7 +230,7 @@ def test_a_measured_rate_is_cached_and_the_next_plan_starts_no_child(rate_cache,
     assert first["rate"] == "measured" and first["images_per_second"] > 0
     assert first["reason"].startswith(f"model {first['images_per_second']:.3g} img/s measured on random input")
     (key, entry), = json.loads(rate_cache.read_text()).items()
-    assert entry["images_per_second"] == first["images_per_second"]
+    assert entry["value"] == first["images_per_second"]
     assert key.startswith("vlbench-toy | fp32 | cpu (") and key.endswith(" | batch 256")
     monkeypatch.setattr(rates.subprocess, "run", no_child)
     second = estimate(TOY, 1000, [], "cpu", True)

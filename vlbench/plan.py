@@ -243,7 +243,7 @@ def estimate(model_cfg: Mapping[str, Any], images: int, datasets: list[str], dev
     decode, sampled = measure_decode_seconds(decoder(decoding, arch.preprocess, dev, model_cfg["slug"]).worker,
                                              datasets)
     workers = default_workers(dev)
-    rate = model.images_per_second if decode is None else min(model.images_per_second, workers / decode)
+    rate = model.value if decode is None else min(model.value, workers / decode)
     how = model.how + "; " + (f"decoding {1 / decode:.0f} img/s per worker x {workers} workers, from {sampled} "
                               "prepared images" if decode else
                               "decoding not included (no dataset of the plan is prepared yet)")

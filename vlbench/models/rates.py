@@ -33,6 +33,8 @@ from vlbench.models.timing import build_image_model, describe_device, sync
 BATCH = 256  # the embed stage's default --batch-size
 BATCHES = 3  # timed full batches at most, after one untimed small one
 BUDGET_S = 10.0  # no further timed batch starts after this
+STEP_BUDGET_S = 10.0  # timed training steps stop after this (at least one)
+STEP_REPEATS = 3
 CAP_S = 60.0  # the child is killed after this (its imports, the model's build, the batches)
 CAP_BYTES = 4 << 30  # memory the child may take beyond its imports
 ACTIVATION_FACTOR = 4  # tensors alive at once at the forward's peak, in units of its largest one
@@ -47,12 +49,13 @@ class Architecture:
     flops: float  # per image, forward of the image tower
     parameter_bytes: int  # the whole model's parameters in fp32 (the stage builds both towers)
     activation_bytes: int  # per image, at the forward's peak (ACTIVATION_FACTOR x its largest tensor)
+    forward_bytes: int  # per image, every tensor the forward makes (what a training step may keep for backward)
     preprocess: Any
 
 
 @dataclass(frozen=True)
 class Rate:
-    images_per_second: float
+    value: float  # images per second of the forward (`model_rate`), seconds per training step (`step_seconds`)
     source: str  # MEASURED, CACHED or FLOPS
     how: str
 
@@ -66,12 +69,12 @@ def architecture(model_cfg: Mapping[str, Any]) -> Architecture:
     from torch.utils.flop_counter import FlopCounterMode
 
     class Largest(TorchDispatchMode):
-        largest = 0
+        largest, total = 0, 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             sizes = [t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-            self.largest = max([self.largest, *sizes])
+            self.largest, self.total = max([self.largest, *sizes]), self.total + sum(sizes)
             return out
 
     meta = torch.device("meta")
@@ -81,7 +84,7 @@ def architecture(model_cfg: Mapping[str, Any]) -> Architecture:
     with torch.inference_mode(), FlopCounterMode(display=False) as counter, Largest() as largest:
         model.encode_image(torch.empty(1, 3, height, width, device=meta))
     return Architecture(float(counter.get_total_flops()), 4 * sum(p.numel() for p in model.parameters()),
-                        ACTIVATION_FACTOR * largest.largest, preprocess)
+                        ACTIVATION_FACTOR * largest.largest, largest.total, preprocess)
 
 
 def _size(model) -> tuple[int, int]:
@@ -127,11 +130,12 @@ def cache_path() -> Path:
     return user_cache_dir() / CACHE_FILE
 
 
-def cache_key(model_cfg: Mapping[str, Any], device, batch: int) -> str:
+def cache_key(model_cfg: Mapping[str, Any], device, batch: int, kind: str = "forward") -> str:
+    """"<arch> | <precision> | <device> | batch <n>", with " | step" for a training step's rate."""
     from vlbench.models.loading import effective_precision
 
     return f"{model_cfg['arch']} | {effective_precision(model_cfg['precision'], device)} | {device_key(device)} | " \
-           f"batch {batch}"
+           f"batch {batch}" + ("" if kind == "forward" else f" | {kind}")
 
 
 def read_cache() -> dict[str, Any]:
@@ -146,27 +150,56 @@ def read_cache() -> dict[str, Any]:
 def model_rate(model_cfg: Mapping[str, Any], arch: Architecture, device, batch: int = BATCH,
                cap_s: float = CAP_S, cap_bytes: int = CAP_BYTES) -> Rate:
     """The image tower's images per second at `batch`: cached, measured in a capped child, or estimated from FLOPs."""
-    key = cache_key(model_cfg, device, batch)
-    cached = read_cache().get(key)
-    if isinstance(cached, dict) and isinstance(cached.get("images_per_second"), (int, float)):
-        return Rate(float(cached["images_per_second"]), CACHED,
-                    f"model {cached['images_per_second']:.3g} img/s measured on {cached.get('measured', '?')} "
-                    f"(cached in {cache_path()})")
-    matmul = matmul_flops(device, model_cfg["precision"])
-    bound = matmul / arch.flops
-    flops_how = (f"model {bound:.3g} img/s estimated from its {arch.flops / 1e9:.3g} GFLOP per image at this device's "
-                 f"matrix-product rate of {matmul / 1e9:.3g} GFLOP/s (an upper bound on its speed)")
-    seconds = arch.flops * (8 + batch) / matmul
-    need = arch.parameter_bytes + batch * arch.activation_bytes
-    if seconds > cap_s or need > cap_bytes:
-        return Rate(bound, FLOPS, f"{flops_how}; measuring would take ~{seconds:.3g} s and ~{_gib(need)}, over the "
-                                  f"warm-up's cap of {cap_s:g} s and {_gib(cap_bytes)}")
+    matmul = None if _cached(model_cfg, device, batch, "forward") else matmul_flops(device, model_cfg["precision"])
+    return _rate(model_cfg, device, batch, "forward", cap_s, cap_bytes, matmul and {
+        "value": matmul / arch.flops, "seconds": arch.flops * (8 + batch) / matmul,
+        "bytes": arch.parameter_bytes + batch * arch.activation_bytes,
+        "how": f"model {matmul / arch.flops:.3g} img/s estimated from its {arch.flops / 1e9:.3g} GFLOP per image at "
+               f"this device's matrix-product rate of {matmul / 1e9:.3g} GFLOP/s (an upper bound on its speed)"})
+
+
+def step_seconds(model_cfg: Mapping[str, Any], arch: Architecture, device, batch: int, cap_s: float = CAP_S,
+                 cap_bytes: int = CAP_BYTES) -> Rate:
+    """Seconds per training step of the image tower at `batch` (forward + backward, 3x the forward's FLOPs; Adam):
+    cached, measured in a capped child (two steps), or estimated from FLOPs (weights, gradients and Adam's two
+    moments, and every tensor of the forward kept for backward, count against the memory cap)."""
+    matmul = None if _cached(model_cfg, device, batch, "step") else matmul_flops(device, model_cfg["precision"])
+    step = 3 * arch.flops * batch
+    return _rate(model_cfg, device, batch, "step", cap_s, cap_bytes, matmul and {
+        "value": step / matmul, "seconds": 2 * step / matmul,
+        "bytes": 4 * arch.parameter_bytes + batch * arch.forward_bytes,
+        "how": f"{step / matmul:.3g} s/step at batch {batch} estimated from 3 x {arch.flops / 1e9:.3g} GFLOP per image "
+               f"at this device's matrix-product rate of {matmul / 1e9:.3g} GFLOP/s (a lower bound)"})
+
+
+def _cached(model_cfg: Mapping[str, Any], device, batch: int, kind: str) -> dict[str, Any] | None:
+    entry = read_cache().get(cache_key(model_cfg, device, batch, kind))
+    return entry if isinstance(entry, dict) and isinstance(entry.get("value"), (int, float)) else None
+
+
+def _rate(model_cfg: Mapping[str, Any], device, batch: int, kind: str, cap_s: float, cap_bytes: int,
+          bound: dict[str, Any] | None) -> Rate:
+    """The cached value, else the measured one when `bound` (the FLOPs estimate and what measuring would cost) fits
+    the caps and the child finishes, else the FLOPs estimate with the reason."""
+    unit = "img/s" if kind == "forward" else f"s/step at batch {batch}"
+    cached = _cached(model_cfg, device, batch, kind)
+    if cached:
+        return Rate(float(cached["value"]), CACHED, f"{'model ' if kind == 'forward' else ''}{cached['value']:.3g} "
+                                                    f"{unit} measured on {cached.get('measured', '?')} (cached in "
+                                                    f"{cache_path()})")
+    if bound["seconds"] > cap_s or bound["bytes"] > cap_bytes:
+        return Rate(bound["value"], FLOPS, f"{bound['how']}; measuring would take ~{bound['seconds']:.3g} s and "
+                                           f"~{_gib(bound['bytes'])}, over the warm-up's cap of {cap_s:g} s and "
+                                           f"{_gib(cap_bytes)}")
     try:
-        rate = measure_in_child(model_cfg, device, batch, cap_s, cap_bytes)
+        value = measure_in_child(model_cfg, device, batch, kind, cap_s, cap_bytes)
     except WarmupFailed as err:
-        return Rate(bound, FLOPS, f"{flops_how}; {err}")
-    write_json(cache_path(), {**read_cache(), key: {"images_per_second": rate, "measured": time.strftime("%Y-%m-%d")}})
-    return Rate(rate, MEASURED, f"model {rate:.3g} img/s measured on random input in batches of {batch}")
+        return Rate(bound["value"], FLOPS, f"{bound['how']}; {err}")
+    write_json(cache_path(), {**read_cache(), cache_key(model_cfg, device, batch, kind): {
+        "value": value, "measured": time.strftime("%Y-%m-%d")}})
+    how = f"model {value:.3g} img/s measured on random input in batches of {batch}" if kind == "forward" else \
+        f"{value:.3g} s/step at batch {batch} measured (Adam, forward + backward on random input)"
+    return Rate(value, MEASURED, how)
 
 
 def _gib(n: float) -> str:
@@ -177,11 +210,14 @@ class WarmupFailed(Exception):
     """The child did not give a rate; the message says why (the plan then estimates from FLOPs)."""
 
 
-def measure_in_child(model_cfg: Mapping[str, Any], device, batch: int, cap_s: float, cap_bytes: int) -> float:
-    """`measure` in a child process, killed after `cap_s`, its memory beyond its imports limited to `cap_bytes`."""
+def measure_in_child(model_cfg: Mapping[str, Any], device, batch: int, kind: str, cap_s: float,
+                     cap_bytes: int) -> float:
+    """`measure` (kind forward) or `measure_step` (kind step) in a child process,
+    killed after `cap_s`, its memory beyond its imports limited to `cap_bytes`."""
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    args = json.dumps({"model": dict(model_cfg), "device": str(device), "batch": batch, "cap_bytes": cap_bytes})
+    args = json.dumps({"model": dict(model_cfg), "device": str(device), "batch": batch, "kind": kind,
+                       "cap_bytes": cap_bytes})
     try:
         proc = subprocess.run([sys.executable, "-m", "vlbench.models.rates", args], capture_output=True, text=True,
                               timeout=cap_s, env=env)
@@ -192,7 +228,7 @@ def measure_in_child(model_cfg: Mapping[str, Any], device, batch: int, cap_s: fl
         memory = "allocate memory" in last or "MemoryError" in last
         raise WarmupFailed(f"the warm-up ran out of its memory cap of {_gib(cap_bytes)} ({last})" if memory
                            else f"the warm-up failed ({last})")
-    return float(json.loads(proc.stdout.strip().splitlines()[-1])["images_per_second"])
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["value"])
 
 
 def measure(model, precision: str, device, batch: int = BATCH, batches: int = BATCHES,
@@ -220,6 +256,35 @@ def measure(model, precision: str, device, batch: int = BATCH, batches: int = BA
     return done / (time.perf_counter() - start)
 
 
+def measure_step(model, precision: str, device, batch: int, budget_s: float = STEP_BUDGET_S) -> float:
+    """Seconds per optimiser step of the image tower (Adam, forward + backward of `batch` random images at the model's
+    resolution, the stage's autocast), after one untimed step; up to STEP_REPEATS steps within `budget_s`."""
+    import torch
+
+    from vlbench.models.loading import autocast_dtype
+
+    height, width = _size(model)
+    x = torch.randn(batch, 3, height, width, device=device)
+    optimizer = torch.optim.Adam(model.visual.parameters(), lr=1e-6)
+    dtype = autocast_dtype(precision, device)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = model.encode_image(x).float().pow(2).mean()
+        loss.backward()
+        optimizer.step()
+
+    step()
+    sync(device)
+    start, done = time.perf_counter(), 0
+    while done < STEP_REPEATS and (done == 0 or time.perf_counter() - start < budget_s):
+        step()
+        done += 1
+    sync(device)
+    return (time.perf_counter() - start) / done
+
+
 def _data_bytes() -> int:
     """This process's data segment now (VmData): what RLIMIT_DATA counts."""
     line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmData:"))
@@ -227,18 +292,19 @@ def _data_bytes() -> int:
 
 
 def main() -> None:
-    """The child: build the model (imports first, then the memory cap), time it, print {"images_per_second"}."""
+    """The child: build the model (imports first, then the memory cap), time it, print {"value"}."""
     import resource
 
     import open_clip  # noqa: F401  (imported before the cap: only the model's build and passes count against it)
     import torch
 
     args = json.loads(sys.argv[1])
+    time_it = measure if args["kind"] == "forward" else measure_step
     limit = _data_bytes() + int(args["cap_bytes"])
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     device = torch.device(args["device"])
     model, _, precision = build_image_model(args["model"], device)
-    print(json.dumps({"images_per_second": measure(model, precision, device, int(args["batch"]))}))
+    print(json.dumps({"value": time_it(model, precision, device, int(args["batch"]))}))
 
 
 if __name__ == "__main__":
