@@ -176,7 +176,7 @@ def _check_groups(overrides, conf: Path) -> None:
                    '{"seconds", "device", "images_per_second", "rate": "measured" | "cached" | "estimated from FLOPs" '
                    '| null, "reason"}, "finetune": {"stages": [{"name", "kind", '
                    '"methods": {method: {"units", "runs", "steps", ...}}, "units", "runs", "steps", "unknown"}], '
-                   '"estimate": {"seconds", "device_hours", "device", "seconds_per_step", "reason"} | null}}')
+                   '"estimate": {"seconds", "device_hours", "device", "seconds_per_step", "rate", "reason"} | null}}')
 @click.pass_context
 def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, ...], suite: str | None,
          model: str | None, device: str | None, warmup: bool, as_json: bool) -> None:

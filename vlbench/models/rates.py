@@ -3,13 +3,14 @@ cap, cached per (architecture, precision, device, batch) for the next plan, or e
 when measuring would cost more than the cap; `Rate.source` says which (docs/benchmarks.md, "The plan's estimate").
 
 Measuring a large model at the stage's batch on a CPU took `vlbench plan` 628 s and 7.2 GB (ViT-L/14) and 38 min and
-13.7 GB (ViT-H/14). So first the architecture is built on PyTorch's meta device (shapes only: no memory, about a
-second) and one image is run through it to count its FLOPs and its largest intermediate tensor; a short matrix
-product measures the device's FLOP rate. When the measurement would take longer than the time cap or more memory than
-the memory cap, the rate is the device's matrix-product rate / the FLOPs per image: an upper bound (a model runs its
-layers below a large matrix product's rate). Otherwise a child process (`python -m vlbench.models.rates`) builds the
-model at random initialisation and times it; it is killed at the time cap, and its memory beyond its imports is
-limited to the memory cap (RLIMIT_DATA); a child that does not finish gives the FLOPs estimate too, saying why.
+13.7 GB (ViT-H/14). So first the architecture is built on PyTorch's meta device (shapes only: no memory, about a second)
+and one image is run through it to count its FLOPs and its largest intermediate tensor; a short matrix product measures
+the device's FLOP rate. When the measurement would take longer than the time cap or more memory than the memory cap (on
+a GPU: its free memory), the rate is the device's matrix-product rate / the FLOPs per image: an upper bound (a model
+runs its layers below a large matrix product's rate). Otherwise a child process (`python -m vlbench.models.rates`)
+builds the model at random initialisation and times it; it is killed at the time cap, and its memory beyond its imports
+is limited to the memory cap (RLIMIT_DATA, on a CPU); a child that does not finish gives the FLOPs estimate too, saying
+why.
 
 A measured rate is kept in `$VLBENCH_CACHE/plan-rates.json` (default `~/.cache/vlbench/`: a fact of the machine, not
 of the project), keyed by architecture, precision, device (the CPU's name and core count, or the GPU's name) and batch;
@@ -187,6 +188,7 @@ def _rate(model_cfg: Mapping[str, Any], device, batch: int, kind: str, cap_s: fl
         return Rate(float(cached["value"]), CACHED, f"{'model ' if kind == 'forward' else ''}{cached['value']:.3g} "
                                                     f"{unit} measured on {cached.get('measured', '?')} (cached in "
                                                     f"{cache_path()})")
+    cap_bytes = memory_cap(device, cap_bytes)
     if bound["seconds"] > cap_s or bound["bytes"] > cap_bytes:
         return Rate(bound["value"], FLOPS, f"{bound['how']}; measuring would take ~{bound['seconds']:.3g} s and "
                                            f"~{_gib(bound['bytes'])}, over the warm-up's cap of {cap_s:g} s and "
@@ -200,6 +202,14 @@ def _rate(model_cfg: Mapping[str, Any], device, batch: int, kind: str, cap_s: fl
     how = f"model {value:.3g} img/s measured on random input in batches of {batch}" if kind == "forward" else \
         f"{value:.3g} s/step at batch {batch} measured (Adam, forward + backward on random input)"
     return Rate(value, MEASURED, how)
+
+
+def memory_cap(device, cap_bytes: int) -> int:
+    """`cap_bytes` of host memory on a CPU; on a GPU, where the model's tensors live, its free memory (the child's
+    host memory is then not limited: it holds the model's build only, and CUDA's start-up maps large regions)."""
+    import torch
+
+    return cap_bytes if device.type != "cuda" else torch.cuda.mem_get_info(device)[0]
 
 
 def _gib(n: float) -> str:
@@ -300,9 +310,10 @@ def main() -> None:
 
     args = json.loads(sys.argv[1])
     time_it = measure if args["kind"] == "forward" else measure_step
-    limit = _data_bytes() + int(args["cap_bytes"])
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     device = torch.device(args["device"])
+    if device.type == "cpu":
+        limit = _data_bytes() + int(args["cap_bytes"])
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     model, _, precision = build_image_model(args["model"], device)
     print(json.dumps({"value": time_it(model, precision, device, int(args["batch"]))}))
 
