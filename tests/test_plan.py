@@ -272,3 +272,10 @@ def test_a_child_that_passes_its_cap_is_stopped_and_the_rate_estimated_from_flop
     est = estimate(TOY, 1000, [], "cpu", True, **{"cap_s": 600, **caps})
     assert est["rate"] == "estimated from FLOPs" and why in est["reason"]
     assert not rate_cache.exists()
+
+
+def test_a_cache_that_cannot_be_written_costs_the_next_plan_a_measurement_only(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("VLBENCH_CACHE", str(tmp_path / "a-file" / "cache"))
+    est = estimate(TOY, 1000, [], "cpu", True, cap_s=600)
+    assert est["rate"] == "measured" and "(not cached: " in est["reason"] and est["images_per_second"] > 0

@@ -26,7 +26,7 @@ from vlbench.config import prepared_dir
 from vlbench.errors import VlbenchError
 from vlbench.finetune import FinetuneError, heldout
 from vlbench.finetune import fewtrans as fft
-
+from vlbench.models import rates as model_rates
 
 
 def supports(params: Mapping[str, Any], dataset: str,
@@ -119,7 +119,6 @@ def estimate(model_cfg: Mapping[str, Any], passes: list[dict[str, Any]], device:
     counted step at the rate of its batch size, measured in a capped child, cached or estimated from FLOPs
     (vlbench.models.rates.step_seconds). Only the training steps are counted (not the query scoring, the image
     decoding or a frozen tower's support encoding); a text_ft step is counted at the image tower's cost."""
-    from vlbench.models import rates as model_rates
     from vlbench.models.loading import pick_device
     from vlbench.models.timing import describe_device
 

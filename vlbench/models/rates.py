@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from vlbench.io import user_cache_dir, write_json
+from vlbench.io import WriteError, user_cache_dir, write_json
 from vlbench.models.timing import build_image_model, describe_device, sync
 
 BATCH = 256  # the embed stage's default --batch-size
@@ -197,10 +197,13 @@ def _rate(model_cfg: Mapping[str, Any], device, batch: int, kind: str, cap_s: fl
         value = measure_in_child(model_cfg, device, batch, kind, cap_s, cap_bytes)
     except WarmupFailed as err:
         return Rate(bound["value"], FLOPS, f"{bound['how']}; {err}")
-    write_json(cache_path(), {**read_cache(), cache_key(model_cfg, device, batch, kind): {
-        "value": value, "measured": time.strftime("%Y-%m-%d")}})
     how = f"model {value:.3g} img/s measured on random input in batches of {batch}" if kind == "forward" else \
         f"{value:.3g} s/step at batch {batch} measured (Adam, forward + backward on random input)"
+    try:
+        write_json(cache_path(), {**read_cache(), cache_key(model_cfg, device, batch, kind): {
+            "value": value, "measured": time.strftime("%Y-%m-%d")}})
+    except (OSError, WriteError) as err:  # a cache that cannot be written costs the next plan a measurement only
+        how += f" (not cached: {err})"
     return Rate(value, MEASURED, how)
 
 
