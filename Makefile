@@ -7,6 +7,8 @@ DEV_STAMP := $(VENV)/.installed-dev
 # torch's OpenMP threads spin 300,000 times at each barrier before sleeping; with another job on one of the cores the
 # spinning starves the thread that has work and toy training drops from 5.3 to 0.4-0.6 steps/s. 10,000 keeps 96% of
 # the speed alone and 4.5x the loaded speed, without changing any number (docs/benchmarks.md, "Threads under load").
+# Every stage process sets it itself (vlbench.portable.THREAD_WAIT); the export covers the processes that are not
+# stages: pytest's own (tests that train in-process) and the benchmarks.
 export GOMP_SPINCOUNT ?= 10000
 
 .PHONY: setup setup-dev wordnet test repro verify-demo clean-venv

@@ -171,6 +171,114 @@ def test_a_failing_unit_is_named_by_its_identity_and_the_units_before_it_are_kep
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# A unit file is used only as it was written (its checksum)
+
+
+class Doubling:
+    """A work whose unit result is twice the unit's number (no model: the cache's own behaviour)."""
+
+    token, threads = "doubling", 1
+
+    def setup(self):
+        return 2
+
+    def compute(self, state, identity):
+        return {"value": state * identity["n"]}
+
+
+def doubled(folder: Path, strict: bool | None = None) -> tuple[list[dict], units.Tally]:
+    work_units = units.make_units({"work": "doubling"}, [{"n": n} for n in range(3)])
+    return units.run_units(Doubling(), work_units, units.UnitCache(folder, strict=strict))
+
+
+def unit_file(folder: Path, n: int) -> Path:
+    return next(p for p in folder.glob("*.json") if json.loads(p.read_text())["identity"] == {"n": n})
+
+
+def edit(path: Path, change) -> None:
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def drop_checksum(doc):
+    del doc["sha256"]
+
+
+def drop_result(doc):
+    del doc["result"]
+
+
+def edit_result(doc):
+    doc["result"]["value"] = 99
+
+
+@pytest.mark.parametrize("change, why", [
+    (edit_result, "does not match its checksum (edited after it was written)"),
+    (drop_result, "has no `result`"),
+    (drop_checksum, "has no checksum (written before unit files carried one)"),
+])
+def test_an_edited_or_incomplete_unit_file_is_recomputed_with_a_warning_naming_it(tmp_path, capsys, change, why):
+    results, tally = doubled(tmp_path)
+    assert results == [{"value": 0}, {"value": 2}, {"value": 4}] and (tally.cached, tally.computed) == (0, 3)
+    path = unit_file(tmp_path, 1)
+    written = path.read_bytes()
+    assert json.loads(written)["sha256"] == units.checksum(json.loads(written))
+    edit(path, change)
+    capsys.readouterr()
+    results, tally = doubled(tmp_path)
+    assert results == [{"value": 0}, {"value": 2}, {"value": 4}] and (tally.cached, tally.computed) == (2, 1)
+    assert capsys.readouterr().err == f"warning: {path}: unit file {why}: recomputing the unit (n 1)\n"
+    assert path.read_bytes() == written  # rewritten as it was first written
+
+
+@pytest.mark.parametrize("change, why", [(edit_result, "does not match its checksum"),
+                                         (drop_result, "has no `result`")])
+def test_in_strict_mode_an_edited_unit_file_stops_the_run_in_one_line(tmp_path, monkeypatch, change, why):
+    doubled(tmp_path)
+    path = unit_file(tmp_path, 2)
+    edit(path, change)
+    edited = path.read_bytes()
+    monkeypatch.setenv(units.STRICT_VARIABLE, "1")
+    with pytest.raises(units.UnitError) as err:
+        doubled(tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: unit file {why}") and "(n 2)" in message and "\n" not in message
+    assert path.read_bytes() == edited  # neither used nor replaced
+
+
+def test_a_truncated_or_swapped_unit_file_is_still_named_in_one_line(tmp_path):
+    doubled(tmp_path)
+    first, second = unit_file(tmp_path, 0), unit_file(tmp_path, 1)
+    swapped = second.read_bytes()
+    first_bytes = first.read_bytes()
+    second.write_bytes(first_bytes)
+    with pytest.raises(units.UnitError, match=rf"^{second}: holds unit '{first.stem}', not '{second.stem}'; delete it"):
+        doubled(tmp_path)
+    second.write_bytes(swapped[: len(swapped) // 2])
+    with pytest.raises(units.UnitError, match=rf"^{second}: unreadable unit file \(.*\); delete it to recompute the "
+                                              r"unit \(n 1\)$"):
+        doubled(tmp_path, strict=False)
+
+
+def test_an_episode_whose_stored_result_was_edited_is_recomputed_and_the_table_is_unchanged(
+        world, toy_model_cfg, local_run, tmp_path, capsys):
+    """The flow the issue met: a stored result edited by hand was used as it was ("0 units computed")."""
+    folder = tmp_path / "units"
+    folder.mkdir()
+    for name, data in unit_files(local_run["units"]).items():
+        (folder / name).write_bytes(data)
+    path = next(p for p in sorted(folder.glob("*.json")) if json.loads(p.read_text())["identity"]["method"] == "lora")
+    edit(path, lambda doc: doc["result"].update(base=1.0))
+    capsys.readouterr()
+    summary, table = episodes(world, toy_model_cfg, folder)
+    assert summary["units"] == {"cached": 7, "computed": 1, "engine": "local"}
+    assert f"warning: {path}: unit file does not match its checksum" in capsys.readouterr().err
+    assert table_bytes(table, tmp_path / "t.parquet") == local_run["bytes"]
+    assert unit_files(folder) == unit_files(local_run["units"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # The held-out search
 
 LADDER = [1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0]  # written out

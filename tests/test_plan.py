@@ -16,11 +16,19 @@ from tests.pipeline_repo import make_repo, run
 from vlbench.cli import main as cli
 from vlbench.config import compose, dataset_entry
 from vlbench.datasets.registry import describe
+from vlbench.models import rates
 from vlbench.plan import estimate, make_plan, summary
 
 DVC = (sys.executable, "-m", "dvc")
 ROOT = Path(__file__).resolve().parent.parent
 SPLITS = {"shapes": 48 + 24 + 36, "hierarchy": 30}  # tests/pipeline_repo.py's smoke suite
+
+
+@pytest.fixture(autouse=True)
+def rate_cache(tmp_path, monkeypatch) -> Path:
+    """The measured rates' cache of this test alone (never the user's ~/.cache/vlbench)."""
+    monkeypatch.setenv("VLBENCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / rates.CACHE_FILE
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +80,7 @@ def test_plan_lists_what_dvc_status_lists_in_dag_order_with_split_sizes_and_writ
     assert {d: rows[f"embed_images@{d}"]["images"] for d in SPLITS} == SPLITS
     assert plan["images"] == sum(SPLITS.values())
     assert rows["embed_texts@shapes"]["texts"] is None and rows["zeroshot@shapes"]["images"] is None
-    assert plan["estimate"] == {"seconds": None, "device": "cpu", "images_per_second": None,
+    assert plan["estimate"] == {"seconds": None, "device": "cpu", "images_per_second": None, "rate": None,
                                 "reason": "warm-up skipped (--no-warmup)"}
     assert summary(plan, "vlbench-toy") == (
         "toy-smoke (vlbench-toy) on suite smoke: 138 images, 0 texts (+ 2 embed stages whose inputs are not prepared "
@@ -218,3 +226,70 @@ def test_a_planned_held_out_search_is_counted_through_dvc(repo, monkeypatch):
     assert {m: row["units"] for m, row in search["methods"].items()} == {m: 50 * p for m, p in points.items()}
     assert plan["finetune"]["estimate"]["seconds"] is None
     assert make_plan(compose([], repo / "conf"), warmup=False)["finetune"] == {"stages": [], "estimate": None}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The model's rate: measured in a capped child, cached, or estimated from FLOPs (vlbench/models/rates.py)
+
+TOY = compose([], ROOT / "conf")["model"]
+VIT_B32 = {"slug": "vit-b32", "arch": "ViT-B-32-quickgelu", "pretrained": "random", "precision": "fp32"}
+
+
+def no_child(*args, **kwargs):
+    raise AssertionError(f"a child process was started: {args}")
+
+
+def test_a_measured_rate_is_cached_and_the_next_plan_starts_no_child(rate_cache, monkeypatch):
+    first = estimate(TOY, 1000, [], "cpu", True, cap_s=600)
+    assert first["rate"] == "measured" and first["images_per_second"] > 0
+    assert first["reason"].startswith(f"model {first['images_per_second']:.3g} img/s measured on random input")
+    (key, entry), = json.loads(rate_cache.read_text()).items()
+    assert entry["value"] == first["images_per_second"]
+    assert key.startswith("vlbench-toy | fp32 | cpu (") and key.endswith(" | batch 256")
+    monkeypatch.setattr(rates.subprocess, "run", no_child)
+    second = estimate(TOY, 1000, [], "cpu", True)
+    assert second["rate"] == "cached" and second["images_per_second"] == first["images_per_second"]
+    assert second["seconds"] == pytest.approx(1000 / first["images_per_second"]) and str(rate_cache) in second["reason"]
+    plan = {"model": "toy", "suite": "demo", "images": 1000, "texts": 0, "manual_downloads": [], "stages": [],
+            "estimate": second}
+    assert "on this CPU (model rate cached)" in summary(plan, "vlbench-toy")
+
+
+def test_flops_of_a_vit_are_counted_as_an_independent_count_gives():
+    """ViT-B/32 at 224 px: 49 patches + the class token, width 768, 12 layers, MLP 3072, projection to 512."""
+    tokens, width, layers = 50, 768, 12
+    per_layer = 2 * tokens * width * 3 * width + 2 * 2 * tokens * tokens * width + 2 * tokens * width * width \
+        + 2 * 2 * tokens * width * 4 * width
+    assert rates.architecture(VIT_B32).flops == 2 * 49 * 3 * 32 * 32 * width + layers * per_layer + 2 * width * 512
+
+
+@pytest.mark.parametrize("caps, over", [({"cap_s": 1e-6}, "cap of 1e-06 s"), ({"cap_bytes": 1024}, "9.54e-07 GiB")])
+def test_a_measurement_that_would_pass_the_cap_is_estimated_from_flops_and_says_so(rate_cache, monkeypatch, caps, over):
+    monkeypatch.setattr(rates.subprocess, "run", no_child)
+    est = estimate(VIT_B32, 1000, [], "cpu", True, **caps)
+    assert est["rate"] == "estimated from FLOPs" and over in est["reason"]
+    assert "measuring would take ~" in est["reason"] and "8.82 GFLOP per image" in est["reason"]
+    matmul = float(est["reason"].split("matrix-product rate of ")[1].split(" GFLOP/s")[0]) * 1e9
+    assert est["images_per_second"] == pytest.approx(matmul / 8.817623040e9, rel=5e-3)
+    assert est["seconds"] == pytest.approx(1000 / est["images_per_second"])
+    assert not rate_cache.exists()  # an estimate is never cached
+
+
+@pytest.mark.parametrize("caps, why", [
+    ({"cap_s": 0.2}, "the warm-up did not finish within its cap of 0.2 s"),
+    ({"cap_bytes": 70_000_000}, "the warm-up ran out of its memory cap of 0.0652 GiB ("),
+])
+def test_a_child_that_passes_its_cap_is_stopped_and_the_rate_estimated_from_flops(rate_cache, monkeypatch, caps, why):
+    """The caps hold in the child: the prediction is made to pass (an immense matrix-product rate), the toy's
+    imports alone take longer than 0.2 s, and its build and batches need more than 70 MB."""
+    monkeypatch.setattr(rates, "matmul_flops", lambda device, precision: 1e18)
+    est = estimate(TOY, 1000, [], "cpu", True, **{"cap_s": 600, **caps})
+    assert est["rate"] == "estimated from FLOPs" and why in est["reason"]
+    assert not rate_cache.exists()
+
+
+def test_a_cache_that_cannot_be_written_costs_the_next_plan_a_measurement_only(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("VLBENCH_CACHE", str(tmp_path / "a-file" / "cache"))
+    est = estimate(TOY, 1000, [], "cpu", True, cap_s=600)
+    assert est["rate"] == "measured" and "(not cached: " in est["reason"] and est["images_per_second"] > 0

@@ -10,10 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.test_finetune_units import write_world
 from vlbench.config import compose
 from vlbench.finetune import fewtrans as fft
+from vlbench.models import rates
 from vlbench.plan import finetune_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +24,13 @@ TABLE = {"methods": ["text_ft", "lora"], "lr_factors": [0.5, 1.0, 2.0], "two_lr_
          "epoch_offset": 4, "text_ft": {"lr": 1e-3, "epochs": 2, "batch_size": 4},
          "lora": {"lr": 1e-2, "head_lr": 1e-2, "epochs": 5, "batch_size": 3, "rank": 2, "alpha": 2.0}}
 SEARCH = {"sampler": {"episodes": 3}, "coarse": {"lr": [1e-5, 1e-4], "head_lr": [1e-2], "epochs": [1, 2]}}
+
+
+@pytest.fixture(autouse=True)
+def rate_cache(tmp_path, monkeypatch) -> Path:
+    """The measured rates' cache of this test alone (never the user's ~/.cache/vlbench)."""
+    monkeypatch.setenv("VLBENCH_CACHE", str(tmp_path / "rates"))
+    return tmp_path / "rates" / rates.CACHE_FILE
 
 
 @pytest.fixture
@@ -72,10 +81,26 @@ def test_counts_of_the_search_and_the_table_equal_the_settings(project):
 def test_device_hours_from_the_toy_models_measured_step_rate(project):
     plan = finetune_plan(project, ["finetune@hues"], "cpu", warmup=True)
     est, (table,) = plan["estimate"], plan["stages"]
-    rates = {int(b): s for b, s in est["seconds_per_step"].items()}
-    assert set(rates) == {3, 4} and all(s > 0 for s in rates.values()) and est["device"] == "cpu"
-    expected = sum(m["steps"] * rates[m["batch_size"]] for m in table["methods"].values())
+    per_step = {int(b): s for b, s in est["seconds_per_step"].items()}
+    assert set(per_step) == {3, 4} and all(s > 0 for s in per_step.values()) and est["device"] == "cpu"
+    expected = sum(m["steps"] * per_step[m["batch_size"]] for m in table["methods"].values())
     assert est["seconds"] == pytest.approx(expected) and est["device_hours"] == pytest.approx(expected / 3600)
+    assert set(est["rate"]) == {"3", "4"} and set(est["rate"].values()) <= {"measured", "estimated from FLOPs"}
+    assert all(f"at batch {b} " in est["reason"] and f"[{source}]" in est["reason"] for b, source in est["rate"].items())
+
+
+def test_a_step_rate_over_the_cap_is_estimated_from_flops_and_a_measured_one_is_cached(project, rate_cache,
+                                                                                         monkeypatch):
+    arch = rates.architecture(project["model"])
+    cpu = torch.device("cpu")
+    est = rates.step_seconds(project["model"], arch, cpu, 4, cap_s=1e-6)
+    assert est.source == "estimated from FLOPs" and "over the warm-up's cap of 1e-06 s" in est.how
+    assert not rate_cache.exists()
+    measured = rates.step_seconds(project["model"], arch, cpu, 4, cap_s=600)
+    assert measured.source == "measured" and measured.value > 0
+    monkeypatch.setattr(rates.subprocess, "run", lambda *a, **k: pytest.fail("a child process was started"))
+    again = rates.step_seconds(project["model"], arch, cpu, 4)
+    assert (again.source, again.value) == ("cached", measured.value)
 
 
 def test_unknown_centres_and_unprepared_data_are_named(project):

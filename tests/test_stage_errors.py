@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +38,28 @@ def test_a_full_disk_while_writing_features_names_the_file():
     with pytest.raises(FeaturesWriteError, match=r"^/dev/full: cannot write the features \(.*No space left on "
                                                  r"device.*\); free space on its disk \(`df -h /dev`\)"):
         write_table(Path("/dev/full"), [table], features_schema(rows.schema, 4, {"model": "m"}))
+
+
+def test_a_full_disk_while_the_report_writes_the_page_is_one_line_and_the_old_page_stays(tmp_path):
+    """The report stage on the committed results, in a process whose files may not grow past 300 kB (RLIMIT_FSIZE:
+    the kernel's own EFBIG, as a full disk gives ENOSPC): every JSON and chart fits, the page (about 640 kB) does
+    not."""
+    for path in (ROOT / "reports").glob("*/*.json"):
+        if path.parent.name != "plots":
+            (tmp_path / "reports" / path.parent.name).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "reports" / path.parent.name / path.name).write_bytes(path.read_bytes())
+    (tmp_path / "reports/index.html").write_text("the old page\n")
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+
+    proc = subprocess.run([sys.executable, "-m", "stages.report", "--params", str(ROOT / "params.yaml")], cwd=tmp_path,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          preexec_fn=small_files)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == ("error: reports/index.html: cannot write it (File too large); the old file is kept: free "
+                           "space on its disk (`df -h reports`) or make the folder writable, then rerun\n")
+    assert (tmp_path / "reports/index.html").read_text() == "the old page\n"
+    assert [p.name for p in (tmp_path / "reports").iterdir() if p.name.startswith(".")] == []  # no temporary left
+    assert (tmp_path / "reports/metrics.json").is_file()  # written before the page, under the limit

@@ -217,9 +217,10 @@ def _check_groups(overrides, conf: Path) -> None:
 @click.option("--json", "as_json", is_flag=True,
               help='machine-readable: {"model", "suite", "stages": [{"name", "status", "cached": {"local", "remote"}, '
                    '"after", "images", "texts"}], "images", "texts", "manual_downloads", "remote", "estimate": '
-                   '{"seconds", "device", "images_per_second", "reason"}, "finetune": {"stages": [{"name", "kind", '
+                   '{"seconds", "device", "images_per_second", "rate": "measured" | "cached" | "estimated from FLOPs" '
+                   '| null, "reason"}, "finetune": {"stages": [{"name", "kind", '
                    '"methods": {method: {"units", "runs", "steps", ...}}, "units", "runs", "steps", "unknown"}], '
-                   '"estimate": {"seconds", "device_hours", "device", "seconds_per_step", "reason"} | null}}')
+                   '"estimate": {"seconds", "device_hours", "device", "seconds_per_step", "rate", "reason"} | null}}')
 @click.pass_context
 def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, ...], suite: str | None,
          model: str | None, device: str | None, warmup: bool, as_json: bool) -> None:
@@ -245,7 +246,9 @@ def plan(ctx: click.Context, overrides: tuple[str, ...], set_params: tuple[str, 
             click.echo(f"{row['status']:10s} {row['name']}{counts}{cached}{after}")
     fresh = sum(row["status"] == "up to date" for row in result["stages"])
     click.echo(f"{fresh} stage(s) up to date; remote: {result['remote']['reason'] or result['remote']['name']}")
-    click.echo(f"estimate on {result['estimate']['device']}: {result['estimate']['reason']}")
+    est = result["estimate"]
+    click.echo(f"estimate on {est['device']}" + (f" (model rate {est['rate']})" if est["rate"] else "") +
+               f": {est['reason']}")
     for row in result["finetune"]["stages"]:
         counts = ", ".join(f"{row[k] if row[k] is not None else '?'} {k}" for k in ("units", "runs", "steps"))
         click.echo(f"fine-tuning {row['name']}: {counts}" + "".join(f"; {u}" for u in row["unknown"]))

@@ -55,10 +55,12 @@ def connect() -> None:
     address = ray_address()
     if not ray.is_initialized():
         # workers start from Ray's environment, not this process's: they get the stages' portable settings (and its
-        # thread count, where Ray would set OMP_NUM_THREADS to a task's CPUs), so both engines compute the same bytes
-        env = {"env_vars": dict(portable.ENV)} if portable.enabled() else None
+        # thread count, where Ray would set OMP_NUM_THREADS to a task's CPUs), so both engines compute the same bytes;
+        # and this process's threads' wait (portable.THREAD_WAIT), on a cluster too
+        env = {name: os.environ.get(name, value) for name, value in portable.THREAD_WAIT.items()}
+        env |= portable.ENV if portable.enabled() else {}
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env=env)
+                 runtime_env={"env_vars": env})
 
 
 def ray_address() -> str | None:

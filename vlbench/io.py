@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from vlbench.errors import VlbenchError
+
 try:
     _LIBC = ctypes.CDLL(None, use_errno=True)
 except OSError:  # pragma: no cover - platforms without a C library handle (Windows)
@@ -115,19 +117,50 @@ def clean_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return stale + asides
 
 
+CACHE_VARIABLE = "VLBENCH_CACHE"  # the user's cache of machine facts (WordNet's copy, the plan's measured rates)
+
+
+def user_cache_dir() -> Path:
+    """$VLBENCH_CACHE, else ~/.cache/vlbench."""
+    return Path(os.environ.get(CACHE_VARIABLE) or os.path.join(os.path.expanduser("~"), ".cache", "vlbench"))
+
+
+class WriteError(VlbenchError):
+    """A file could not be written (a full disk, a quota, a size limit, a read-only folder); the old file is kept."""
+
+
+WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}  # what writing the temporary can meet
+CREATE_FAILURES = WRITE_FAILURES | {errno.EACCES, errno.EPERM}  # and creating it
+
+
+def _cannot_write(path: Path, err: OSError) -> WriteError:
+    return WriteError(f"{path}: cannot write it ({err.strerror or err}); the old file is kept: free space on its disk "
+                      f"(`df -h {path.parent}`) or make the folder writable, then rerun")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; on success rename it onto `path`, on error delete it."""
+    """Yield a temporary path beside `path`; on success rename it onto `path`, on error delete it. A full disk (or
+    another failure to write, `WRITE_FAILURES`) is a WriteError naming `path`, which is left as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temporaries(path)
-    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temporaries(path)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        if err.errno in CREATE_FAILURES:
+            raise _cannot_write(path, err) from err
+        raise
     os.close(fd)
     tmp = Path(tmp)
     _as_created(tmp, folder=False)
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as err:
+        if err.errno in WRITE_FAILURES:
+            raise _cannot_write(path, err) from err
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

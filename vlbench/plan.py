@@ -22,11 +22,9 @@ from vlbench.config import PARAMS_FILE, dataset_entry, knowledge_dir, prepared_d
 from vlbench.datasets.canonical import load_meta, split_path
 from vlbench.datasets.registry import describe
 from vlbench.errors import VlbenchError
-from vlbench.models.timing import build_image_model, describe_device, sync
+from vlbench.models import rates
+from vlbench.models.timing import describe_device
 
-WARMUP_BATCH = 256  # the embed stage's default --batch-size
-WARMUP_BATCHES = 3  # timed full batches at most, after one untimed small one
-WARMUP_BUDGET_S = 10.0  # no further timed batch starts after this (a CPU's ViT-L/14 batch takes minutes)
 FINETUNE_STAGES = ("heldout", "finetune")  # stage groups whose training passes plan counts (vlbench/finetune/passes.py)
 DECODE_SAMPLE = 32  # images per prepared dataset decoded and preprocessed to measure the per-image CPU cost
 
@@ -199,32 +197,6 @@ def manual_downloads(params: Mapping[str, Any], rows: list[dict[str, Any]]) -> l
             if d in todo and describe(d, dataset_entry(params, d))["manual_download"]]
 
 
-def measure_model_rate(model, precision: str, device, batch: int = WARMUP_BATCH, batches: int = WARMUP_BATCHES,
-                       budget_s: float = WARMUP_BUDGET_S) -> float:
-    """Images per second of the image tower on random input at its resolution, with the stage's autocast and batch
-    size: after one untimed small batch (allocations, kernel set-up), `batches` full batches, or fewer once
-    `budget_s` has passed (at least one). Per-call overheads matter: on a loaded CPU a call of 8 images took as long
-    as one of 256 (docs/benchmarks.md), so a smaller batch than the stage's would mis-measure it."""
-    import torch
-
-    from vlbench.models.loading import autocast_dtype
-
-    size = model.visual.image_size
-    height, width = (size, size) if isinstance(size, int) else size
-    x = torch.randn(batch, 3, height, width, device=device)
-    dtype = autocast_dtype(precision, device)
-    done = 0
-    with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-        model.encode_image(x[:8])
-        sync(device)
-        start = time.perf_counter()
-        while done < batch * batches and (done == 0 or time.perf_counter() - start < budget_s):
-            model.encode_image(x)
-            done += batch
-        sync(device)
-    return done / (time.perf_counter() - start)
-
-
 def measure_decode_seconds(load, datasets: list[str], sample: int = DECODE_SAMPLE) -> tuple[float | None, int]:
     """Seconds per image of `load` (a decoder's worker step: bytes to the model's input, `vlbench.decoding`) in one
     process, over the first `sample` images of the first split of each prepared dataset; (None, 0) when none is
@@ -248,15 +220,17 @@ def measure_decode_seconds(load, datasets: list[str], sample: int = DECODE_SAMPL
 
 
 def estimate(model_cfg: Mapping[str, Any], images: int, datasets: list[str], device: str | None,
-             warmup: bool, decoding: str = "pil") -> dict[str, Any]:
-    """{"seconds", "device", "images_per_second", "reason"}: images / the stage's rate, from the model's measured
-    forward pass and the measured decode cost (of `decoding`, the params' embed.decode: what the workers run; with
-    `torchvision` the JPEG decoding runs on the device and is not counted) spread over the stage's DataLoader
+             warmup: bool, decoding: str = "pil", cap_s: float = rates.CAP_S,
+             cap_bytes: int = rates.CAP_BYTES) -> dict[str, Any]:
+    """{"seconds", "device", "images_per_second", "rate", "reason"}: images / the stage's rate, from the model's rate
+    (`rate`: measured in a capped child process, cached from an earlier plan, or estimated from FLOPs:
+    vlbench.models.rates) and the measured decode cost (of `decoding`, the params' embed.decode: what the workers run;
+    with `torchvision` the JPEG decoding runs on the device and is not counted) spread over the stage's DataLoader
     workers, whichever is slower (docs/benchmarks.md, "The plan's estimate": how close this comes to the stage)."""
     from vlbench.models.loading import pick_device
 
     dev = pick_device(device)
-    unknown = {"seconds": None, "device": describe_device(dev), "images_per_second": None}
+    unknown = {"seconds": None, "device": describe_device(dev), "images_per_second": None, "rate": None}
     if not warmup:
         return {**unknown, "reason": "warm-up skipped (--no-warmup)"}
     if not images:
@@ -264,15 +238,17 @@ def estimate(model_cfg: Mapping[str, Any], images: int, datasets: list[str], dev
     from vlbench.decoding import decoder
     from vlbench.embed import default_workers
 
-    model, preprocess, precision = build_image_model(model_cfg, dev)
-    model_rate = measure_model_rate(model, precision, dev)
-    decode, sampled = measure_decode_seconds(decoder(decoding, preprocess, dev, model_cfg["slug"]).worker, datasets)
+    arch = rates.architecture(model_cfg)
+    model = rates.model_rate(model_cfg, arch, dev, cap_s=cap_s, cap_bytes=cap_bytes)
+    decode, sampled = measure_decode_seconds(decoder(decoding, arch.preprocess, dev, model_cfg["slug"]).worker,
+                                             datasets)
     workers = default_workers(dev)
-    rate = model_rate if decode is None else min(model_rate, workers / decode)  # the two run at once: the slower rules
-    how = (f"model {model_rate:.0f} img/s measured on random input in batches of {WARMUP_BATCH}; " +
-           (f"decoding {1 / decode:.0f} img/s per worker x {workers} workers, from {sampled} prepared images"
-            if decode else "decoding not included (no dataset of the plan is prepared yet)"))
-    return {"seconds": images / rate, "device": unknown["device"], "images_per_second": rate, "reason": how}
+    rate = model.value if decode is None else min(model.value, workers / decode)
+    how = model.how + "; " + (f"decoding {1 / decode:.0f} img/s per worker x {workers} workers, from {sampled} "
+                              "prepared images" if decode else
+                              "decoding not included (no dataset of the plan is prepared yet)")
+    return {"seconds": images / rate, "device": unknown["device"], "images_per_second": rate, "rate": model.source,
+            "reason": how}
 
 
 def make_plan(params: Mapping[str, Any], device: str | None = None, warmup: bool = True) -> dict[str, Any]:
@@ -306,6 +282,7 @@ def summary(plan: Mapping[str, Any], arch: str) -> str:
     est = plan["estimate"]
     where = "this GPU" if est["device"].startswith("cuda") else "this CPU"
     time_ = f"~{_duration(est['seconds'])} on {where}" if est["seconds"] is not None else "time unknown"
+    time_ += f" (model rate {est['rate']})" if est.get("rate") else ""
     manual = plan["manual_downloads"]
     files = f"{len(manual)} dataset{'s' if len(manual) != 1 else ''} need{'s' if len(manual) == 1 else ''} manual files"
     files += f" ({', '.join(manual)})" if manual else ""

@@ -36,6 +36,11 @@ THREADS = 2  # CI's and the development machines' core count
 # OpenBLAS run THREADS threads in every stage, whatever the core count (BLAS calls that ask for 1 still get 1)
 ENV |= {name: str(THREADS) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
 _LOADED_TOO_EARLY = ("torch", "numpy", "faiss", "pyarrow", "scipy")
+# How long an idle OpenMP thread spins at a barrier before it sleeps (libgomp's default: 300,000 spins): beside another
+# job the spinning starves the thread that has work and toy training runs 12x slower; 10,000 keeps 96% of the quiet
+# speed and 4.5x the loaded one, and changes no number (docs/benchmarks.md, "Threads under load"). Every stage process
+# sets it, whoever started it (make, `dvc exp run` typed in a shell, a Ray worker), unless the user set it already.
+THREAD_WAIT = {"GOMP_SPINCOUNT": "10000"}
 
 
 def enabled() -> bool:
@@ -45,7 +50,10 @@ def enabled() -> bool:
 def apply() -> bool:
     """Pin every numeric library to its portable code path (a no-op with VLBENCH_PORTABLE=0). The libraries read these
     variables once, when they load: True if none of them was loaded before (a stage process, `python -m stages.x`),
-    False where one was (a stage module imported into a running test), whose kernels then stay its own choice."""
+    False where one was (a stage module imported into a running test), whose kernels then stay its own choice.
+    The threads' wait (`THREAD_WAIT`, the user's value first) is set whether or not the arithmetic is pinned."""
+    for name, value in THREAD_WAIT.items():
+        os.environ.setdefault(name, value)
     if not enabled():
         return False
     os.environ.update(ENV)

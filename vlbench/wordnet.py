@@ -33,10 +33,10 @@ from nltk.corpus.reader.wordnet import Synset, WordNetCorpusReader
 from nltk.data import FileSystemPathPointer, ZipFilePathPointer
 
 from vlbench.errors import VlbenchError
+from vlbench.io import user_cache_dir
 
 DEBIAN_DIR = "/usr/share/wordnet"
 ENV_DIR = "VLBENCH_WORDNET_DIR"
-ENV_CACHE = "VLBENCH_CACHE"
 FIX_HINT = "install it with `apt-get install wordnet-base` or `python -m nltk.downloader wordnet`"
 
 # lexnames(5WN): the 45 lexicographer files, "<number>\t<name>\t<syntactic category>".
@@ -78,8 +78,7 @@ def lexnames_text() -> str:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get(ENV_CACHE) or os.path.join(os.path.expanduser("~"), ".cache", "vlbench")
-    return Path(base) / "wordnet"
+    return user_cache_dir() / "wordnet"
 
 
 def load_wordnet(

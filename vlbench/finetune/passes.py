@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,7 @@ from vlbench.config import prepared_dir
 from vlbench.errors import VlbenchError
 from vlbench.finetune import FinetuneError, heldout
 from vlbench.finetune import fewtrans as fft
-
-STEP_BUDGET_S = 10.0  # timed steps per batch size stop after this (at least one)
-STEP_REPEATS = 3
+from vlbench.models import rates as model_rates
 
 
 def supports(params: Mapping[str, Any], dataset: str,
@@ -116,66 +113,39 @@ def stage_passes(params: Mapping[str, Any], stages: list[str]) -> list[dict[str,
     return out
 
 
-def measure_step_seconds(model, precision: str, device, batch: int, budget_s: float = STEP_BUDGET_S) -> float:
-    """Seconds per optimiser step of the image tower (Adam, forward + backward of `batch` random images at the model's
-    resolution, the stage's autocast), after one untimed step; up to STEP_REPEATS steps within `budget_s`."""
-    import torch
-
-    from vlbench.models.loading import autocast_dtype
-    from vlbench.models.timing import sync
-
-    size = model.visual.image_size
-    height, width = (size, size) if isinstance(size, int) else size
-    x = torch.randn(batch, 3, height, width, device=device)
-    optimizer = torch.optim.Adam(model.visual.parameters(), lr=1e-6)
-    dtype = autocast_dtype(precision, device)
-
-    def step() -> None:
-        optimizer.zero_grad()
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            loss = model.encode_image(x).float().pow(2).mean()
-        loss.backward()
-        optimizer.step()
-
-    step()
-    sync(device)
-    start, done = time.perf_counter(), 0
-    while done < STEP_REPEATS and (done == 0 or time.perf_counter() - start < budget_s):
-        step()
-        done += 1
-    sync(device)
-    return (time.perf_counter() - start) / done
-
-
 def estimate(model_cfg: Mapping[str, Any], passes: list[dict[str, Any]], device: str | None,
              warmup: bool) -> dict[str, Any]:
-    """{"seconds", "device_hours", "device", "seconds_per_step": {batch: s}, "reason"}: every counted step at the
-    measured rate of its batch size. Only the training steps are counted (not the query scoring, the image decoding
-    or a frozen tower's support encoding); a text_ft step is counted at the image tower's cost."""
+    """{"seconds", "device_hours", "device", "seconds_per_step": {batch: s}, "rate": {batch: source}, "reason"}: every
+    counted step at the rate of its batch size, measured in a capped child, cached or estimated from FLOPs
+    (vlbench.models.rates.step_seconds). Only the training steps are counted (not the query scoring, the image
+    decoding or a frozen tower's support encoding); a text_ft step is counted at the image tower's cost."""
     from vlbench.models.loading import pick_device
-    from vlbench.models.timing import build_image_model, describe_device
+    from vlbench.models.timing import describe_device
 
     dev = pick_device(device)
-    unknown = {"seconds": None, "device_hours": None, "device": describe_device(dev), "seconds_per_step": {}}
+    unknown = {"seconds": None, "device_hours": None, "device": describe_device(dev), "seconds_per_step": {},
+               "rate": {}}
     if not passes:
         return {**unknown, "seconds": 0.0, "device_hours": 0.0, "reason": "no fine-tuning stage to run"}
     if not warmup:
         return {**unknown, "reason": "warm-up skipped (--no-warmup): no step rate measured"}
     batches = sorted({m["batch_size"] for p in passes for m in p["methods"].values()})
-    model, _, precision = build_image_model(model_cfg, dev)
-    rates = {b: measure_step_seconds(model, precision, dev, b) for b in batches}
-    how = ("training steps at the image tower's measured forward+backward (Adam, random input) of " +
-           ", ".join(f"{rates[b]:.3g} s/step at batch {b}" for b in batches) +
+    arch = model_rates.architecture(model_cfg)
+    steps = {b: model_rates.step_seconds(model_cfg, arch, dev, b) for b in batches}
+    rates = {b: r.value for b, r in steps.items()}
+    how = ("training steps of the image tower (Adam, forward + backward on random input): " +
+           ", ".join(f"{steps[b].how} [{steps[b].source}]" for b in batches) +
            "; query scoring, decoding and a frozen tower's support encoding not counted")
+    known = {"seconds_per_step": {str(b): r for b, r in rates.items()},
+             "rate": {str(b): r.source for b, r in steps.items()}}
     missing = [p["name"] for p in passes if p["steps"] is None]
     if missing:
-        return {**unknown, "seconds_per_step": {str(b): r for b, r in rates.items()},
-                "reason": f"steps unknown for {', '.join(missing)} (see its `unknown`); {how}"}
+        return {**unknown, **known, "reason": f"steps unknown for {', '.join(missing)} (see its `unknown`); {how}"}
     seconds = sum(m["steps"] * rates[m["batch_size"]] for p in passes for m in p["methods"].values())
     bound = " (a lower bound: the held-out search's neighbour rounds not counted)" if any(
         p["kind"] == "heldout_search" for p in passes) else ""
-    return {"seconds": seconds, "device_hours": seconds / 3600, "device": unknown["device"],
-            "seconds_per_step": {str(b): r for b, r in rates.items()}, "reason": how + bound}
+    return {"seconds": seconds, "device_hours": seconds / 3600, "device": unknown["device"], **known,
+            "reason": how + bound}
 
 
 def plan(params: Mapping[str, Any], stages: list[str], device: str | None, warmup: bool) -> dict[str, Any]:
@@ -184,4 +154,4 @@ def plan(params: Mapping[str, Any], stages: list[str], device: str | None, warmu
     return {"stages": passes, "estimate": estimate(params["model"], passes, device, warmup)}
 
 
-__all__ = ["plan", "search_passes", "table_passes", "estimate", "measure_step_seconds"]
+__all__ = ["plan", "search_passes", "table_passes", "estimate"]

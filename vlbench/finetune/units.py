@@ -5,9 +5,13 @@ whole ensemble), one point of a held-out search on one task, one ELEVATER search
 (context, identity): the context holds what every unit of a run shares and what changes its numbers (the model's
 fingerprint, the method and its settings, the data versions, the seed, the device type), the identity what the unit
 is (method, episode, search point). Each finished unit is written at once, atomically, to `<cache>/<key>.json`
-(key, identity, result), so a kill loses only the units in flight, a rerun computes only the missing ones, and
-units pulled from a teammate's DVC remote are reused. Callers assemble their tables from the results in the order of
-their unit list, never in completion order, so the bytes do not depend on which unit finished first.
+(key, identity, result and the sha256 of those three), so a kill loses only the units in flight, a rerun computes only
+the missing ones, and units pulled from a teammate's DVC remote are reused. A unit file is used only as it was written:
+one whose content does not match its checksum (a result edited by hand), that has no result or no checksum (written
+before unit files carried one) is recomputed with a warning naming it, or stops the run in one line in strict mode
+($VLBENCH_STRICT_UNITS=1); an unreadable (truncated) file or one holding another unit's key always stops it.
+Callers assemble their tables from the results in the order of their unit list, never in completion order, so the
+bytes do not depend on which unit finished first.
 
 Engines (a runtime choice, never a param): `local` runs the units one after another in this process; `ray` runs one
 Ray task per unit (`vlbench.embed_ray.connect`: $VLBENCH_RAY_ADDRESS or a local Ray; the portable settings reach the
@@ -24,6 +28,7 @@ import hashlib
 import json
 import os
 import random
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +40,7 @@ from vlbench.finetune import FinetuneError
 from vlbench.io import write_json
 
 GPUS_VARIABLE = "VLBENCH_GPUS_PER_UNIT"
+STRICT_VARIABLE = "VLBENCH_STRICT_UNITS"  # 1: a unit file that fails its checksum stops the run instead of recomputing
 _STATE: dict[str, Any] = {}  # per process: the token of the work set up last and its state
 
 
@@ -87,12 +93,31 @@ def describe(identity: Mapping[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in identity.items())
 
 
-class UnitCache:
-    """`<root>/<key>.json` per finished unit; root None keeps results in memory only."""
+def checksum(doc: Mapping[str, Any]) -> str:
+    """The sha256 of a unit file's key, identity and result (canonical JSON: the same before writing and after
+    reading)."""
+    return hashlib.sha256(canonical({k: doc.get(k) for k in ("key", "identity", "result")}).encode()).hexdigest()
 
-    def __init__(self, root: str | os.PathLike | None):
+
+def untrusted(doc: Mapping[str, Any]) -> str | None:
+    """Why a unit file's content cannot be used as it is, or None."""
+    if "result" not in doc:
+        return "has no `result`"
+    if "sha256" not in doc:
+        return "has no checksum (written before unit files carried one)"
+    if doc["sha256"] != checksum(doc):
+        return "does not match its checksum (edited after it was written)"
+    return None
+
+
+class UnitCache:
+    """`<root>/<key>.json` per finished unit; root None keeps results in memory only. `strict` (default
+    $VLBENCH_STRICT_UNITS): a unit file that fails its checksum stops the run instead of being recomputed."""
+
+    def __init__(self, root: str | os.PathLike | None, strict: bool | None = None):
         self.root = Path(root) if root is not None else None
         self.memory: dict[str, dict[str, Any]] = {}
+        self.strict = os.environ.get(STRICT_VARIABLE, "0") not in ("", "0") if strict is None else strict
 
     def path(self, key: str) -> Path:
         return self.root / f"{key}.json"
@@ -108,15 +133,26 @@ class UnitCache:
         except (OSError, ValueError) as err:
             raise UnitError(f"{path}: unreadable unit file ({err}); delete it to recompute the unit "
                             f"({describe(unit.identity)})") from None
+        if not isinstance(doc, dict):
+            raise UnitError(f"{path}: not a unit file (a JSON {type(doc).__name__}); delete it to recompute the unit "
+                            f"({describe(unit.identity)})")
         if doc.get("key") != unit.key:
             raise UnitError(f"{path}: holds unit {doc.get('key')!r}, not {unit.key!r}; delete it to recompute")
-        return doc["result"]
+        why = untrusted(doc)
+        if why is None:
+            return doc["result"]
+        if self.strict:
+            raise UnitError(f"{path}: unit file {why}; delete it to recompute the unit ({describe(unit.identity)}), "
+                            f"or run without ${STRICT_VARIABLE}=1")
+        print(f"warning: {path}: unit file {why}: recomputing the unit ({describe(unit.identity)})", file=sys.stderr)
+        return None
 
     def put(self, unit: Unit, result: dict[str, Any]) -> None:
         if self.root is None:
             self.memory[unit.key] = result
             return
-        write_json(self.path(unit.key), {"key": unit.key, "identity": unit.identity, "result": result})
+        doc = {"key": unit.key, "identity": unit.identity, "result": result}
+        write_json(self.path(unit.key), {**doc, "sha256": checksum(doc)})
 
     def prune(self, keep: Sequence[Unit]) -> list[Path]:
         """Delete unit files not in `keep` (the folder then holds exactly one run's units: a stage output whose
