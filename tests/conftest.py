@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import signal
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from filelock import FileLock
 from PIL import Image
 
 from tests.pipeline_repo import copy_repo, make_smoke_run, tree_state
+from vlbench import portable
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta, write_dataset
 
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
@@ -81,6 +83,31 @@ def toy_model_cfg(tmp_path_factory):
     path = tmp_path_factory.mktemp("toy") / "checkpoint.pt"
     torch.save(model.state_dict(), path)
     return {"slug": "toy-random", "arch": "vlbench-toy", "pretrained": str(path), "precision": "fp32"}
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray of 2 CPUs for a module (the engines join it instead of starting their own); yields its GCS
+    address. Its workers get the stages' threads' wait (portable.THREAD_WAIT, as vlbench.embed_ray.connect gives
+    them) and the driver's priority (at Ray's default niceness of 15 they starved beside other jobs: on the shared
+    2-core machine two ELEVATER search units took 14 min on Ray, 22 took 2 min in the driver). ray.init's SIGTERM
+    handler is replaced: it made a `timeout` around pytest fail the running test (an "F" without traceback) and pytest
+    went on to the next test; now SIGTERM stops the session as Ctrl-C does, showing where the test was and shutting
+    Ray down."""
+    ray = pytest.importorskip("ray")
+    previous = signal.getsignal(signal.SIGTERM)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": dict(portable.THREAD_WAIT)}, _system_config={"worker_niceness": 0})
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture

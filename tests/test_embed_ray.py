@@ -28,14 +28,6 @@ ROWS_PER_GROUP = 4
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray of 2 CPUs for the module (the engine joins it instead of starting its own)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def loaded(toy_model_cfg):
     return load_model(toy_model_cfg, device="cpu")
 

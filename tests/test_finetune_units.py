@@ -62,14 +62,6 @@ def world(tmp_path_factory):
     return write_world(tmp_path_factory.mktemp("units"))
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-
-
 def episodes(world, model_cfg, units_dir, engine="local", cfg=SMALL, sampler=SAMPLER, **kw):
     return fft.run_episodes(model_cfg, world["prepared"], world["texts"], cfg, 3, "cpu", sampler,
                             units_dir=units_dir, engine=engine, gpus=0, **kw)
