@@ -89,6 +89,15 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def same_kernels_as_this_process() -> dict[str, str]:
+    """ATen's capability of this pytest process's torch, for Ray's workers: the tests compare the engines' bytes, and
+    this process may have loaded torch before an earlier test's `import stages` put the portable settings into its
+    environment, which the workers would then inherit (another capability, other last bits)."""
+    import torch
+
+    return {"ATEN_CPU_CAPABILITY": torch.backends.cpu.get_cpu_capability().lower()}
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray of 2 CPUs for a module (the engines join it instead of starting their own); yields its GCS
@@ -101,7 +110,8 @@ def local_ray():
     ray = pytest.importorskip("ray")
     previous = signal.getsignal(signal.SIGTERM)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": dict(portable.THREAD_WAIT)}, _system_config={"worker_niceness": 0})
+             runtime_env={"env_vars": {**portable.THREAD_WAIT, **same_kernels_as_this_process()}},
+             _system_config={"worker_niceness": 0})
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         yield ray.get_runtime_context().gcs_address

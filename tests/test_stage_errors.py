@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
      "error: --workers must be a whole number of at least 0 (0: decode in the main process), got -2"),
 ])
 def test_a_bad_batch_option_of_the_embed_stage_is_one_line(tmp_path, option, value, message):
+    (tmp_path / "params.yaml").write_bytes((ROOT / "params.yaml").read_bytes())  # a project root, as stages run in
+    (tmp_path / "conf").symlink_to(ROOT / "conf")
     proc = subprocess.run([sys.executable, str(ROOT / "stages/embed_images.py"), "--dataset", "shapes",
                            "--params", str(tmp_path / "params.yaml"), option, value],
                           cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": ""})
@@ -49,6 +51,7 @@ def test_a_full_disk_while_the_report_writes_the_page_is_one_line_and_the_old_pa
             (tmp_path / "reports" / path.parent.name).mkdir(parents=True, exist_ok=True)
             (tmp_path / "reports" / path.parent.name / path.name).write_bytes(path.read_bytes())
     (tmp_path / "reports/index.html").write_text("the old page\n")
+    (tmp_path / "conf").symlink_to(ROOT / "conf")  # a project root, as stages run in: the entries' declared metrics
 
     def small_files() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG

@@ -215,6 +215,9 @@ def memory_cap(device, cap_bytes: int) -> int:
     return cap_bytes if device.type != "cuda" else torch.cuda.mem_get_info(device)[0]
 
 
+ALLOCATION_FAILED = ("allocate memory", "MemoryError", "could not create a primitive")
+
+
 def _gib(n: float) -> str:
     return f"{n / 2 ** 30:.3g} GiB"
 
@@ -238,7 +241,9 @@ def measure_in_child(model_cfg: Mapping[str, Any], device, batch: int, kind: str
         raise WarmupFailed(f"the warm-up did not finish within its cap of {cap_s:g} s") from None
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        memory = "allocate memory" in last or "MemoryError" in last
+        # an allocation refused under RLIMIT_DATA surfaces as Python's MemoryError, an allocator's message, or oneDNN's
+        # "could not create a primitive" (its scratchpad allocation failed)
+        memory = cap_bytes is not None and any(sign in last for sign in ALLOCATION_FAILED)
         raise WarmupFailed(f"the warm-up ran out of its memory cap of {_gib(cap_bytes)} ({last})" if memory
                            else f"the warm-up failed ({last})")
     return float(json.loads(proc.stdout.strip().splitlines()[-1])["value"])
