@@ -112,7 +112,9 @@ def test_knowledge_params_rerun_the_knowledge_stage_only(repo):
         entry = repo / "conf/dataset/shapes.yaml"  # the registry entry: a file dependency, not a param
         entry_before = entry.read_text()
         entry.write_text(entry_before.replace("a drawing of a {c}.", "a sketch of a {c}."))
-        assert status(repo) == {"prepare@shapes", "texts@shapes", "knowledge@shapes"}
+        # `code` too: it resolves each entry's source to its fingerprint (conf/dataset is its dependency); it writes
+        # the same fingerprints, so nothing more reruns (docs/architecture.md, "edit this -> these stages rerun")
+        assert status(repo) == {"code", "prepare@shapes", "texts@shapes", "knowledge@shapes"}
         entry.write_text(entry_before)
     finally:
         params.write_text(before)
