@@ -104,6 +104,17 @@ def make_repo(dest: Path) -> Path:
     return dest
 
 
+def add_all(dest: Path) -> None:
+    """`git add -A`, and the toy models' checkpoints and logs that .gitignore keeps out (only the demo's `toy` is
+    kept in git): a team's repository here carries its smoke model as a clone of the project carries `toy`, so a
+    teammate's clone and `dvc pull` find it (pretrain's outputs are uncached)."""
+    run(dest, "git", "add", "-A")
+    models = [str(p.relative_to(dest)) for p in sorted((dest / "data/models").glob("*/*"))
+              if p.name in ("checkpoint.pt", "train_log.csv")] if (dest / "data/models").is_dir() else []
+    if models:
+        run(dest, "git", "add", "-f", *models)
+
+
 def make_smoke_run(dest: Path) -> Path:
     """make_repo, then `dvc repro` of the smoke suite with the toy-smoke model, committed: the miniature demo run that
     tests share (tests/conftest.py, `smoke_run`)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import COLORS, png
-from tests.pipeline_repo import make_repo, run
+from tests.pipeline_repo import add_all, make_repo, run
 
 DVC = (sys.executable, "-m", "dvc")
 
@@ -72,7 +72,7 @@ def byo(tmp_path_factory):
     run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=byo")
     run(repo, *DVC, "repro")
     assert status(repo) == set()
-    run(repo, "git", "add", "-A")
+    add_all(repo)
     run(repo, "git", "commit", "-qm", "byo results")
     return repo, pets, xray
 
@@ -142,7 +142,7 @@ def test_an_input_outside_the_project_is_refused_at_compose(byo, tmp_path):
 def test_a_second_clone_with_its_data_elsewhere_sees_the_same_lock_and_nothing_changed(byo, tmp_path):
     """dvc.lock names data/own/<...>, never where the data lives: a teammate links their own copy and is clean."""
     repo, _, _ = byo
-    run(repo, "git", "add", "-A")
+    add_all(repo)
     run(repo, "git", "commit", "-q", "--allow-empty", "-m", "results after the earlier tests' changes")
     lock = (repo / "dvc.lock").read_text()
     assert str(repo.parent) not in lock and "path: data/own/pets" in lock and "path: data/own/xray" in lock
@@ -168,7 +168,7 @@ def test_dvc_exp_run_with_a_misspelled_suite_key_fails_at_its_first_stage(tmp_pa
     repo = make_repo(tmp_path / "repo")
     (repo / "conf/suite/typo.yaml").write_text("datasets: {shapes: vlbench/datasets/synthetic.py}\nslug: typo\n"
                                                "embed: [shapes]\nzershot: [shapes]\n")
-    run(repo, "git", "add", "-A")
+    add_all(repo)
     run(repo, "git", "commit", "-qm", "typo suite")
     proc = run(repo, *DVC, "exp", "run", "-S", "suite=typo", check=False)
     assert proc.returncode != 0

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.llm_server import serve_llm
-from tests.pipeline_repo import make_repo, run, synthetic_entry, write_suite
+from tests.pipeline_repo import add_all, make_repo, run, synthetic_entry, write_suite
 from vlbench.knowledge.variants import DEFAULT_VARIANTS as VARIANTS
 
 DVC = (sys.executable, "-m", "dvc")
@@ -50,7 +50,7 @@ def repo(tmp_path_factory) -> Path:
     run(repo, sys.executable, "-m", "vlbench.cli", "compose", "suite=knowledge-smoke", "model=toy-random")
     repro = run(repo, *DVC, "repro")
     (repo.parent / "repro.log").write_text(repro.stdout + repro.stderr)
-    run(repo, "git", "add", "-A")
+    add_all(repo)
     run(repo, "git", "commit", "-qm", "knowledge results")
     return repo
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipeline_repo import make_repo, run
+from tests.pipeline_repo import add_all, make_repo, run
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("dvc_s3", reason="DVC's S3 support: pip install dvc-s3")
@@ -114,7 +114,7 @@ def team(s3, tmp_path_factory):
     dvc(a, s3, "remote", "add", "-d", "team", f"s3://{BUCKET}/{PREFIX}")
     dvc(a, s3, "remote", "modify", "team", "endpointurl", s3["endpoint"])
     repro = dvc(a, s3, "repro")
-    run(a, "git", "add", "-A")
+    add_all(a)
     run(a, "git", "commit", "-qm", "smoke results")
     run(a, "git", "remote", "add", "origin", str(origin))
     run(a, "git", "push", "-q", "origin", "HEAD")
