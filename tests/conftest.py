@@ -8,15 +8,24 @@ import os
 import shutil
 import signal
 
-import numpy as np
-import pytest
-import torch
-from filelock import FileLock
-from PIL import Image
-
-from tests.pipeline_repo import copy_repo, make_smoke_run, tree_state
 from vlbench import portable
-from vlbench.datasets.canonical import ClassInfo, DatasetMeta, write_dataset
+
+# The test processes compute under the stages' portable settings too, set before numpy and torch load: a test compares
+# its in-process results with stage processes' and Ray workers' bytes, and on a CPU whose libraries would pick other
+# kernels (MKL's AVX-512 on an Intel Xeon) those comparisons failed; an earlier test's `import stages` made it worse,
+# putting the settings into this process's environment (and so its workers') after its own libraries had loaded.
+if not portable.apply() and portable.enabled():
+    raise RuntimeError("tests/conftest.py: numpy, torch, FAISS, pyarrow or scipy loaded before the portable settings "
+                       "(a pytest plugin?): the tests' bytes would depend on the CPU")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from filelock import FileLock  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from tests.pipeline_repo import copy_repo, make_smoke_run, tree_state  # noqa: E402
+from vlbench.datasets.canonical import ClassInfo, DatasetMeta, write_dataset  # noqa: E402
 
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
 
@@ -89,20 +98,11 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def same_kernels_as_this_process() -> dict[str, str]:
-    """ATen's capability of this pytest process's torch, for Ray's workers: the tests compare the engines' bytes, and
-    this process may have loaded torch before an earlier test's `import stages` put the portable settings into its
-    environment, which the workers would then inherit (another capability, other last bits)."""
-    import torch
-
-    return {"ATEN_CPU_CAPABILITY": torch.backends.cpu.get_cpu_capability().lower()}
-
-
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray of 2 CPUs for a module (the engines join it instead of starting their own); yields its GCS
-    address. Its workers get the stages' threads' wait (portable.THREAD_WAIT, as vlbench.embed_ray.connect gives
-    them) and the driver's priority (at Ray's default niceness of 15 they starved beside other jobs: on the shared
+    address. Its workers get the stages' portable settings and threads' wait (as vlbench.embed_ray.connect gives
+    them, and as this process has) and the driver's priority (at Ray's default niceness of 15 they starved beside other jobs: on the shared
     2-core machine two ELEVATER search units took 14 min on Ray, 22 took 2 min in the driver). ray.init's SIGTERM
     handler is replaced: it made a `timeout` around pytest fail the running test (an "F" without traceback) and pytest
     went on to the next test; now SIGTERM stops the session as Ctrl-C does, showing where the test was and shutting
@@ -110,7 +110,7 @@ def local_ray():
     ray = pytest.importorskip("ray")
     previous = signal.getsignal(signal.SIGTERM)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {**portable.THREAD_WAIT, **same_kernels_as_this_process()}},
+             runtime_env={"env_vars": {**portable.THREAD_WAIT, **(portable.ENV if portable.enabled() else {})}},
              _system_config={"worker_niceness": 0})
     signal.signal(signal.SIGTERM, _interrupt)
     try:

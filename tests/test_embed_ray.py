@@ -48,18 +48,8 @@ def grouped(tmp_path_factory):
     return out
 
 
-@pytest.fixture
-def one_thread():
-    """The local engine with the one torch thread of a Ray actor that holds one CPU: CPU kernels split their sums by
-    thread, so the same batch gives the same bits only with the same thread count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_ray_writes_the_local_engines_files_byte_for_byte_when_batches_are_row_groups(local_ray, loaded, grouped,
-                                                                                      tmp_path, one_thread):
+                                                                                      tmp_path):
     """Batches of one row group each are the same batches on both engines: the files are identical, bytes and all."""
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     a = embed_image_splits(loaded, grouped, local, batch_size=ROWS_PER_GROUP, num_workers=0, progress=False)
@@ -73,7 +63,7 @@ def test_ray_writes_the_local_engines_files_byte_for_byte_when_batches_are_row_g
 
 
 def test_ray_runs_the_pillow_decoders_like_the_local_engine_and_refuses_torchvision(local_ray, loaded, grouped,
-                                                                                   tmp_path, one_thread):
+                                                                                   tmp_path):
     """embed.decode on Ray: pil_draft decodes in the CPU tasks as locally (same bytes); torchvision decodes on the
     model's device, which the actors would need the encoded bytes for: refused in one line before Ray starts."""
     local, on_ray = tmp_path / "local", tmp_path / "ray"
@@ -109,7 +99,7 @@ def test_corrupt_images_are_reported_exactly_as_the_local_engine_reports_them(lo
     assert re.findall(r"'img-\d+'", errors[1]) == ["'img-001'", "'img-006'", "'img-013'"]
 
 
-def test_skip_corrupt_keeps_the_same_rows_and_records_the_same_skipped_samples(local_ray, loaded, tmp_path, one_thread):
+def test_skip_corrupt_keeps_the_same_rows_and_records_the_same_skipped_samples(local_ray, loaded, tmp_path):
     data = tmp_path / "bad"
     make_dataset(data, name="bad", per_class=5, splits=("test",), corrupt={"test": "test/004"})
     regroup(data, "test", 3)
@@ -140,8 +130,7 @@ def test_a_model_actor_that_dies_mid_run_leaves_the_previous_features_intact(loc
     assert not fresh.exists()
 
 
-def test_a_dead_actor_is_restarted_and_the_run_gives_the_same_files(local_ray, loaded, grouped, tmp_path, monkeypatch,
-                                                                     one_thread):
+def test_a_dead_actor_is_restarted_and_the_run_gives_the_same_files(local_ray, loaded, grouped, tmp_path, monkeypatch):
     embed_image_splits(loaded, grouped, tmp_path / "local", batch_size=ROWS_PER_GROUP, num_workers=0, progress=False)
     monkeypatch.setenv(embed_ray.EXIT_AFTER_VARIABLE, "3")
     monkeypatch.setenv(embed_ray.RETRIES_VARIABLE, "10")
@@ -215,7 +204,7 @@ def test_switching_the_engine_leaves_dvc_status_clean_and_writes_the_same_output
                                ("embed_texts", "data/texts/tiny", "text"))}
     assert all("engine" not in stage["cmd"] for stage in stages.values())
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
-    base = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "VLBENCH_ENGINE": "local"}  # one thread, as an actor
+    base = {"PYTHONPATH": str(ROOT), "VLBENCH_ENGINE": "local"}
     on_ray = {**base, "VLBENCH_ENGINE": "ray", "VLBENCH_RAY_ADDRESS": local_ray}
     run(tmp_path, "dvc", "init", "--no-scm", "-q")
     assert '"engine": "vlbench.embed"' in run(tmp_path, "dvc", "repro", env=base).stdout
@@ -228,8 +217,7 @@ def test_switching_the_engine_leaves_dvc_status_clean_and_writes_the_same_output
     assert "up to date" in run(tmp_path, "dvc", "status", env=base).stdout
 
 
-def test_the_accelerator_split_uint8_tasks_and_finish_in_the_actor_gives_the_same_bits(local_ray, loaded, grouped,
-                                                                                          one_thread):
+def test_the_accelerator_split_uint8_tasks_and_finish_in_the_actor_gives_the_same_bits(local_ray, loaded, grouped):
     """On a GPU the decode tasks stop at uint8 and the actor converts and normalises (`split_preprocess`'s `finish`,
     shipped with the model): the same path, forced here on the CPU, gives the local engine's bits."""
     path = split_path(grouped, "test")
