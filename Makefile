@@ -18,16 +18,16 @@ export GOMP_SPINCOUNT ?= 10000
 setup: $(STAMP) wordnet
 setup-dev: $(DEV_STAMP) wordnet
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch from this machine's disk where available; plain pip elsewhere picks the right wheel
 	$(PY) -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1" || $(PY) -m pip install --quiet torch torchvision
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet -c constraints.txt -e .
 	touch $(STAMP)
 
 $(DEV_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(DEV_STAMP)
 
 # WordNet for the demo world's class hierarchy: Debian's wordnet-base when we are root and it is missing (waiting for

@@ -1,6 +1,6 @@
 """Portable arithmetic (vlbench.portable): a toy training under the stages' settings gives the same bytes whatever the
 hardware would otherwise choose. Another CPU is emulated by what its libraries would pick there: MKL's instruction
-set, the thread count, ATen's capability. Which of those choices change the weights without the settings depends on
+set and vendor paths, the thread count, ATen's capability. Which of those choices change the weights without the settings depends on
 the CPU (MKL on an AMD EPYC takes AVX2 either way), so the premise is checked on the machine at hand, not assumed."""
 
 import functools
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.mkl_vendor import other_vendor_env
 from vlbench import portable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,10 +42,13 @@ def has_avx512() -> bool:
 
 def emulated_choices() -> dict[str, dict[str, str]]:
     """What another CPU's libraries would pick, as settings of this machine's: MKL's instruction set (an Intel CPU with
-    AVX-512 picks wider kernels than an AMD one, where MKL takes AVX2 either way), the core count, and ATen's
-    capability (the other one of AVX2 and AVX-512, where this CPU has both)."""
+    AVX-512 picks wider kernels than an AMD one, where MKL takes AVX2 either way), MKL's vendor (its paths for the
+    other vendor's CPUs), the core count, and ATen's capability (the other one of AVX2 and AVX-512, where this CPU has
+    both)."""
     choices = {"MKL's instruction set": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},
                "the thread count": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}}
+    if other_vendor_env():  # MKL's paths for the other CPU vendor (tests/mkl_vendor.py; needs a C compiler)
+        choices["MKL's vendor"] = other_vendor_env()
     if has_avx512():
         choices["ATen's capability"] = {"ATEN_CPU_CAPABILITY": "avx2"}
     return choices

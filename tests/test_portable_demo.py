@@ -13,7 +13,9 @@ differing file (and, for Parquet, whether the decoded columns differ or only the
 What is emulated, and how it reaches the stage processes (`python -m stages.<stage>` calls portable.apply(), which
 overwrites the variables of portable.ENV):
 - survives apply(): MKL's instruction set (`MKL_ENABLE_INSTRUCTIONS=AVX2`, what MKL picks on an AMD CPU; apply()
-  pins MKL by MKL_CBWR instead), and the core count: the stages run on one core (`taskset`, where this process may
+  pins MKL by MKL_CBWR instead), MKL's vendor (a preloaded answer to MKL's "is this an Intel CPU?", the other
+  vendor's: tests/mkl_vendor.py; on an AMD EPYC with AVX-512 MKL then takes its Intel AVX-512 paths), and the core
+  count: the stages run on one core (`taskset`, where this process may
   use two or more), which decides ELEVATER's worker processes (adapt's map_runs), the image loader's workers and the
   thread pools that size themselves from the cores (Polars, Arrow) — a 1-core machine beside a 2-core CI one;
 - overwritten by apply(): the thread count (`OMP_NUM_THREADS`, `MKL_NUM_THREADS`, `OPENBLAS_NUM_THREADS` = 1) and,
