@@ -23,7 +23,6 @@ from vlbench.decoding import (
     decode_rgb_draft,
     decoder,
     device_refusal,
-    draft_scale,
     first_resize,
     tensor_steps,
 )
@@ -51,6 +50,14 @@ def photo(size: tuple[int, int], seed: int = 0, quality: int = 90) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="JPEG", quality=quality)
     return buf.getvalue()
+
+
+def draft_scale(image_size: tuple[int, int], target: tuple[int, int]) -> int:
+    """The DCT scale Pillow's `draft` picks for a JPEG of `image_size` (w, h) asked for at least `target` (w, h):
+    the largest of 8, 4, 2, 1 that both sides divide into at least their target (JpegImagePlugin.draft)."""
+    ratio = min(image_size[0] // target[0], image_size[1] // target[1])
+    return next((s for s in (8, 4, 2) if ratio >= s), 1)
+
 
 
 @pytest.mark.parametrize("size, target", [((640, 480), (224, 224)), ((1000, 300), (224, 224)), ((256, 256), (32, 32)),

@@ -94,13 +94,6 @@ def first_resize(preprocess: Callable, model: str = "?") -> tuple[int, int]:
                             f"(steps: {[type(s).__name__ for s in getattr(preprocess, 'transforms', [])]})")
 
 
-def draft_scale(image_size: tuple[int, int], target: tuple[int, int]) -> int:
-    """The DCT scale Pillow's `draft` picks for a JPEG of `image_size` (w, h) asked for at least `target` (w, h):
-    the largest of 8, 4, 2, 1 that both sides divide into at least their target (JpegImagePlugin.draft)."""
-    ratio = min(image_size[0] // target[0], image_size[1] // target[1])
-    return next((s for s in (8, 4, 2) if ratio >= s), 1)
-
-
 def decode_rgb_draft(data: bytes | None, target: tuple[int, int]) -> Image.Image:
     """`decode_rgb`, with a JPEG decoded at the smallest DCT scale that keeps both sides at least `target` (w, h)."""
     with open_image(data) as img:

@@ -28,16 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta, write_dataset
-from vlbench.datasets.hub import hub_file, pinned_commit
+from vlbench.datasets.hub import hub_file, parquet_rows, pinned_commit
 from vlbench.datasets.images import checked_rows
 from vlbench.datasets.spec import check_keys
 
 SPEC_KEYS = ("source", "task", "datacomp", "repo", "revision", "split", "files", "metric", "size", "captions",
              "sha256")
 COLUMNS = ("image", "caption")  # what retr_eval.py's RetrievalDataset reads of a row
+RETR_EVAL_COLUMNS = f" (DataComp's retr_eval.py reads {list(COLUMNS)})"
 METRIC = "mean_recall_at_1"  # the retrieval analysis' i2t_r1 and t2i_r1, averaged (DataComp's mean_recall@1)
 CAPTION_CLASSES = [ClassInfo(index=0, name="image")]  # a placeholder: captioned images have no classes
 
@@ -112,29 +112,12 @@ def parse_spec(name: str, spec: Mapping) -> CaptionSpec:
 # ------------------------------------------------------------------------------------------------ reading
 
 
-def batches(name: str, path: str, local: Path) -> Iterator[tuple[int, dict]]:
-    """(row number in the file, row) of one Parquet file, a row group at a time, `COLUMNS` only."""
-    try:
-        parquet = pq.ParquetFile(local)
-    except (pa.ArrowInvalid, OSError) as err:
-        raise DatasetError(f"dataset {name!r}: {path} is not a Parquet file ({err})") from None
-    missing = [c for c in COLUMNS if c not in parquet.schema_arrow.names]
-    if missing:
-        raise DatasetError(f"dataset {name!r}: {path} has no column(s) {missing} (DataComp's retr_eval.py reads "
-                           f"{list(COLUMNS)}); columns: {parquet.schema_arrow.names}")
-    row = 0
-    for group in range(parquet.num_row_groups):
-        for item in parquet.read_row_group(group, columns=list(COLUMNS)).to_pylist():
-            yield row, item
-            row += 1
-
-
 def image_rows(name: str, cfg: CaptionSpec, paths: list[tuple[str, Path]], where: dict[str, str]) -> Iterator[dict]:
     """One row per image of every file in order (`where`: each sample_id's file and row, for the image check's
     message); at the end the images and captions counted against the entry's `size` and `captions`."""
     images = captions = 0
     for path, local in paths:
-        for row, item in batches(name, path, local):
+        for row, item in parquet_rows(name, path, local, COLUMNS, COLUMNS, RETR_EVAL_COLUMNS):
             sample_id = f"{images:05d}"
             where[sample_id] = f"{path} row {row}"
             texts = item["caption"]

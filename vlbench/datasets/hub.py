@@ -35,12 +35,15 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
+from vlbench.datasets.canonical import DatasetError
 from vlbench.datasets.download import (
     USER_AGENT,
     ChecksumError,
@@ -333,3 +336,23 @@ def _resource(dataset: str, repo: str, commit: str, path: str, expected: Mapping
               f"({resolve_url(repo, commit, path)})") if offline() else None
     return Resource(cache_name(repo, commit, path), () if offline() else (resolve_url(repo, commit, path),),
                     sha256=expected.get("sha256"), git_sha1=expected.get("git_sha1"), manual=manual, remedy=remedy)
+
+
+def parquet_rows(name: str, path: str, local: Path, columns: Sequence[str], required: Sequence[str],
+                 hint: str = "") -> Iterator[tuple[int, dict]]:
+    """(row number in the file, row) of one of the hub's Parquet files (`path` in the repository, `local` on disk), a
+    row group at a time, `columns` only; a file that is not Parquet or lacks a `required` column is a one-line error
+    naming it (`hint`: what reads those columns upstream)."""
+    try:
+        parquet = pq.ParquetFile(local)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise DatasetError(f"dataset {name!r}: {path} is not a Parquet file ({err})") from None
+    missing = [c for c in required if c not in parquet.schema_arrow.names]
+    if missing:
+        raise DatasetError(f"dataset {name!r}: {path} has no column(s) {missing}{hint}; columns: "
+                           f"{parquet.schema_arrow.names}")
+    row = 0
+    for group in range(parquet.num_row_groups):
+        for item in parquet.read_row_group(group, columns=list(columns)).to_pylist():
+            yield row, item
+            row += 1

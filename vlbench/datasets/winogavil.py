@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from vlbench.datasets.canonical import ASSOCIATION_COLUMN, ClassInfo, DatasetError, DatasetMeta, write_dataset
-from vlbench.datasets.hub import hub_file, pinned_commit
+from vlbench.datasets.hub import hub_file, parquet_rows, pinned_commit
 from vlbench.datasets.images import checked_rows, image_problem
 from vlbench.datasets.spec import check_keys
 
@@ -129,28 +128,11 @@ def extra_columns() -> dict[str, pa.DataType]:
 # ------------------------------------------------------------------------------------------------ reading
 
 
-def instances(name: str, path: str, local: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, dict]]:
-    """(row number in the file, row) of one Parquet file, a row group at a time, the `columns` only."""
-    try:
-        parquet = pq.ParquetFile(local)
-    except (pa.ArrowInvalid, OSError) as err:
-        raise DatasetError(f"dataset {name!r}: {path} is not a Parquet file ({err})") from None
-    missing = [c for c in COLUMNS if c not in parquet.schema_arrow.names]
-    if missing:
-        raise DatasetError(f"dataset {name!r}: {path} has no column(s) {missing}; columns: "
-                           f"{parquet.schema_arrow.names}")
-    row = 0
-    for group in range(parquet.num_row_groups):
-        for item in parquet.read_row_group(group, columns=list(columns)).to_pylist():
-            yield row, item
-            row += 1
-
-
 def read_cases(name: str, cfg: WinoSpec, paths: list[tuple[str, Path]]) -> list[tuple[str, list[str], set[str]]]:
     """(cue, candidate names, associations) of every instance in file and row order, from the text columns alone (no
     image is read), each checked (`checked_case`); their number checked against the entry's test size."""
     cases = [checked_case(f"dataset {name!r}: {path} row {row}", item) for path, local in paths
-             for row, item in instances(name, path, local, COLUMNS[:3])]
+             for row, item in parquet_rows(name, path, local, COLUMNS[:3], COLUMNS)]
     if cfg.size is not None and len(cases) != cfg.size:
         raise DatasetError(f"dataset {name!r}: the Parquet files of {cfg.repo}@{cfg.revision} hold {len(cases)} "
                            f"instances, the entry expects {cfg.size} (spec 'size')")
@@ -181,7 +163,7 @@ def candidate_rows(name: str, cfg: WinoSpec, paths: list[tuple[str, Path]],
     instance without one of its candidates would be another instance: no image is skipped)."""
     index = 0
     for path, local in paths:
-        for row, item in instances(name, path, local, COLUMNS[3:]):
+        for row, item in parquet_rows(name, path, local, COLUMNS[3:], COLUMNS):
             _, names, truth = cases[index]
             images = item.get(COLUMNS[3])
             if not isinstance(images, list) or len(images) != len(names):
