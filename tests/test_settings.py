@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -256,3 +257,20 @@ def test_module_defaults_are_the_settings_files():
     with pytest.raises(ParamsError, match=r"no default 'adapt.vtab.group' \(no 'group' in conf/config.yaml nor "
                                           r"conf/settings/adapt.yaml\)"):
         defaults("adapt.vtab.group")
+
+
+def test_an_installed_package_reads_the_defaults_of_the_project_it_runs_in(tmp_path):
+    """Outside a checkout (a wheel in site-packages: no conf/ beside the package) the defaults are the conf/ of the
+    project the command runs in; with none there, one line says where to run."""
+    site, project = tmp_path / "site", tmp_path / "project"
+    shutil.copytree(ROOT / "vlbench", site / "vlbench", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "conf", project / "conf")
+    code = "from vlbench import config; print(config.defaults_conf()); print(config.defaults('adapt.elevater.heads'))"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True, check=True)
+    expected = yaml.safe_load((SETTINGS / "adapt.yaml").read_text())["elevater"]["heads"]
+    assert out.stdout.splitlines() == [str(project / "conf"), str(expected)]
+    elsewhere = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert elsewhere.returncode == 1
+    assert f"no conf/config.yaml beside the installed vlbench ({site}) nor in this folder ({tmp_path}): run vlbench " \
+           f"from the project's root" in elsewhere.stderr

@@ -91,19 +91,31 @@ def section_defaults(config_dir: str | Path | None = None) -> dict[str, dict[str
 CHECKOUT_CONF = Path(__file__).resolve().parent.parent / CONF  # the conf/ of the checkout vlbench is imported from
 
 
+def defaults_conf() -> Path:
+    """Where the defaults are written: the conf/ of the checkout vlbench is imported from (an editable install, `make
+    setup`), else, for an installed package (no checkout beside it), the project's conf/ that the command runs in."""
+    if (CHECKOUT_CONF / "config.yaml").is_file():
+        return CHECKOUT_CONF
+    if (CONF / "config.yaml").is_file():
+        return CONF.resolve()
+    raise ParamsError(f"no conf/config.yaml beside the installed vlbench ({CHECKOUT_CONF.parent}) nor in this folder "
+                      f"({Path.cwd()}): run vlbench from the project's root (the folder with conf/ and dvc.yaml)")
+
+
 @functools.cache
-def _checkout_defaults() -> dict[str, Any]:
-    return effective(yaml.safe_load((CHECKOUT_CONF / "config.yaml").read_text()) or {}, CHECKOUT_CONF)
+def _defaults_at(conf: Path) -> dict[str, Any]:
+    return effective(yaml.safe_load((conf / "config.yaml").read_text()) or {}, conf)
 
 
 def defaults(dotted: str) -> Any:
     """A settings section (or a part of it, `adapt.vtab`) where nothing overrides it: conf/config.yaml's kept keys and
-    conf/settings/<section>.yaml of this checkout, the only place a default is written; module code reads its defaults
-    here (a fresh copy) instead of keeping its own (tests/test_settings.py looks for second copies)."""
-    node: Any = _checkout_defaults()
+    conf/settings/<section>.yaml (`defaults_conf()`), the only place a default is written; module code reads its
+    defaults here (a fresh copy) instead of keeping its own (tests/test_settings.py looks for second copies)."""
+    conf = defaults_conf()
+    node: Any = _defaults_at(conf)
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            raise ParamsError(f"{CHECKOUT_CONF}: no default {dotted!r} (no {part!r} in conf/config.yaml nor "
+            raise ParamsError(f"{conf}: no default {dotted!r} (no {part!r} in conf/config.yaml nor "
                               f"conf/settings/{dotted.split('.')[0]}.yaml)")
         node = node[part]
     return copy.deepcopy(node)
