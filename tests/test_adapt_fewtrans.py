@@ -13,6 +13,7 @@ import torch
 
 from vlbench.analyses.adapt import fewtrans as ft
 from vlbench.analyses.adapt.common import AdaptError
+from vlbench.analyses.zeroshot_classifier import l2_normalize
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta
 from vlbench.features import Features
 
@@ -209,15 +210,15 @@ def test_zeroshot_is_restricted_to_the_episode_classes():
     x = np.array([[1.0, 0.0], [0.0, 1.0]])
     weights = np.array([[1.0, 0.1], [0.0, 1.0], [0.99, 0.0]])  # class 0 would win globally for sample 0
     ep = ft.Episode("base", np.array([2, 1]), [np.zeros(0, int)] * 2, [np.array([0]), np.array([1])])
-    assert ft.zeroshot_accuracy(ep, x, ft.l2n(weights)) == 1.0
+    assert ft.zeroshot_accuracy(ep, x, l2_normalize(weights)) == 1.0
 
 
 def test_prototype_is_cosine_to_the_mean_of_normalised_support():
     # unnormalised, the support mean of class 0 sits nearer the query; normalised first, class 1 wins
     x = np.array([[10.0, 0.0], [0.0, 1.0], [0.0, 1.0], [0.7, 1.0], [1.0, 0.5]])
     ep = ft.Episode("base", np.array([0, 1]), [np.array([0, 1]), np.array([2])], [np.array([3]), np.array([4])])
-    protos = ft.l2n(np.array([ft.l2n(x[0]) + ft.l2n(x[1]), ft.l2n(x[2])]))
-    expected = np.mean((ft.l2n(x[[3, 4]]) @ protos.T).argmax(1) == [0, 1])
+    protos = l2_normalize(np.array([l2_normalize(x[0]) + l2_normalize(x[1]), l2_normalize(x[2])]))
+    expected = np.mean((l2_normalize(x[[3, 4]]) @ protos.T).argmax(1) == [0, 1])
     assert ft.prototype_accuracy(ep, x) == expected == 0.5
 
 
@@ -296,7 +297,7 @@ def test_linear_head_matches_torch_adam_reference():
     ours = ft.train_linear_heads([ep], x, lin, "cpu", plan=ft.grid_plan([0.05], [7]))[0, 0]
 
     srows, slab = ep.rows("support")
-    xs, xq = torch.tensor(ft.l2n(x[srows])), torch.tensor(ft.l2n(x[ep.rows("query")[0]]))
+    xs, xq = torch.tensor(l2_normalize(x[srows])), torch.tensor(l2_normalize(x[ep.rows("query")[0]]))
     head = torch.nn.Linear(6, 4)
     head.weight.data.fill_(1)
     head.bias.data.fill_(0)

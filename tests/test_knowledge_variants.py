@@ -18,7 +18,7 @@ from tests.test_knowledge_sources import (
     needs_reference,
     write_json,
 )
-from vlbench.analyses import scoring, zeroshot
+from vlbench.analyses import zeroshot, zeroshot_classifier
 from vlbench.analyses.base import Inputs
 from vlbench.config import ParamsError
 from vlbench.datasets import synthetic
@@ -266,7 +266,7 @@ def test_each_variant_is_scored_with_its_own_weighting(tmp_path, weights):
 
 def test_precomputed_class_weights_are_a_variant(tmp_path):
     inputs = toy_inputs(tmp_path)
-    path = inputs.features_dir / scoring.PRECOMPUTED_WEIGHTS["repe"]
+    path = inputs.features_dir / zeroshot.PRECOMPUTED_WEIGHTS["repe"]
     rows = pa.table({"class_index": [1, 0], "fallback": [True, False]})
     _write_features(path, rows, np.array([[0, 1], [1, 0]], np.float32), {**IDENTITY, "dataset": "toy", "text_version": "x"})
     result = zeroshot.run(inputs, {"split": "test"}, seed=0)
@@ -274,8 +274,8 @@ def test_precomputed_class_weights_are_a_variant(tmp_path):
     assert repe["metrics"] == {"accuracy": brute_force_accuracy(np.eye(2))} and repe["fallback"] == 1
     assert list(result.details["variants"]) == ["templates", "wiki", "repe"]
     _write_features(path, rows.slice(0, 1), np.array([[0, 1]], np.float32), {**IDENTITY, "dataset": "toy"})
-    with pytest.raises(scoring.VariantError, match=r"retrieval/class_weights.parquet: class weights must have one "
-                                                   r"row per class 0..1, got 1 rows"):
+    with pytest.raises(zeroshot_classifier.VariantError, match=r"retrieval/class_weights.parquet: class weights must "
+                                                               r"have one row per class 0..1, got 1 rows"):
         zeroshot.run(inputs, {"split": "test"}, seed=0)
     _write_features(path, rows, np.eye(2, dtype=np.float32), {**IDENTITY, "weights_sha256": "other", "dataset": "toy"})
     with pytest.raises(StaleFeaturesError, match=r"weights_sha256"):

@@ -93,14 +93,14 @@ def under_blas_threads(n: int, fn, *args):
 
 
 def test_zeroshot_scores_and_metrics_are_the_same_bytes_with_one_or_two_blas_threads():
-    from vlbench.analyses import scoring
+    from vlbench.analyses import zeroshot, zeroshot_classifier
     from vlbench.datasets.canonical import ClassInfo, DatasetMeta
 
     images, texts = demo_sized()
-    weights = scoring.class_weights(texts, np.arange(39) % 13, 13)
+    weights = zeroshot_classifier.class_weights(texts, np.arange(39) % 13, 13)
     targets = (np.random.default_rng(1).random((1000, 13)) < 0.3).astype(np.int64)
     meta = DatasetMeta("h", "multi-label", "map_11point", [ClassInfo(i, f"c{i}") for i in range(13)], splits={})
-    one, two = (under_blas_threads(n, scoring.weights_metrics, images, weights, targets, meta) for n in (1, 2))
+    one, two = (under_blas_threads(n, zeroshot.weights_metrics, images, weights, targets, meta) for n in (1, 2))
     assert one[1].tobytes() == two[1].tobytes() and one[0] == two[0]
 
 

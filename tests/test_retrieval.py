@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from vlbench.analyses.scoring import class_weights
+from vlbench.analyses.zeroshot_classifier import class_weights
 from vlbench.config import ParamsError
 from vlbench.features import StaleFeaturesError
 from vlbench.knowledge import repe as rt

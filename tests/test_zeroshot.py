@@ -1,9 +1,12 @@
+import ast
+
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from vlbench.analyses.scoring import class_weights, zeroshot_logits
+from tests.test_imports import imports, project_modules
 from vlbench.analyses.zeroshot import evaluate_zeroshot
+from vlbench.analyses.zeroshot_classifier import class_weights, zeroshot_logits
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta
 
 
@@ -275,3 +278,56 @@ def test_classes_with_identical_prompts_are_reported_with_what_their_ties_decide
     # a dataset whose classes all differ in their prompts reports nothing
     distinct = pa.table({"class_index": list(range(c)), "source": ["template"] * c, "text": list("abcd")})
     assert identical_prompts(distinct, c) == []
+
+
+# ---------------------------------------------------------------------------------------------------- the two modules
+CLASSIFIER, ANALYSIS = "vlbench.analyses.zeroshot_classifier", "vlbench.analyses.zeroshot"
+
+
+def test_zero_shot_scoring_is_two_modules_and_the_classifier_imports_neither_the_analysis_nor_a_metric():
+    """What zero-shot scores reads in one direction: the analysis (scores, the dataset metric, intervals, variants)
+    imports the classifier (class weights, logits), which imports nothing of the project but its errors."""
+    found = imports(project_modules())
+    assert (ANALYSIS, CLASSIFIER) in {(importer, target) for importer, target, _, _ in found}
+    assert sorted({target for importer, target, _, _ in found if importer == CLASSIFIER}) == ["vlbench.errors"]
+
+
+def _references(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _used_from(path, names: set[str]) -> set[str]:
+    """The names of `names` that the module in `path` uses: imported by name, or as an attribute of the classifier
+    imported whole (`from vlbench.analyses import zeroshot_classifier`, `import ... as x`)."""
+    tree = ast.parse(path.read_text())
+    taken, bound = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            taken |= {alias.name for alias in node.names if node.module == CLASSIFIER}
+            bound |= {alias.asname or alias.name for alias in node.names if f"{node.module}.{alias.name}" == CLASSIFIER}
+        elif isinstance(node, ast.Import):
+            bound |= {alias.asname for alias in node.names if alias.name == CLASSIFIER and alias.asname}
+    attributes = {n.attr for n in ast.walk(tree)
+                  if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in bound}
+    return (taken | attributes) & names
+
+
+def test_the_classifier_holds_only_what_modules_besides_the_analysis_use():
+    """A name of the classifier is there because a module other than the zero-shot analysis uses it, or a name so
+    used needs it; what only the analysis uses lives in the analysis (no call into the classifier and back)."""
+    modules = project_modules()
+    tree = ast.parse(modules[CLASSIFIER].read_text())
+    defines = {}
+    for node in tree.body:
+        targets = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+                   [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else [])
+        defines.update({name: _references(node) for name in targets})
+    shared = set().union(*(_used_from(path, set(defines)) for m, path in modules.items()
+                           if m not in (CLASSIFIER, ANALYSIS)))
+    todo = list(shared)
+    while todo:
+        needed = defines[todo.pop()] & set(defines) - shared
+        shared |= needed
+        todo += needed
+    only_the_analysis = sorted(set(defines) - shared)
+    assert not only_the_analysis, f"used only by {ANALYSIS} (move them there): {only_the_analysis}"

@@ -32,6 +32,7 @@ import numpy as np
 
 from vlbench import stats
 from vlbench.analyses import ANALYSES, SampleTable
+from vlbench.analyses.zeroshot import softmax
 from vlbench.errors import VlbenchError
 from vlbench.io import atomic_path
 from vlbench import metrics as metric_functions
@@ -275,19 +276,13 @@ def _score_estimators(tables: list, declared: SampleTable, metric: str, reported
               else np.asarray(raw, dtype=np.int64))
     chosen = []
     for s, want in zip(scores, reported):
-        candidates = [*((s, c) for c in CONVENTIONS), (_softmax(s), "elevater")]
+        candidates = [*((s, c) for c in CONVENTIONS), (softmax(s), "elevater")]
         found = next(((x, c) for x, c in candidates
                       if abs(metric_functions.compute(metric, x, labels, c) - want) <= SCORES_REPRODUCE), None)
         if found is None:
             return []
         chosen.append(found)
     return [(metric, stats.WholeSet(metric, [x for x, _ in chosen], labels, [c for _, c in chosen]))]
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, dtype=np.float32)
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
 
 
 REPRODUCES = 1e-6  # the paired numbers must give each result file's number to within this

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from vlbench import expansion as ex
-from vlbench.analyses.scoring import class_weights, similarities
+from vlbench.analyses.zeroshot_classifier import class_weights, similarities
 from vlbench.config import check_name, check_suite_dataset, defaults, get
 from vlbench.expansion import ExtensibilityError
 from vlbench.knowledge.repe import DEFAULT_PROMPTS, read_repe_class_weights, weights_path

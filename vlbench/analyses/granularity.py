@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from vlbench.analyses.base import Result
-from vlbench.analyses.scoring import class_weights, l2_normalize, similarities
+from vlbench.analyses.zeroshot_classifier import class_weights, l2_normalize, similarities, template_weights
 from vlbench.config import ParamsError
 from vlbench.datasets.wnids import HYPERNYM_GROUP, leaf_wnids
 from vlbench.errors import VlbenchError
@@ -396,7 +396,7 @@ def run(inputs, cfg, seed: int):
                                f"{inputs.texts_dir}; set texts.hierarchy (tree|dag) or texts.groups: true in its entry")
     images = inputs.images(params["split"])
     prompts = inputs.texts("prompts")
-    fine = _class_weights(prompts, len(inputs.meta.classes))
+    fine = template_weights(prompts.table, prompts.embeddings, len(inputs.meta.classes))
     result = Result(metrics={}, counts={"samples": images.table.num_rows, "classes": len(inputs.meta.classes)},
                     params={**params, "scores": "cosine", "text_sets": []}, tables={"classes": _empty_classes()})
     if HIERARCHY_SET in available:
@@ -405,11 +405,6 @@ def run(inputs, cfg, seed: int):
         _two_level_part(inputs, images, fine, result)
     result.metrics = {k: v for k, v in result.metrics.items() if v is not None and math.isfinite(v)}
     return result
-
-
-def _class_weights(prompts, num_classes: int) -> np.ndarray:
-    table, emb = _template_rows(prompts)
-    return class_weights(emb, table.column("class_index").to_numpy(), num_classes)
 
 
 def _hierarchy_part(inputs, images, fine: np.ndarray, params: dict, result) -> None:

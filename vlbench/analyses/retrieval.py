@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from vlbench.analyses.base import Result
 from vlbench.analyses.specificity import text_ids
-from vlbench.analyses.scoring import l2_normalize
+from vlbench.analyses.zeroshot_classifier import l2_normalize
 from vlbench.config import ParamsError, defaults
 from vlbench.errors import VlbenchError
 from vlbench.stats import cluster_ratio_interval

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from vlbench.analyses.base import Inputs, Result
-from vlbench.analyses.scoring import template_weights, zeroshot_logits
+from vlbench.analyses.zeroshot_classifier import template_weights, zeroshot_logits
 from vlbench.config import prepared_dir
 from vlbench.datasets.canonical import load_meta
 from vlbench.errors import VlbenchError

@@ -1,6 +1,10 @@
 """The zero-shot classification analysis (CLIP, Radford et al. 2021, Sec. 3.1.4), on cached features: the class
-prompts' weights scored against the test images as `zeroshot.scoring` says (`logits` or `elevater`; the shared
-scoring is `vlbench.analyses.scoring`). See docs/protocols.md, "ELEVATER scoring".
+prompts' weights (the zero-shot classifier, `vlbench.analyses.zeroshot_classifier`, which this module imports and
+which imports nothing from here) scored against the test images, and the dataset metrics on those scores.
+
+`zeroshot.scoring` picks the scores the metric is computed on: `logits` (the default) or `elevater`, ELEVATER's
+toolkit (`vision_benchmark/evaluation/clip_zeroshot_evaluator.py`): softmax over classes of 100 * cosine, in
+float32, with its metric conventions (`vlbench.metrics.CONVENTIONS`). See docs/protocols.md, "ELEVATER scoring".
 
 Knowledge variants (docs/protocols.md, "Knowledge variants in the pipeline"): besides the templates (`prompts`, the
 headline metrics), every variant present is scored the same way and reported in `details.variants` with its coverage
@@ -28,20 +32,15 @@ import pyarrow as pa
 
 from vlbench import metrics as metric_fns
 from vlbench.analyses.base import Result
-from vlbench.analyses.scoring import (
+from vlbench.analyses.zeroshot_classifier import (
     LOGIT_SCALE,
-    PRECOMPUTED_WEIGHTS,
-    check_scoring,
+    VariantError,
     knowledge_variant,
     l2_normalize,
-    label_matrix,
-    precomputed_variant,
-    sample_groups,
-    score_intervals,
     template_weights,
-    weights_metrics,
     zeroshot_logits,
 )
+from vlbench.config import ParamsError
 from vlbench.datasets.canonical import (
     ASSOCIATION_COLUMN,
     GROUP_COLUMN,
@@ -51,15 +50,83 @@ from vlbench.datasets.canonical import (
 )
 from vlbench.errors import VlbenchError
 from vlbench.features import embedding_array
-from vlbench.stats import bootstrap_sample_metric, cluster_ratio_interval, group_table_intervals
+from vlbench.stats import bootstrap_sample_metric, cluster_ratio_interval, group_table_intervals, metric_interval
 
 TEMPLATES_VARIANT = "templates"  # the variant name of the `prompts` text set (templates filled with class names)
 WINOGAVIL = "winogavil_jaccard"
 WINOGAVIL_MIN_CANDIDATES = 10  # DataComp's main metric: the instances with 10 or 12 candidates
+ELEVATER_LOGIT_SCALE = 100.0  # the toolkit's fixed `100. * image @ text` before its softmax (not a model's own scale)
+SCORINGS = ("logits", "elevater")
+# Variants whose class weights another stage computes: name -> file under features/<model>/<dataset>/, a features file
+# with one row per class (`class_index`, its weight as `embedding`) and the model's fingerprint; scored where present.
+PRECOMPUTED_WEIGHTS = {"repe": "retrieval/class_weights.parquet"}
 
 
 class ZeroshotError(VlbenchError):
     """The zero-shot analysis cannot run on these features; the message names the dataset and what is missing."""
+
+
+# ------------------------------------------------------------------------------------------------- the dataset metric
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float32 (the max subtracted first, as torch does): probabilities that round to 1.0
+    tie, as they do in ELEVATER's toolkit."""
+    x = np.asarray(logits, dtype=np.float32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def check_scoring(scoring: str) -> str:
+    if scoring not in SCORINGS:
+        raise ParamsError(f"params.yaml: zeroshot.scoring {scoring!r} is not one of {list(SCORINGS)}")
+    return scoring
+
+
+def metric_scores(image_embeddings: np.ndarray, weights: np.ndarray, scoring: str) -> tuple[np.ndarray, str]:
+    """(the scores the dataset metric is computed on, the `vlbench.metrics` convention to compute it with).
+
+    `logits`: 100 * cosine, default conventions. `elevater`: softmax(100 * cosine) in float32 and ELEVATER's
+    conventions (11-point AP with precision 1 at recall 0, ROC-AUC on the probability of class 1)."""
+    if check_scoring(scoring) == "elevater":
+        return softmax(zeroshot_logits(image_embeddings, weights, ELEVATER_LOGIT_SCALE)), "elevater"
+    return zeroshot_logits(image_embeddings, weights), "default"
+
+
+def label_matrix(table, meta) -> np.ndarray:
+    """Labels as metrics expect them: int array (single-label) or (n, C) 0/1 array (multi-label)."""
+    if meta.multi_label:
+        return metric_fns.multilabel_indicator(table.column(meta.label_column).to_pylist(), len(meta.classes))
+    return table.column(meta.label_column).to_numpy()
+
+
+def weights_metrics(image_emb: np.ndarray, weights: np.ndarray, labels: np.ndarray, meta,
+                    scoring: str = "logits", groups: np.ndarray | None = None) -> tuple[dict[str, float], np.ndarray]:
+    """(metrics, logits) of one set of class weights: the dataset's metric on the scores `scoring` names (a group
+    metric over `groups`, the features' `group` column), plus top-1 accuracy for a single-label dataset whose metric
+    is another."""
+    scores, convention = metric_scores(image_emb, weights, scoring)
+    logits = scores if scoring == "logits" else zeroshot_logits(image_emb, weights)
+    results = {meta.metric: metric_fns.compute(meta.metric, scores, labels, convention, groups)}
+    if not meta.multi_label and meta.metric != "accuracy":
+        results["accuracy"] = metric_fns.compute("accuracy", scores, labels, convention)
+    return {k: float(v) for k, v in results.items()}, logits
+
+
+def score_intervals(image_emb: np.ndarray, weights: np.ndarray, labels: np.ndarray, keys: dict[str, str],
+                    scoring: str, seed: int, groups: np.ndarray | None = None) -> dict[str, dict]:
+    """{metric key: bootstrap interval over the test samples} of one set of class weights, for each key of `keys`
+    ({key: the `vlbench.metrics` name it is}), on the scores `scoring` names (vlbench.stats.metric_interval)."""
+    scores, convention = metric_scores(image_emb, weights, scoring)
+    return {key: metric_interval(name, scores, labels, convention, seed=seed, groups=groups).to_json()
+            for key, name in keys.items()}
+
+
+def sample_groups(image_table) -> np.ndarray | None:
+    """The features' per-sample `group` (region, income bucket), where the prepared data has one."""
+    if GROUP_COLUMN not in image_table.column_names:
+        return None
+    return np.asarray(image_table.column(GROUP_COLUMN).to_pylist(), dtype=object)
 
 
 def evaluate_zeroshot(image_table, image_emb: np.ndarray, text_table, text_emb: np.ndarray, meta,
@@ -151,6 +218,22 @@ def objective_intervals(image_table, meta, logits: np.ndarray, seed: int) -> dic
             found = group_table_intervals(outcome, groups, name.startswith("acc_"), seed=seed)
             out.update({f"{name}_{key}": interval.to_json() for key, interval in found.items()})
     return out
+
+
+def precomputed_variant(features, num_classes: int, path: str, where: str | None = None) -> tuple[np.ndarray, dict]:
+    """(class weights, report entry) of a precomputed class-weight file (`path` under the dataset's features folder,
+    `where` the full path for messages): one row per class (`class_index`), its weight as the embedding (scored as it
+    is); a boolean `fallback` column is counted."""
+    index = features.table.column("class_index").to_numpy()
+    if sorted(index.tolist()) != list(range(num_classes)):
+        raise VariantError(f"{where or path}: class weights must have one row per class 0..{num_classes - 1}, got "
+                           f"{len(index)} rows")
+    weights = np.empty((num_classes, features.embeddings.shape[1]), np.float32)
+    weights[index] = features.embeddings
+    entry = {"source": "precomputed", "file": path, "text_version": features.fingerprint.get("text_version")}
+    if "fallback" in features.table.column_names:
+        entry["fallback"] = int(sum(bool(x) for x in features.table.column("fallback").to_pylist()))
+    return weights, entry
 
 
 def variant_weights(inputs) -> list[tuple[str, np.ndarray, dict]]:

@@ -39,7 +39,7 @@ from vlbench.analyses.adapt.elevater import (
     validation_split,
     weight_decay_search,
 )
-from vlbench.analyses.scoring import class_weights
+from vlbench.analyses.zeroshot_classifier import class_weights
 from vlbench.datasets.canonical import load_meta
 from vlbench.embed import embed_texts, model_for_dataset
 from vlbench.finetune import FinetuneError, units

@@ -41,7 +41,8 @@ from vlbench.analyses.adapt.common import (
     softmax_np,
 )
 from vlbench.analyses.adapt.common import device as pick_device
-from vlbench.analyses.scoring import class_weights, knowledge_variant, label_matrix
+from vlbench.analyses.zeroshot import label_matrix
+from vlbench.analyses.zeroshot_classifier import knowledge_variant, template_weights
 from vlbench.config import defaults
 from vlbench.features import (
     PRE_PROJECTION,
@@ -684,9 +685,7 @@ def logit_scale_factor(name: str, num_classes: int, inputs=None, split: str | No
 def text_classifier(inputs, pool: Pool) -> np.ndarray:
     """[C, d]: the `prompts` set's template prompts, each normalised, averaged per class, renormalised."""
     texts = inputs.texts("prompts")
-    templates = np.array([src == "template" for src in texts.table.column("source").to_pylist()])
-    w = class_weights(texts.embeddings[templates], texts.table.column("class_index").to_numpy()[templates],
-                      pool.num_classes)
+    w = template_weights(texts.table, texts.embeddings, pool.num_classes)
     if w.shape[1] != pool.x.shape[1]:
         raise AdaptError(f"dataset {inputs.meta.name!r}: text embeddings have dim {w.shape[1]}, images {pool.x.shape[1]}")
     return w

@@ -37,7 +37,7 @@ import numpy as np
 from vlbench.analyses.adapt import fewtrans_dag as dag
 from vlbench.analyses.adapt.common import AdaptError, ProtocolResult, cpu_threads, device as pick_device
 from vlbench.analyses.adapt.vtab import exp_shifted, flush_denormals
-from vlbench.analyses.scoring import class_weights
+from vlbench.analyses.zeroshot_classifier import l2_normalize, template_weights
 from vlbench.config import defaults
 from vlbench.datasets.registry import FEWTRANS_SPLITS
 from vlbench.metrics import mean_confidence_interval
@@ -288,10 +288,6 @@ def sample_episodes(pools: list[np.ndarray], base: np.ndarray, novel: np.ndarray
 # Methods on features
 
 
-def l2n(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
 def episode_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
     """Top-1 accuracy; ties go to the lower episode label (argmax)."""
     return float((scores.argmax(axis=1) == labels).mean())
@@ -300,7 +296,7 @@ def episode_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
 def zeroshot_accuracy(ep: Episode, x: np.ndarray, weights: np.ndarray) -> float:
     """The text classifier restricted to the episode's classes: cosine to their class weights."""
     rows, labels = ep.rows("query")
-    return episode_accuracy(l2n(x[rows]) @ weights[ep.classes].T, labels)
+    return episode_accuracy(l2_normalize(x[rows]) @ weights[ep.classes].T, labels)
 
 
 def prototype_accuracy(ep: Episode, x: np.ndarray) -> float:
@@ -309,9 +305,9 @@ def prototype_accuracy(ep: Episode, x: np.ndarray) -> float:
     srows, slabels = ep.rows("support")
     qrows, qlabels = ep.rows("query")
     sums = np.zeros((ep.ways, x.shape[1]))
-    np.add.at(sums, slabels, l2n(x[srows].astype(np.float64)))
-    protos = l2n(sums / np.bincount(slabels, minlength=ep.ways)[:, None])
-    return episode_accuracy(l2n(x[qrows].astype(np.float64)) @ protos.T, qlabels)
+    np.add.at(sums, slabels, l2_normalize(x[srows].astype(np.float64)))
+    protos = l2_normalize(sums / np.bincount(slabels, minlength=ep.ways)[:, None])
+    return episode_accuracy(l2_normalize(x[qrows].astype(np.float64)) @ protos.T, qlabels)
 
 
 def epoch_axis(epochs: int, offset: int) -> list[int]:
@@ -357,7 +353,7 @@ def _pad(episodes: list[Episode], x: np.ndarray, part: str):
     labels = np.zeros((len(sets), n), np.int64)
     mask = np.zeros((len(sets), n), bool)
     for i, (rows, lab) in enumerate(sets):
-        feats[i, :len(rows)], labels[i, :len(rows)], mask[i, :len(rows)] = l2n(x[rows]), lab, True
+        feats[i, :len(rows)], labels[i, :len(rows)], mask[i, :len(rows)] = l2_normalize(x[rows]), lab, True
     return feats, labels, mask
 
 
@@ -545,10 +541,8 @@ def load_pool(inputs, splits: list[str]) -> Pool:
 def text_weights(inputs, text_set: str) -> np.ndarray:
     """(C, d) class weights from the text set's template rows, as the zeroshot analysis builds them."""
     texts = inputs.texts(text_set)
-    keep = np.array([src == "template" for src in texts.table.column("source").to_pylist()], dtype=bool)
-    index = texts.table.column("class_index").to_numpy()[keep]
     try:
-        return class_weights(texts.embeddings[keep], index, len(inputs.meta.classes)).astype(np.float64)
+        return template_weights(texts.table, texts.embeddings, len(inputs.meta.classes)).astype(np.float64)
     except ValueError as err:
         raise AdaptError(f"dataset {inputs.meta.name!r}, text set {text_set!r}: {err}") from None
 

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from vlbench.analyses.adapt.common import AdaptError, ProtocolResult, cpu_threads, device as pick_device
+from vlbench.analyses.zeroshot_classifier import l2_normalize
 from vlbench.config import defaults
 from vlbench.features import (
     PRE_PROJECTION,
@@ -223,7 +224,7 @@ def load_splits(inputs, s: Mapping[str, Any]) -> dict[str, Split]:
             raise AdaptError(f"dataset {meta.name!r} has no split {s[key]!r} (adapt.vtab.{key}); "
                              f"it has {sorted(meta.splits)}")
         f = inputs.images(s[key]) if s["representation"] == "projected" else pre_projection_images(inputs, s[key])
-        x = _l2n(f.embeddings) if s["normalize"] else f.embeddings
+        x = l2_normalize(f.embeddings) if s["normalize"] else f.embeddings
         got[key] = Split(x, f.table.column("label").to_numpy(), f.table.column("sample_id").to_pylist())
     train, val = got["train_split"], got["val_split"]
     for key, part, n in (("train_examples", train, s["train_examples"]), ("val_examples", val, s["val_examples"])):
@@ -254,10 +255,6 @@ def pre_projection_images(inputs, split: str) -> Features:
         raise AdaptError(f"dataset {meta.name!r}: adapt.vtab.representation is pre_projection but {path} does not exist; "
                          f"set embed.pre_projection: true and re-run embed_images@{meta.name}")
     return read_features(path, {**inputs.image_identity(), "representation": PRE_PROJECTION})
-
-
-def _l2n(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def sweep_plan(s: Mapping[str, Any]) -> list[tuple[float, int]]:
