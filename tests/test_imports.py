@@ -1,5 +1,6 @@
 """The package's import graph, read statically (ast over every vlbench/ and stages/ module, imports inside functions
-included): no cycle between modules, and no private name (`_x`) imported from another module."""
+included): no cycle between modules, no private name (`_x`) of another module imported or reached as an attribute
+(`module._x`), and private names of third-party libraries used only in their adapters (`vlbench/adapters/`)."""
 
 from __future__ import annotations
 
@@ -108,6 +109,56 @@ def private_imports(modules: dict[str, Path]) -> list[str]:
             if name and name.startswith("_") and not name.startswith("__")]
 
 
+def module_aliases(module: str, path: Path, tree: ast.Module, modules: dict[str, Path]) -> dict[str, str]:
+    """{local name: the project module it is bound to} for the module's imports of project modules (`import a.b as c`,
+    `from a import b`; a plain `import a.b` binds `a`, and attribute chains from it are resolved in `dotted`)."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in modules:
+                    aliases[alias.asname] = alias.name
+                elif not alias.asname and alias.name.split(".")[0] in PACKAGES:
+                    aliases[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            for (target, name), alias in zip(_imported(module, path, node), node.names):
+                if f"{target}.{name}" in modules:
+                    aliases[alias.asname or name] = f"{target}.{name}"
+    return aliases
+
+
+def dotted(node: ast.expr) -> list[str] | None:
+    """`a.b.c` as ["a", "b", "c"]; None for anything but names and attributes."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else None
+
+
+def private_attributes(modules: dict[str, Path], root: Path = ROOT) -> list[str]:
+    """`module._x` where `module` is another project module (bound by an import): a private name reached without an
+    import statement."""
+    found = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = module_aliases(module, path, tree, modules)
+        for node in ast.walk(tree):
+            parts = dotted(node) if isinstance(node, ast.Attribute) else None
+            if not parts or parts[0] not in aliases:
+                continue
+            target, rest = aliases[parts[0]], parts[1:]
+            while rest and f"{target}.{rest[0]}" in modules:  # vlbench.finetune.fewtrans._check
+                target, rest = f"{target}.{rest[0]}", rest[1:]
+            if len(rest) == 1 and _private(rest[0]) and target != module:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: uses {rest[0]} of {target}")
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
 def test_no_import_cycle_between_modules():
     cycles = [" -> ".join(cycle) for cycle in import_cycles(project_modules())]
     assert not cycles, "import cycles (function-level imports included): " + "; ".join(cycles)
@@ -116,6 +167,11 @@ def test_no_import_cycle_between_modules():
 def test_no_private_name_is_imported_from_another_module():
     found = private_imports(project_modules())
     assert not found, "private names imported across modules (make them public or move them): " + "; ".join(found)
+
+
+def test_no_private_name_of_another_module_is_reached_as_an_attribute():
+    found = private_attributes(project_modules())
+    assert not found, "private names used across modules (make them public or move them): " + "; ".join(found)
 
 
 @pytest.fixture
@@ -128,6 +184,8 @@ def tiny_package(tmp_path):
     (pkg / "b.py").write_text("from . import c\n")
     (pkg / "c.py").write_text("import vlbench.a\n_hidden = 1\n")
     (pkg / "d.py").write_text("from vlbench.c import _hidden, __doc__\n")
+    (pkg / "e.py").write_text("import vlbench.c\nfrom vlbench import c as see\n_own = 1\n"
+                              "vlbench.c._hidden, see._hidden, see.__doc__, see.public._inner\n")
     return tmp_path
 
 
@@ -136,6 +194,12 @@ def test_the_checks_find_a_cycle_through_a_function_level_import_and_a_private_i
     assert import_cycles(modules) == [["vlbench.a", "vlbench.b", "vlbench.c", "vlbench.a"]]
     assert [(i, t, n) for i, t, n, _ in imports(modules) if i == "vlbench.d"] == [
         ("vlbench.d", "vlbench.c", "_hidden"), ("vlbench.d", "vlbench.c", "__doc__")]
+
+
+def test_the_check_finds_a_private_name_reached_as_an_attribute_of_another_module(tiny_package):
+    """`c._hidden` through a plain import or an alias; not a dunder, not a private attribute of a public object."""
+    assert private_attributes(project_modules(tiny_package), tiny_package) == [
+        "vlbench/e.py:4: uses _hidden of vlbench.c", "vlbench/e.py:4: uses _hidden of vlbench.c"]
 
 
 def test_the_dataset_sources_import_nothing_from_the_layers_above_them():
