@@ -155,6 +155,46 @@ def private_attributes(modules: dict[str, Path], root: Path = ROOT) -> list[str]
     return found
 
 
+ADAPTERS = "vlbench.adapters"  # the one place a library's private names are used (vlbench/adapters/__init__.py)
+PUBLIC_UNDERSCORE = {"_exit", "_replace", "_asdict", "_fields", "_make"}  # os._exit and namedtuple's, documented
+
+
+def defined_names(tree: ast.Module) -> set[str]:
+    """Every name the module itself defines: functions, classes, arguments, assigned names and attributes."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Store):
+            names.add(node.id if isinstance(node, ast.Name) else node.attr)
+    return names
+
+
+def library_private_uses(modules: dict[str, Path], root: Path = ROOT) -> list[str]:
+    """Outside vlbench/adapters/: imports of a library's private module or name (`from ray._private.x import y`,
+    `import torch._dynamo`), and private attributes the module does not define itself (`repo.stage_cache._load`:
+    DVC's; `module._x`: another module's)."""
+    found = []
+    for module, path in modules.items():
+        if module == ADAPTERS or module.startswith(ADAPTERS + "."):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        own = defined_names(tree) | PUBLIC_UNDERSCORE
+        for node in ast.walk(tree):
+            where = f"{path.relative_to(root)}:{node.lineno}" if hasattr(node, "lineno") else ""
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not (isinstance(node, ast.ImportFrom) and node.level):
+                named = [node.module] if isinstance(node, ast.ImportFrom) else []
+                for alias in node.names:
+                    dotted_name = ".".join(named + [alias.name])
+                    if dotted_name.split(".")[0] not in PACKAGES and any(map(_private, dotted_name.split("."))):
+                        found.append(f"{where}: imports {dotted_name}")
+            elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own:
+                found.append(f"{where}: uses {ast.unparse(node)}")
+    return found
+
+
 def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
@@ -167,6 +207,12 @@ def test_no_import_cycle_between_modules():
 def test_no_private_name_is_imported_from_another_module():
     found = private_imports(project_modules())
     assert not found, "private names imported across modules (make them public or move them): " + "; ".join(found)
+
+
+def test_private_names_of_libraries_are_used_in_their_adapters_only():
+    found = library_private_uses(project_modules())
+    assert not found, ("private names used outside vlbench/adapters/ (a library's: use its public API, or add it to "
+                       "the library's adapter with a test; another module's: make it public): " + "; ".join(found))
 
 
 def test_no_private_name_of_another_module_is_reached_as_an_attribute():
@@ -186,6 +232,11 @@ def tiny_package(tmp_path):
     (pkg / "d.py").write_text("from vlbench.c import _hidden, __doc__\n")
     (pkg / "e.py").write_text("import vlbench.c\nfrom vlbench import c as see\n_own = 1\n"
                               "vlbench.c._hidden, see._hidden, see.__doc__, see.public._inner\n")
+    (pkg / "f.py").write_text("import os, torch._dynamo\nfrom ray._private.services import find\n"
+                              "class Box:\n    def __init__(self):\n        self._own = 1\n\n\n"
+                              "def f(repo, box):\n    return box._own, repo._load, os._exit\n")
+    (pkg / "adapters").mkdir()
+    (pkg / "adapters" / "__init__.py").write_text("from dvc.stage.cache import _can_hash\n_can_hash.__name__\n")
     return tmp_path
 
 
@@ -200,6 +251,16 @@ def test_the_check_finds_a_private_name_reached_as_an_attribute_of_another_modul
     """`c._hidden` through a plain import or an alias; not a dunder, not a private attribute of a public object."""
     assert private_attributes(project_modules(tiny_package), tiny_package) == [
         "vlbench/e.py:4: uses _hidden of vlbench.c", "vlbench/e.py:4: uses _hidden of vlbench.c"]
+
+
+def test_the_check_finds_a_librarys_private_names_outside_the_adapters(tiny_package):
+    """Private modules and names imported, and private attributes the module does not define (`repo._load`, and
+    e.py's `_hidden`); not os._exit, not the module's own `_own` (an attribute it assigns), not in vlbench/adapters/."""
+    assert sorted(library_private_uses(project_modules(tiny_package), tiny_package)) == [
+        "vlbench/e.py:4: uses see._hidden", "vlbench/e.py:4: uses see.public._inner",
+        "vlbench/e.py:4: uses vlbench.c._hidden",
+        "vlbench/f.py:1: imports torch._dynamo", "vlbench/f.py:2: imports ray._private.services.find",
+        "vlbench/f.py:9: uses repo._load"]
 
 
 def test_the_dataset_sources_import_nothing_from_the_layers_above_them():
