@@ -5,19 +5,45 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import pkgutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from dvc.repo import Repo
 from dvc.stage.cache import StageCache, _can_hash
+from packaging.requirements import Requirement
 
+from vlbench import adapters
 from vlbench.adapters import dvc as dvc_private
 from vlbench.adapters import torch as torch_private
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def requirements() -> list[Requirement]:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return [Requirement(r) for r in project["dependencies"] + sum(project["optional-dependencies"].values(), [])]
+
+
+def test_each_adapted_library_is_bounded_below_its_next_major_and_the_constraints_pin_inside_the_bounds():
+    """pyproject.toml bounds every library with an adapter (`<N`), and every version constraints.txt pins (what
+    `make setup` installs) is allowed by every requirement on it, so `pip install -c constraints.txt` resolves."""
+    adapted = {m.name for m in pkgutil.iter_modules(adapters.__path__)}
+    assert adapted == {"dvc", "ray", "torch"}
+    for req in requirements():
+        if req.name in adapted:
+            assert any(spec.operator == "<" for spec in req.specifier), f"{req}: no upper bound"
+    pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    outside = [f"{req} excludes {pins[req.name]}" for req in requirements()
+               if req.name in pins and not req.specifier.contains(pins[req.name])]
+    assert not outside, outside
 
 
 def upper_stage(out: str, **more) -> dict:
