@@ -270,3 +270,10 @@ def test_the_dataset_sources_import_nothing_from_the_layers_above_them():
     found = [f"{importer} -> {target} (line {line})" for importer, target, _, line in imports(project_modules())
              if importer.startswith("vlbench.datasets") and target.startswith(above)]
     assert not found, "dataset modules import from layers above them: " + "; ".join(found)
+
+
+def test_the_adapters_import_no_vlbench_module():
+    """vlbench/adapters/ is the ground floor: a library's private names, wrapped, for any layer to use."""
+    found = [f"{importer} -> {target} (line {line})" for importer, target, _, line in imports(project_modules())
+             if importer.startswith(ADAPTERS) and not target.startswith(ADAPTERS)]
+    assert not found, "adapters import project modules: " + "; ".join(found)
