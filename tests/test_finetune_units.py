@@ -319,6 +319,12 @@ def independent_climb(world, model_cfg) -> tuple[tuple, dict]:
         best = top
 
 
+def test_the_held_out_searchs_own_methods_are_checked_as_fine_tunings_are_before_any_data_is_read(tmp_path):
+    """finetune.heldout.search.methods replaces the fine-tuning's methods, checked by fewtrans.check_settings."""
+    with pytest.raises(FinetuneError, match=r"methods must name methods of \[.*\], got \['coop'\]$"):
+        heldout.search({}, tmp_path / "absent", None, {"methods": ["coop"]}, {"methods": ["text_ft"]}, 0)
+
+
 def test_the_held_out_search_picks_the_optimum_an_independent_loop_finds(world, toy_model_cfg, tmp_path):
     doc, table, tally = heldout.search(toy_model_cfg, world["prepared"], world["texts"], SEARCH,
                                        {"methods": ["text_ft"]}, 3, SEARCH_SAMPLER, "cpu", units_dir=tmp_path / "u",

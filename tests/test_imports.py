@@ -1,5 +1,6 @@
 """The package's import graph, read statically (ast over every vlbench/ and stages/ module, imports inside functions
-included): no cycle between modules, and no private name (`_x`) imported from another module."""
+included): no cycle between modules, no private name (`_x`) of another module imported or reached as an attribute
+(`module._x`), and private names of third-party libraries used only in their adapters (`vlbench/adapters/`)."""
 
 from __future__ import annotations
 
@@ -108,6 +109,95 @@ def private_imports(modules: dict[str, Path]) -> list[str]:
             if name and name.startswith("_") and not name.startswith("__")]
 
 
+def module_aliases(module: str, path: Path, tree: ast.Module, modules: dict[str, Path]) -> dict[str, str]:
+    """{local name: the project module it is bound to} for the module's imports of project modules (`import a.b as c`,
+    `from a import b`; a plain `import a.b` binds `a`, and attribute chains from it are resolved in `dotted`)."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in modules:
+                    aliases[alias.asname] = alias.name
+                elif not alias.asname and alias.name.split(".")[0] in PACKAGES:
+                    aliases[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            for (target, name), alias in zip(_imported(module, path, node), node.names):
+                if f"{target}.{name}" in modules:
+                    aliases[alias.asname or name] = f"{target}.{name}"
+    return aliases
+
+
+def dotted(node: ast.expr) -> list[str] | None:
+    """`a.b.c` as ["a", "b", "c"]; None for anything but names and attributes."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else None
+
+
+def private_attributes(modules: dict[str, Path], root: Path = ROOT) -> list[str]:
+    """`module._x` where `module` is another project module (bound by an import): a private name reached without an
+    import statement."""
+    found = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = module_aliases(module, path, tree, modules)
+        for node in ast.walk(tree):
+            parts = dotted(node) if isinstance(node, ast.Attribute) else None
+            if not parts or parts[0] not in aliases:
+                continue
+            target, rest = aliases[parts[0]], parts[1:]
+            while rest and f"{target}.{rest[0]}" in modules:  # vlbench.finetune.fewtrans._check
+                target, rest = f"{target}.{rest[0]}", rest[1:]
+            if len(rest) == 1 and _private(rest[0]) and target != module:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: uses {rest[0]} of {target}")
+    return found
+
+
+ADAPTERS = "vlbench.adapters"  # the one place a library's private names are used (vlbench/adapters/__init__.py)
+PUBLIC_UNDERSCORE = {"_exit", "_replace", "_asdict", "_fields", "_make"}  # os._exit and namedtuple's, documented
+
+
+def defined_names(tree: ast.Module) -> set[str]:
+    """Every name the module itself defines: functions, classes, arguments, assigned names and attributes."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Store):
+            names.add(node.id if isinstance(node, ast.Name) else node.attr)
+    return names
+
+
+def library_private_uses(modules: dict[str, Path], root: Path = ROOT) -> list[str]:
+    """Outside vlbench/adapters/: imports of a library's private module or name (`from ray._private.x import y`,
+    `import torch._dynamo`), and private attributes the module does not define itself (`repo.stage_cache._load`:
+    DVC's; `module._x`: another module's)."""
+    found = []
+    for module, path in modules.items():
+        if module == ADAPTERS or module.startswith(ADAPTERS + "."):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        own = defined_names(tree) | PUBLIC_UNDERSCORE
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not (isinstance(node, ast.ImportFrom) and node.level):
+                named = [node.module] if isinstance(node, ast.ImportFrom) else []
+                for alias in node.names:
+                    parts = [*named, alias.name]
+                    if parts[0].split(".")[0] not in PACKAGES and any(map(_private, ".".join(parts).split("."))):
+                        found.append(f"{path.relative_to(root)}:{node.lineno}: imports {'.'.join(parts)}")
+            elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: uses {ast.unparse(node)}")
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
 def test_no_import_cycle_between_modules():
     cycles = [" -> ".join(cycle) for cycle in import_cycles(project_modules())]
     assert not cycles, "import cycles (function-level imports included): " + "; ".join(cycles)
@@ -118,9 +208,21 @@ def test_no_private_name_is_imported_from_another_module():
     assert not found, "private names imported across modules (make them public or move them): " + "; ".join(found)
 
 
+def test_private_names_of_libraries_are_used_in_their_adapters_only():
+    found = library_private_uses(project_modules())
+    assert not found, ("private names used outside vlbench/adapters/ (a library's: use its public API, or add it to "
+                       "the library's adapter with a test; another module's: make it public): " + "; ".join(found))
+
+
+def test_no_private_name_of_another_module_is_reached_as_an_attribute():
+    found = private_attributes(project_modules())
+    assert not found, "private names used across modules (make them public or move them): " + "; ".join(found)
+
+
 @pytest.fixture
 def tiny_package(tmp_path):
-    """A package of four modules: a -> b (inside a function) -> c -> a, and d taking a private name from c."""
+    """A package of modules: a -> b (inside a function) -> c -> a; d taking a private name from c, e reaching it as
+    an attribute; f using private names of libraries, as its adapters/ may."""
     pkg = tmp_path / "vlbench"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -128,6 +230,13 @@ def tiny_package(tmp_path):
     (pkg / "b.py").write_text("from . import c\n")
     (pkg / "c.py").write_text("import vlbench.a\n_hidden = 1\n")
     (pkg / "d.py").write_text("from vlbench.c import _hidden, __doc__\n")
+    (pkg / "e.py").write_text("import vlbench.c\nfrom vlbench import c as see\n\n"
+                              "vlbench.c._hidden, see._hidden, see.__doc__, see.public._inner\n")
+    (pkg / "f.py").write_text("import os, torch._dynamo\nfrom ray._private.services import find\n"
+                              "class Box:\n    def __init__(self):\n        self._own = 1\n\n\n"
+                              "def f(repo, box):\n    return box._own, repo._load, os._exit\n")
+    (pkg / "adapters").mkdir()
+    (pkg / "adapters" / "__init__.py").write_text("from dvc.stage.cache import _can_hash\n_can_hash.__name__\n")
     return tmp_path
 
 
@@ -138,6 +247,22 @@ def test_the_checks_find_a_cycle_through_a_function_level_import_and_a_private_i
         ("vlbench.d", "vlbench.c", "_hidden"), ("vlbench.d", "vlbench.c", "__doc__")]
 
 
+def test_the_check_finds_a_private_name_reached_as_an_attribute_of_another_module(tiny_package):
+    """`c._hidden` through a plain import or an alias; not a dunder, not a private attribute of a public object."""
+    assert private_attributes(project_modules(tiny_package), tiny_package) == [
+        "vlbench/e.py:4: uses _hidden of vlbench.c", "vlbench/e.py:4: uses _hidden of vlbench.c"]
+
+
+def test_the_check_finds_a_librarys_private_names_outside_the_adapters(tiny_package):
+    """Private modules and names imported, and private attributes the module does not define (`repo._load`, and
+    e.py's `_hidden`); not os._exit, not the module's own `_own` (an attribute it assigns), not in vlbench/adapters/."""
+    assert sorted(library_private_uses(project_modules(tiny_package), tiny_package)) == [
+        "vlbench/e.py:4: uses see._hidden", "vlbench/e.py:4: uses see.public._inner",
+        "vlbench/e.py:4: uses vlbench.c._hidden",
+        "vlbench/f.py:1: imports torch._dynamo", "vlbench/f.py:2: imports ray._private.services.find",
+        "vlbench/f.py:9: uses repo._load"]
+
+
 def test_the_dataset_sources_import_nothing_from_the_layers_above_them():
     """vlbench.datasets (the sources, their leaf wnids and ImageNet-1k's class list) sits below the knowledge, the
     analyses and the reports; WordNet is read through vlbench.wordnet, below all of them."""
@@ -145,3 +270,10 @@ def test_the_dataset_sources_import_nothing_from_the_layers_above_them():
     found = [f"{importer} -> {target} (line {line})" for importer, target, _, line in imports(project_modules())
              if importer.startswith("vlbench.datasets") and target.startswith(above)]
     assert not found, "dataset modules import from layers above them: " + "; ".join(found)
+
+
+def test_the_adapters_import_no_vlbench_module():
+    """vlbench/adapters/ is the ground floor: a library's private names, wrapped, for any layer to use."""
+    found = [f"{importer} -> {target} (line {line})" for importer, target, _, line in imports(project_modules())
+             if importer.startswith(ADAPTERS) and not target.startswith(ADAPTERS)]
+    assert not found, "adapters import project modules: " + "; ".join(found)

@@ -28,6 +28,7 @@ import ray
 import torch
 
 from vlbench import portable
+from vlbench.adapters import ray as ray_private
 from vlbench.embed import (
     CorruptSample,
     EngineError,
@@ -70,7 +71,7 @@ def ray_address() -> str | None:
     address = os.environ.get(variable) or None
     if address is None or address == "local":
         return address
-    target = _current_cluster() if address == "auto" else address
+    target = ray_private.last_started_cluster() if address == "auto" else address
     if target is None:
         return address  # "auto" on a machine without `ray start`: Ray says so at once
     host, port = _host_port(variable, address, target)
@@ -83,16 +84,6 @@ def ray_address() -> str | None:
                           f"its GCS address (`ray start --head` prints it; port 6379 by default, Ray Client's ray:// "
                           f"port 10001) and that no firewall blocks the port from this machine") from None
     return address
-
-
-def _current_cluster() -> str | None:
-    """The address `auto` stands for: the last `ray start` on this machine (Ray's record of it), if any."""
-    try:  # Ray's own reading of /tmp/ray/ray_current_cluster (private: guarded)
-        from ray._private.services import find_bootstrap_address
-
-        return find_bootstrap_address(None)
-    except Exception:  # noqa: BLE001 - a private helper: when it cannot tell, Ray decides as before
-        return None
 
 
 def _host_port(variable: str, address: str, target: str) -> tuple[str, int]:

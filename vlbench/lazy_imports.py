@@ -23,9 +23,9 @@ import sys
 import types
 from pathlib import Path
 
+from vlbench.adapters import torch as torch_private
 from vlbench.models import CONFIG_DIR
 
-_DYNAMO_UTILS = "torch._dynamo.utils"
 # the library that builds each optional open_clip tower, and the config key that asks for that tower
 TOWER_LIBRARIES = {"timm": ("vision_cfg", "timm_model_name"), "transformers": ("text_cfg", "hf_model_name")}
 
@@ -35,7 +35,7 @@ def import_for_model(arch: str) -> None:
     torch._dynamo and without the tower libraries `arch` does not build. Where they are loaded already, a no-op."""
     if any(name in sys.modules for name in ("torchvision", "open_clip")):
         return
-    with _in_sys_modules({_DYNAMO_UTILS: _dynamo_utils_stand_in()}):
+    with _in_sys_modules({torch_private.DYNAMO_UTILS: _dynamo_utils_stand_in()}):
         importlib.import_module("torchvision")
     # not under the stand-in: timm's own import of torch._dynamo (for a timm tower) must get the real module
     with _in_sys_modules(dict.fromkeys(unused_tower_libraries(arch))):
@@ -57,16 +57,9 @@ def unused_tower_libraries(arch: str) -> list[str]:
 
 
 def _dynamo_utils_stand_in() -> types.ModuleType:
-    module = types.ModuleType(_DYNAMO_UTILS, "stand-in while torchvision loads (vlbench.lazy_imports)")
-    module.is_compile_supported = _is_compile_supported
+    module = types.ModuleType(torch_private.DYNAMO_UTILS, "stand-in while torchvision loads (vlbench.lazy_imports)")
+    module.is_compile_supported = torch_private.is_compile_supported
     return module
-
-
-def _is_compile_supported(device_type):
-    """torch._dynamo.utils.is_compile_supported, importing torch._dynamo at the first call."""
-    from torch._dynamo.utils import is_compile_supported
-
-    return is_compile_supported(device_type)
 
 
 @contextlib.contextmanager

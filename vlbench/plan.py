@@ -124,20 +124,14 @@ def _mark_downstream(graph, order: list, rows: tuple, outputs: tuple) -> tuple:
 
 def _run_cached(repo, stage):
     """The stage as DVC's run cache recorded it for its current dependencies and params, when its outputs are in the
-    local cache; None otherwise (a dependency missing, never run with these inputs, outputs gone from the cache).
-
-    The one place plan reads DVC's internals: DVC has no public API that returns a run-cache entry (`dvc repro`
-    restores one through `StageCache.restore`, which returns nothing), and the entry's outputs are what
-    `cached.remote` asks the remote about."""
+    local cache; None otherwise (a dependency missing, never run with these inputs, outputs gone from the cache). DVC
+    has no public API for a run-cache entry: it is read through `vlbench.adapters.dvc`."""
     from dvc.exceptions import DvcException
-    from dvc.stage.cache import _can_hash
+
+    from vlbench.adapters import dvc as dvc_private
 
     try:
-        stage.save_deps()  # hashes the current dependencies in memory (a missing one raises): the run cache's key
-        if not _can_hash(stage):
-            return None
-        cache = repo.stage_cache._load(stage)
-        cached = repo.stage_cache._create_stage(cache, wdir=stage.wdir) if cache else None
+        cached = dvc_private.run_cache_entry(repo, stage)
     except DvcException:
         return None
     return cached if cached is not None and cached.outs_cached() else None

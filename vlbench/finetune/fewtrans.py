@@ -105,7 +105,7 @@ def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
     if unknown:
         raise FinetuneError(f"params.yaml: finetune.fewtrans has unknown key(s) {unknown}; known: {sorted(DEFAULTS)}")
     out = {**DEFAULTS, **cfg, **{m: {**DEFAULTS[m], **(cfg.get(m) or {})} for m in METHODS}}
-    _check(out)
+    check_settings(out)
     return out
 
 
@@ -126,7 +126,9 @@ def _method_problem(name: str, m: Mapping[str, Any]) -> str | None:
     return next((p for p in problems if p), None)
 
 
-def _check(s: Mapping[str, Any]) -> None:
+def check_settings(s: Mapping[str, Any]) -> None:
+    """Resolved settings `s` (`settings`, or the held-out search's methods over them): a FinetuneError naming the first
+    bad key, as `params.yaml: finetune.fewtrans.<key> <problem>`."""
     bad = [m for m in s["methods"] if m not in METHODS]
     problems = {
         "methods": (bad or not s["methods"]) and f"must name methods of {list(METHODS)}, got {s['methods']}",
@@ -477,7 +479,7 @@ def resolve_centres(s: Mapping[str, Any], heldout: Path | Mapping[str, Any] | No
                                     f"{sorted(doc['centres'])}); add it to finetune.heldout.methods and rerun it")
             centre, sources[name] = doc["centres"][name], f"heldout:{doc['dataset']}"
         out[name] = {**s[name], **{k: centre[k] for k in centre_keys}}
-    _check(out)
+    check_settings(out)
     return out, sources
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from vlbench.adapters import torch as torch_private
 from vlbench.io import WriteError, user_cache_dir, write_json
 from vlbench.models.timing import build_image_model, describe_device, sync
 
@@ -65,24 +66,13 @@ def architecture(model_cfg: Mapping[str, Any]) -> Architecture:
     """Build the model on the meta device and run one image through its image tower, counting FLOPs and the largest
     tensor (torch.utils.flop_counter): no weights, no memory, no arithmetic."""
     import torch
-    from torch.utils._pytree import tree_leaves
-    from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import FlopCounterMode
-
-    class Largest(TorchDispatchMode):
-        largest, total = 0, 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            sizes = [t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-            self.largest, self.total = max([self.largest, *sizes]), self.total + sum(sizes)
-            return out
 
     meta = torch.device("meta")
     with meta:
         model, preprocess, _ = build_image_model(model_cfg, meta)
     height, width = _size(model)
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter, Largest() as largest:
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter, torch_private.output_bytes() as largest:
         model.encode_image(torch.empty(1, 3, height, width, device=meta))
     return Architecture(float(counter.get_total_flops()), 4 * sum(p.numel() for p in model.parameters()),
                         ACTIVATION_FACTOR * largest.largest, largest.total, preprocess)
