@@ -1,15 +1,37 @@
 """The package's import graph, read statically (ast over every vlbench/ and stages/ module, imports inside functions
-included): no cycle between modules, and no private name (`_x`) imported from another module."""
+included, and every string that names a project module, "package.module" or "package.module:function", as the import
+it is when a registry resolves it): no cycle between modules, no edge up the layers (`LAYERS`, docs/architecture.md),
+and no private name (`_x`) imported from another module."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("vlbench", "stages")
+# The layers, bottom first (docs/architecture.md, "Layers", lists the same): a module may import (or name in a
+# registry string) modules of its own layer and of the layers below, never above. A module's layer is that of the
+# longest name here that is it or a package above it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("vlbench", "vlbench.errors", "vlbench.io", "vlbench.portable", "vlbench.config"),  # the ground floor
+    ("vlbench.metrics", "vlbench.stats", "vlbench.features", "vlbench.wordnet", "vlbench.expansion"),
+    ("vlbench.datasets",),
+    ("vlbench.texts", "vlbench.decoding", "vlbench.models", "vlbench.lazy_imports", "vlbench.results"),
+    ("vlbench.knowledge", "vlbench.embed", "vlbench.embed_ray", "vlbench.share"),
+    ("vlbench.analyses",),
+    ("vlbench.finetune",),
+    ("vlbench.reference",),
+    ("vlbench.report",),
+    ("vlbench.leaderboard", "vlbench.compare_runs"),
+    ("stages", "vlbench.pipeline", "vlbench.plan"),
+    ("vlbench.cli",),
+)
+# a string that is a module's dotted name, with or without ":function" (a registry entry)
+MODULE_STRING = re.compile(r"^((?:vlbench|stages)(?:\.\w+)+)(?::\w+)?$")
 
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
@@ -51,10 +73,28 @@ def imports(modules: dict[str, Path]) -> list[tuple[str, str, str | None, int]]:
     return found
 
 
+def string_imports(modules: dict[str, Path]) -> list[tuple[str, str, None, int]]:
+    """(module, project module it names, None, line) for every string literal that is a project module's name or a
+    "module:function" (`MODULE_STRING`): an import once a registry resolves it (importlib, a dvc.yaml command)."""
+    found = []
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                match = MODULE_STRING.match(node.value)
+                if match and match.group(1) in modules and match.group(1) != module:
+                    found.append((module, match.group(1), None, node.lineno))
+    return found
+
+
+def edges(modules: dict[str, Path]) -> list[tuple[str, str, str | None, int]]:
+    """Every edge of the import graph: the import statements and the registry strings."""
+    return imports(modules) + string_imports(modules)
+
+
 def import_cycles(modules: dict[str, Path]) -> list[list[str]]:
     """One cycle (a list of modules, the first repeated at the end) per strongly connected group of modules."""
     graph: dict[str, set[str]] = {m: set() for m in modules}
-    for importer, target, _, _ in imports(modules):
+    for importer, target, _, _ in edges(modules):
         graph[importer].add(target)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -111,6 +151,31 @@ def private_imports(modules: dict[str, Path]) -> list[str]:
 def test_no_import_cycle_between_modules():
     cycles = [" -> ".join(cycle) for cycle in import_cycles(project_modules())]
     assert not cycles, "import cycles (function-level imports included): " + "; ".join(cycles)
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of the longest name there that is `module` or a package above it; None when none is."""
+    names = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    parts = module.split(".")
+    return next((names[".".join(parts[:n])] for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in names), None)
+
+
+def upward_edges(modules: dict[str, Path], root: Path = ROOT) -> list[str]:
+    found = []
+    for importer, target, _, line in edges(modules):
+        if layer_of(target) > layer_of(importer):
+            found.append(f"{modules[importer].relative_to(root)}:{line}: {importer} (layer {layer_of(importer)}) -> "
+                         f"{target} (layer {layer_of(target)})")
+    return found
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in project_modules() if layer_of(m) is None] == []
+
+
+def test_no_module_imports_or_names_a_module_of_a_layer_above_its_own():
+    found = upward_edges(project_modules())
+    assert not found, "edges up the layers (imports and registry strings): " + "; ".join(found)
 
 
 def test_no_private_name_is_imported_from_another_module():
