@@ -15,13 +15,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("vlbench", "stages")
 # The layers, bottom first (docs/architecture.md, "Layers", lists the same): a module may import (or name in a
 # registry string) modules of its own layer and of the layers below, never above. A module's layer is that of the
-# longest name here that is it or a package above it.
+# longest name here that is it or a package above it; "vlbench" is the package's own __init__ only, so that a new
+# module of the package has no layer until it is given one.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("vlbench", "vlbench.errors", "vlbench.io", "vlbench.portable", "vlbench.config"),  # the ground floor
     ("vlbench.metrics", "vlbench.stats", "vlbench.features", "vlbench.wordnet", "vlbench.expansion"),
     ("vlbench.datasets",),
     ("vlbench.texts", "vlbench.decoding", "vlbench.models", "vlbench.lazy_imports", "vlbench.results"),
-    ("vlbench.knowledge", "vlbench.embed", "vlbench.embed_ray", "vlbench.share"),
+    ("vlbench.knowledge", "vlbench.embed", "vlbench.embed_ray", "vlbench.engines", "vlbench.share"),
     ("vlbench.analyses",),
     ("vlbench.finetune",),
     ("vlbench.reference",),
@@ -156,8 +157,11 @@ def test_no_import_cycle_between_modules():
 def layer_of(module: str) -> int | None:
     """The index in LAYERS of the longest name there that is `module` or a package above it; None when none is."""
     names = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    if module == "vlbench":
+        return names[module]
     parts = module.split(".")
-    return next((names[".".join(parts[:n])] for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in names), None)
+    covering = (".".join(parts[:n]) for n in range(len(parts), 0, -1))
+    return next((names[name] for name in covering if name in names and name != "vlbench"), None)
 
 
 def upward_edges(modules: dict[str, Path], root: Path = ROOT) -> list[str]:
@@ -176,6 +180,18 @@ def test_every_module_has_a_layer():
 def test_no_module_imports_or_names_a_module_of_a_layer_above_its_own():
     found = upward_edges(project_modules())
     assert not found, "edges up the layers (imports and registry strings): " + "; ".join(found)
+
+
+def documented_layers(text: str) -> list[list[str]]:
+    """The numbered list of the "Imports" paragraph of docs/architecture.md: per item, the module names in backticks
+    outside parentheses (a parenthesis describes, it does not place a module)."""
+    paragraph = text.split("- **Imports**", 1)[1].split("\n- **", 1)[0].split("\n## ", 1)[0]
+    items = re.split(r"\n  \d+\. ", paragraph)[1:]
+    return [sorted(re.findall(r"`((?:vlbench|stages)(?:\.\w+)*)`", re.sub(r"\([^()]*\)", "", item))) for item in items]
+
+
+def test_docs_list_the_layers_the_test_checks():
+    assert documented_layers((ROOT / "docs/architecture.md").read_text()) == [sorted(layer) for layer in LAYERS]
 
 
 def test_no_private_name_is_imported_from_another_module():
@@ -201,6 +217,25 @@ def test_the_checks_find_a_cycle_through_a_function_level_import_and_a_private_i
     assert import_cycles(modules) == [["vlbench.a", "vlbench.b", "vlbench.c", "vlbench.a"]]
     assert [(i, t, n) for i, t, n, _ in imports(modules) if i == "vlbench.d"] == [
         ("vlbench.d", "vlbench.c", "_hidden"), ("vlbench.d", "vlbench.c", "__doc__")]
+
+
+def test_a_registry_string_is_an_edge_of_the_graph(tmp_path):
+    """A lower layer's table naming a report function by string: an edge up the layers, and with the report importing
+    the table, a cycle; a string naming no project module is no edge."""
+    pkg = tmp_path / "vlbench"
+    (pkg / "analyses").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "analyses" / "__init__.py").write_text('CHARTS = ("vlbench.report.plots:bars",)\nKEY = "vlbench.text_set"\n')
+    (pkg / "report").mkdir()
+    (pkg / "report" / "__init__.py").write_text("")
+    (pkg / "report" / "plots.py").write_text("from vlbench.analyses import CHARTS\n")
+    modules = project_modules(tmp_path)
+    assert string_imports(modules) == [("vlbench.analyses", "vlbench.report.plots", None, 1)]
+    assert import_cycles(modules) == [["vlbench.analyses", "vlbench.report.plots", "vlbench.analyses"]]
+    assert upward_edges(modules, tmp_path) == [
+        f"{Path('vlbench/analyses/__init__.py')}:1: vlbench.analyses (layer {layer_of('vlbench.analyses')}) -> "
+        f"vlbench.report.plots (layer {layer_of('vlbench.report')})"]
+    assert layer_of("vlbench.not_placed") is None and layer_of("vlbench") == 0
 
 
 def test_the_dataset_sources_import_nothing_from_the_layers_above_them():

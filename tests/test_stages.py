@@ -15,7 +15,7 @@ from vlbench import pipeline
 from vlbench.analyses import ANALYSES, load
 from vlbench.config import load_params
 from vlbench.datasets.registry import SOURCES
-from vlbench.finetune import METHODS
+from vlbench.finetune.registry import METHODS
 from vlbench.report.registry import CHARTS, SUMMARIES
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -29,7 +29,7 @@ from vlbench.analyses import ANALYSES
 from vlbench.config import ParamsError, check_name, dataset_entry
 from vlbench.datasets.registry import SOURCES
 from vlbench.errors import VlbenchError
-from vlbench.finetune import METHODS, SECTIONS, TABLES
+from vlbench.finetune.registry import METHODS, SECTIONS, TABLES
 from vlbench.results import HEADLINE_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,7 +223,7 @@ def report_stage() -> dict:
 
 def finetune_stage(root: Path = ROOT) -> dict:
     """finetune@<dataset>: the method `finetune.method` names; its params are the sections any method declares
-    (vlbench.finetune.METHODS), every table of TABLES an output (empty where not the method's)."""
+    (vlbench.finetune.registry.METHODS), every table of TABLES an output (empty where not the method's)."""
     sections = ["finetune", *SECTIONS]
     return {"foreach": "${suite.finetune}",
             "do": {"cmd": "python -m stages.finetune --dataset ${item}",
