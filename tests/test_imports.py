@@ -19,9 +19,10 @@ PACKAGES = ("vlbench", "stages")
 # module of the package has no layer until it is given one.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("vlbench", "vlbench.errors", "vlbench.io", "vlbench.portable", "vlbench.config"),  # the ground floor
-    ("vlbench.metrics", "vlbench.stats", "vlbench.features", "vlbench.wordnet", "vlbench.expansion"),
+    ("vlbench.features", "vlbench.wordnet", "vlbench.expansion"),
     ("vlbench.datasets",),
-    ("vlbench.texts", "vlbench.decoding", "vlbench.models", "vlbench.lazy_imports", "vlbench.results"),
+    ("vlbench.texts", "vlbench.decoding", "vlbench.models", "vlbench.lazy_imports", "vlbench.results", "vlbench.metrics",
+     "vlbench.stats"),
     ("vlbench.knowledge", "vlbench.embed", "vlbench.embed_ray", "vlbench.engines", "vlbench.share"),
     ("vlbench.analyses",),
     ("vlbench.finetune",),
