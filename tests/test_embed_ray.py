@@ -20,7 +20,13 @@ from tests.conftest import make_dataset, make_texts  # noqa: E402
 from tests.test_embed_images import write_images  # noqa: E402
 from vlbench import embed_ray  # noqa: E402
 from vlbench.datasets.canonical import split_path, split_schema, write_split  # noqa: E402
-from vlbench.embed import CorruptImageError, EngineError, embed_image_splits, embed_images, embed_text_sets  # noqa: E402
+from vlbench.embed import (  # noqa: E402
+    CorruptImageError,
+    EngineError,
+    embed_image_splits,
+    embed_images,
+    embed_text_sets,
+)
 from vlbench.engines import engine  # noqa: E402
 from vlbench.features import read_features  # noqa: E402
 from vlbench.models.loading import load_model  # noqa: E402

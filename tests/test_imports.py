@@ -21,8 +21,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("vlbench", "vlbench.errors", "vlbench.io", "vlbench.portable", "vlbench.config"),  # the ground floor
     ("vlbench.features", "vlbench.wordnet", "vlbench.expansion"),
     ("vlbench.datasets",),
-    ("vlbench.texts", "vlbench.decoding", "vlbench.models", "vlbench.lazy_imports", "vlbench.results", "vlbench.metrics",
-     "vlbench.stats"),
+    ("vlbench.texts", "vlbench.decoding", "vlbench.models", "vlbench.lazy_imports", "vlbench.results",
+     "vlbench.metrics", "vlbench.stats"),
     ("vlbench.knowledge", "vlbench.embed", "vlbench.embed_ray", "vlbench.engines", "vlbench.share"),
     ("vlbench.analyses",),
     ("vlbench.finetune",),

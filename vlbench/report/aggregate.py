@@ -38,9 +38,9 @@ def read_results(datasets_by_analysis: Mapping[str, list[str]]) -> dict[str, dic
 def headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]], declared: Mapping[str, str] | None = None
              ) -> tuple[dict[str, Any], dict[str, Any]]:
     """({analysis: {dataset: metrics}} with each analysis's summary applied (`vlbench.report.registry.SUMMARIES`),
-    the model fingerprint of the results). `declared`: {dataset: the metric its entry declares} (`declared_metrics`); where an analysis reports the dataset's
-    metric and that one is the mean of two of its numbers (DataComp's mean recall@1 of a retrieval task,
-    `vlbench.reference.datacomp.DERIVED`), the metrics gain it."""
+    the model fingerprint of the results). `declared`: {dataset: the metric its entry declares} (`declared_metrics`);
+    where an analysis reports the dataset's metric and that one is the mean of two of its numbers (DataComp's mean
+    recall@1 of a retrieval task, `vlbench.reference.datacomp.DERIVED`), the metrics gain it."""
     declared = declared or {}
     metrics: dict[str, Any] = {a: {d: _with_declared(a, r["metrics"], declared.get(d)) for d, r in per.items()}
                                for a, per in results.items()}
