@@ -38,7 +38,7 @@ def child(variant: str, arch: str, checkpoint: str) -> dict:
     model = {"slug": "startup", "arch": arch, "pretrained": checkpoint, "precision": "fp32"}
     if variant == "deferred":
         import_model_libraries({"model": model})
-    from vlbench.embed import engine
+    from vlbench.engines import engine
 
     loaded = engine("local").load_model(model, device="cpu")
     seconds = time.perf_counter() - start

@@ -21,8 +21,8 @@ def main() -> None:
     p.add_argument("--analysis", required=True, help="a name from vlbench.analyses.ANALYSES")
     args = p.parse_args()
     params = load_params(args.params)
-    if analysis(args.analysis).stage != "stages.analysis":
-        raise UnknownAnalysisError(f"{args.analysis} runs in its own stage ({analysis(args.analysis).stage}), "
+    if analysis(args.analysis).module is None:  # it runs a model: vlbench.pipeline.COMMANDS names its stage
+        raise UnknownAnalysisError(f"{args.analysis} runs in its own stage (stages.{args.analysis}), "
                                    "not in stages.analysis")
     module = load(args.analysis)
     identity = model_identity(get(params, "model", dict))

@@ -16,15 +16,17 @@ def main() -> None:
     args = p.parse_args()
     params = load_params(args.params)
     import_model_libraries(params)
-    from vlbench.embed import check_batch_options, embed_image_splits, engine
+    from vlbench.embed import check_batch_options, embed_image_splits
+    from vlbench.engines import engine
 
     check_batch_options(args.batch_size, args.workers)
 
-    loaded = engine(args.engine).load_model(get(params, "model", dict), device=args.device)
+    chosen = engine(args.engine)
+    loaded = chosen.load_model(get(params, "model", dict), device=args.device)
     summary = embed_image_splits(loaded, prepared_dir(args.dataset), features_dir(loaded.fingerprint["model"], args.dataset) / "images",
                                  batch_size=args.batch_size, num_workers=args.workers,
                                  pre_projection=get(params, "embed.pre_projection", bool),
-                                 decode=get(params, "embed.decode", str), engine_name=args.engine,
+                                 decode=get(params, "embed.decode", str), engine=chosen,
                                  bf16_weights=bf16_weights(params))
     print(json.dumps(summary))
 

@@ -12,11 +12,12 @@ def main() -> None:
     params = load_params(args.params)
     import_model_libraries(params)
     from vlbench.embed import embed_text_sets
+    from vlbench.engines import engine
     from vlbench.models.loading import load_model
 
     loaded = load_model(get(params, "model", dict), device=args.device)
     out = features_dir(loaded.fingerprint["model"], args.dataset) / "knowledge"
-    counts = embed_text_sets(loaded, knowledge_dir(args.dataset), out)
+    counts = embed_text_sets(loaded, knowledge_dir(args.dataset), out, engine=engine())  # $VLBENCH_ENGINE's
     print(f"embed_knowledge {args.dataset}: {counts}")
 
 

@@ -11,11 +11,13 @@ def main() -> None:
     args = p.parse_args()
     params = load_params(args.params)
     import_model_libraries(params)
-    from vlbench.embed import embed_text_sets, engine
+    from vlbench.embed import embed_text_sets
+    from vlbench.engines import engine
 
-    loaded = engine(args.engine).load_model(get(params, "model", dict), device=args.device)
+    chosen = engine(args.engine)
+    loaded = chosen.load_model(get(params, "model", dict), device=args.device)
     counts = embed_text_sets(loaded, texts_dir(args.dataset), features_dir(loaded.fingerprint["model"], args.dataset) / "text",
-                             engine_name=args.engine)
+                             engine=chosen)
     print(f"embed_texts {args.dataset}: {counts}")
 
 

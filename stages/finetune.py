@@ -12,7 +12,7 @@ import torch
 from stages.common import add_engine, parser, run
 from vlbench.config import check_suite_dataset, get, load_params, prepared_dir, texts_dir
 from vlbench.datasets.canonical import load_meta
-from vlbench.finetune import METHODS, TABLES, method
+from vlbench.finetune.registry import METHODS, TABLES, method
 from vlbench.finetune.artifacts import finetuned_dir, make_fingerprint, write_finetuned
 from vlbench.finetune.common import Job, Runtime
 from vlbench.io import atomic_path

@@ -20,7 +20,14 @@ from tests.conftest import make_dataset, make_texts  # noqa: E402
 from tests.test_embed_images import write_images  # noqa: E402
 from vlbench import embed_ray  # noqa: E402
 from vlbench.datasets.canonical import split_path, split_schema, write_split  # noqa: E402
-from vlbench.embed import CorruptImageError, EngineError, embed_image_splits, embed_images, embed_text_sets, engine  # noqa: E402
+from vlbench.embed import (  # noqa: E402
+    CorruptImageError,
+    EngineError,
+    embed_image_splits,
+    embed_images,
+    embed_text_sets,
+)
+from vlbench.engines import engine  # noqa: E402
 from vlbench.features import read_features  # noqa: E402
 from vlbench.models.loading import load_model  # noqa: E402
 
@@ -53,7 +60,7 @@ def test_ray_writes_the_local_engines_files_byte_for_byte_when_batches_are_row_g
     """Batches of one row group each are the same batches on both engines: the files are identical, bytes and all."""
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     a = embed_image_splits(loaded, grouped, local, batch_size=ROWS_PER_GROUP, num_workers=0, progress=False)
-    b = embed_image_splits(loaded, grouped, on_ray, batch_size=ROWS_PER_GROUP, progress=False, engine_name="ray")
+    b = embed_image_splits(loaded, grouped, on_ray, batch_size=ROWS_PER_GROUP, progress=False, engine=embed_ray)
     assert pq.ParquetFile(split_path(grouped, "test")).num_row_groups == 8
     assert (on_ray / "test.parquet").read_bytes() == (local / "test.parquet").read_bytes()
     assert b["splits"]["test"]["images"] == a["splits"]["test"]["images"] == 30
@@ -69,11 +76,11 @@ def test_ray_runs_the_pillow_decoders_like_the_local_engine_and_refuses_torchvis
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     embed_image_splits(loaded, grouped, local, batch_size=ROWS_PER_GROUP, num_workers=0, progress=False,
                        decode="pil_draft")
-    embed_image_splits(loaded, grouped, on_ray, batch_size=ROWS_PER_GROUP, progress=False, engine_name="ray",
+    embed_image_splits(loaded, grouped, on_ray, batch_size=ROWS_PER_GROUP, progress=False, engine=embed_ray,
                        decode="pil_draft")
     assert (on_ray / "test.parquet").read_bytes() == (local / "test.parquet").read_bytes()
     with pytest.raises(EngineError, match="embed.decode 'torchvision' runs on the local engine only"):
-        embed_image_splits(loaded, grouped, tmp_path / "tv", progress=False, engine_name="ray", decode="torchvision")
+        embed_image_splits(loaded, grouped, tmp_path / "tv", progress=False, engine=embed_ray, decode="torchvision")
     assert not (tmp_path / "tv").exists()
 
 
@@ -81,7 +88,7 @@ def test_other_batch_sizes_give_the_same_rows_within_float_rounding(local_ray, l
     """Batches that span row groups differ between engines; CPU kernels pick their blocking by batch size, so a row's
     float32 rounding may differ in the last bits (as it does between the local engine's own batch sizes)."""
     embed_image_splits(loaded, grouped, tmp_path / "local", batch_size=7, num_workers=2, progress=False)
-    embed_image_splits(loaded, grouped, tmp_path / "ray", batch_size=7, progress=False, engine_name="ray")
+    embed_image_splits(loaded, grouped, tmp_path / "ray", batch_size=7, progress=False, engine=embed_ray)
     a, b = (read_features(tmp_path / name / "test.parquet", {}) for name in ("local", "ray"))
     assert b.table.equals(a.table) and b.fingerprint == a.fingerprint
     np.testing.assert_allclose(b.embeddings, a.embeddings, rtol=1e-5, atol=1e-6)
@@ -106,7 +113,7 @@ def test_skip_corrupt_keeps_the_same_rows_and_records_the_same_skipped_samples(l
     a = embed_image_splits(loaded, data, tmp_path / "local", batch_size=3, num_workers=0, skip_corrupt=True,
                            progress=False)
     b = embed_image_splits(loaded, data, tmp_path / "ray", batch_size=3, skip_corrupt=True, progress=False,
-                           engine_name="ray")
+                           engine=embed_ray)
     assert b["splits"]["test"]["skipped_corrupt"] == a["splits"]["test"]["skipped_corrupt"] == ["test/004"]
     assert (tmp_path / "ray" / "test.parquet").read_bytes() == (tmp_path / "local" / "test.parquet").read_bytes()
     assert json.loads(pq.read_schema(tmp_path / "ray" / "test.parquet").metadata[b"vlbench.skipped_corrupt"]) == ["test/004"]
@@ -121,12 +128,12 @@ def test_a_model_actor_that_dies_mid_run_leaves_the_previous_features_intact(loc
     monkeypatch.setenv(embed_ray.RETRIES_VARIABLE, "0")
     with pytest.raises(EngineError, match=r"dataset 'tiny' split 'test' \(.*test.parquet\): the Ray run failed "
                                          r"\(ActorDiedError: .*\); nothing was written"):
-        embed_image_splits(loaded, grouped, out, batch_size=ROWS_PER_GROUP, progress=False, engine_name="ray")
+        embed_image_splits(loaded, grouped, out, batch_size=ROWS_PER_GROUP, progress=False, engine=embed_ray)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in out.parent.iterdir()] == ["tiny"]  # no half-written temporary folder either
     fresh = tmp_path / "features" / "fresh"
     with pytest.raises(EngineError):
-        embed_image_splits(loaded, grouped, fresh, batch_size=ROWS_PER_GROUP, progress=False, engine_name="ray")
+        embed_image_splits(loaded, grouped, fresh, batch_size=ROWS_PER_GROUP, progress=False, engine=embed_ray)
     assert not fresh.exists()
 
 
@@ -134,7 +141,7 @@ def test_a_dead_actor_is_restarted_and_the_run_gives_the_same_files(local_ray, l
     embed_image_splits(loaded, grouped, tmp_path / "local", batch_size=ROWS_PER_GROUP, num_workers=0, progress=False)
     monkeypatch.setenv(embed_ray.EXIT_AFTER_VARIABLE, "3")
     monkeypatch.setenv(embed_ray.RETRIES_VARIABLE, "10")
-    embed_image_splits(loaded, grouped, tmp_path / "ray", batch_size=ROWS_PER_GROUP, progress=False, engine_name="ray")
+    embed_image_splits(loaded, grouped, tmp_path / "ray", batch_size=ROWS_PER_GROUP, progress=False, engine=embed_ray)
     assert (tmp_path / "ray" / "test.parquet").read_bytes() == (tmp_path / "local" / "test.parquet").read_bytes()
 
 
@@ -142,7 +149,7 @@ def test_text_sets_on_ray_are_the_local_engines_in_the_same_order(local_ray, loa
     texts = tmp_path / "texts"
     make_texts(grouped, texts, templates=[f"template {i}: a {{c}} thing." for i in range(40)])
     a = embed_text_sets(loaded, texts, tmp_path / "local")
-    b = embed_text_sets(loaded, texts, tmp_path / "ray", engine_name="ray")
+    b = embed_text_sets(loaded, texts, tmp_path / "ray", engine=embed_ray)
     assert a == b and sum(a.values()) >= 120
     for name in a:
         x, y = (read_features(tmp_path / side / f"{name}.parquet", {}) for side in ("local", "ray"))
@@ -175,7 +182,7 @@ def test_an_unreachable_ray_address_fails_at_once_naming_it_and_what_to_check(mo
 
 
 def test_the_local_engine_never_imports_ray():
-    code = ("import sys; from vlbench.embed import engine; engine(); engine('local'); "
+    code = ("import sys; from vlbench.engines import engine; engine(); engine('local'); "
             "print('ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 

@@ -21,7 +21,8 @@ from vlbench.datasets.canonical import load_meta
 from vlbench.datasets.synthetic import build
 from vlbench.embed import embed_image_splits, embed_text_sets
 from vlbench.features import StaleFeaturesError, read_features
-from vlbench.finetune import FinetuneError, method
+from vlbench.finetune import FinetuneError
+from vlbench.finetune.registry import method
 from vlbench.finetune.artifacts import make_fingerprint, write_finetuned
 from vlbench.finetune.common import Interrupted, Job, Runtime
 from vlbench.knowledge.negatives import specificity_text_sets

@@ -86,7 +86,7 @@ def test_episodes_are_adapts_and_two_runs_give_identical_rows(world, toy_model_c
 def test_the_finetune_stages_method_runs_the_same_episodes_and_writes_no_weights(world, toy_model_cfg):
     """finetune.method fewtrans_episodic (the finetune stage's Job): params' finetune.fewtrans_episodic over DEFAULTS,
     adapt.fewtrans's episodes and the global seed; the table joins adapt's, the metrics carry their intervals."""
-    from vlbench.finetune import method
+    from vlbench.finetune.registry import method
     from vlbench.finetune.common import Job, Runtime
 
     cfg = {**SMALL, "methods": ["bitfit"]}

@@ -389,7 +389,7 @@ def test_centres_come_from_the_search_or_the_authors_code_and_say_so(world, toy_
 
 def test_elevater_search_runs_are_units_with_the_same_numbers_on_both_engines(toy_model_cfg, local_ray, tmp_path):
     from tests.conftest import make_dataset, make_texts
-    from vlbench.finetune import method
+    from vlbench.finetune.registry import method
     from vlbench.finetune.common import Job, Runtime
 
     make_dataset(tmp_path / "prepared/tiny", per_class=4)

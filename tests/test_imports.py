@@ -1,16 +1,40 @@
 """The package's import graph, read statically (ast over every vlbench/ and stages/ module, imports inside functions
-included): no cycle between modules, no private name (`_x`) of another module imported or reached as an attribute
-(`module._x`), and private names of third-party libraries used only in their adapters (`vlbench/adapters/`)."""
+included, and every string that names a project module, "package.module" or "package.module:function", as the import
+it is when a registry resolves it): no cycle between modules, no edge up the layers (`LAYERS`, docs/architecture.md),
+no private name (`_x`) of another module imported or reached as an attribute (`module._x`), and private names of
+third-party libraries used only in their adapters (`vlbench/adapters/`)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("vlbench", "stages")
+# The layers, bottom first (docs/architecture.md, "Layers", lists the same): a module may import (or name in a
+# registry string) modules of its own layer and of the layers below, never above. A module's layer is that of the
+# longest name here that is it or a package above it; "vlbench" is the package's own __init__ only, so that a new
+# module of the package has no layer until it is given one.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("vlbench", "vlbench.errors", "vlbench.io", "vlbench.portable", "vlbench.config", "vlbench.adapters"),  # ground floor
+    ("vlbench.features", "vlbench.wordnet", "vlbench.expansion"),
+    ("vlbench.datasets",),
+    ("vlbench.texts", "vlbench.decoding", "vlbench.models", "vlbench.lazy_imports", "vlbench.results",
+     "vlbench.metrics", "vlbench.stats"),
+    ("vlbench.knowledge", "vlbench.embed", "vlbench.embed_ray", "vlbench.engines", "vlbench.share"),
+    ("vlbench.analyses",),
+    ("vlbench.finetune",),
+    ("vlbench.reference",),
+    ("vlbench.report",),
+    ("vlbench.leaderboard", "vlbench.compare_runs"),
+    ("stages", "vlbench.pipeline", "vlbench.plan"),
+    ("vlbench.cli",),
+)
+# a string that is a module's dotted name, with or without ":function" (a registry entry)
+MODULE_STRING = re.compile(r"^((?:vlbench|stages)(?:\.\w+)+)(?::\w+)?$")
 
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
@@ -52,10 +76,28 @@ def imports(modules: dict[str, Path]) -> list[tuple[str, str, str | None, int]]:
     return found
 
 
+def string_imports(modules: dict[str, Path]) -> list[tuple[str, str, None, int]]:
+    """(module, project module it names, None, line) for every string literal that is a project module's name or a
+    "module:function" (`MODULE_STRING`): an import once a registry resolves it (importlib, a dvc.yaml command)."""
+    found = []
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                match = MODULE_STRING.match(node.value)
+                if match and match.group(1) in modules and match.group(1) != module:
+                    found.append((module, match.group(1), None, node.lineno))
+    return found
+
+
+def edges(modules: dict[str, Path]) -> list[tuple[str, str, str | None, int]]:
+    """Every edge of the import graph: the import statements and the registry strings."""
+    return imports(modules) + string_imports(modules)
+
+
 def import_cycles(modules: dict[str, Path]) -> list[list[str]]:
     """One cycle (a list of modules, the first repeated at the end) per strongly connected group of modules."""
     graph: dict[str, set[str]] = {m: set() for m in modules}
-    for importer, target, _, _ in imports(modules):
+    for importer, target, _, _ in edges(modules):
         graph[importer].add(target)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -203,6 +245,46 @@ def test_no_import_cycle_between_modules():
     assert not cycles, "import cycles (function-level imports included): " + "; ".join(cycles)
 
 
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of the longest name there that is `module` or a package above it; None when none is."""
+    names = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    if module == "vlbench":
+        return names[module]
+    parts = module.split(".")
+    covering = (".".join(parts[:n]) for n in range(len(parts), 0, -1))
+    return next((names[name] for name in covering if name in names and name != "vlbench"), None)
+
+
+def upward_edges(modules: dict[str, Path], root: Path = ROOT) -> list[str]:
+    found = []
+    for importer, target, _, line in edges(modules):
+        if layer_of(target) > layer_of(importer):
+            found.append(f"{modules[importer].relative_to(root)}:{line}: {importer} (layer {layer_of(importer)}) -> "
+                         f"{target} (layer {layer_of(target)})")
+    return found
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in project_modules() if layer_of(m) is None] == []
+
+
+def test_no_module_imports_or_names_a_module_of_a_layer_above_its_own():
+    found = upward_edges(project_modules())
+    assert not found, "edges up the layers (imports and registry strings): " + "; ".join(found)
+
+
+def documented_layers(text: str) -> list[list[str]]:
+    """The numbered list of the "Imports" paragraph of docs/architecture.md: per item, the module names in backticks
+    outside parentheses (a parenthesis describes, it does not place a module)."""
+    paragraph = text.split("- **Imports**", 1)[1].split("\n- **", 1)[0].split("\n## ", 1)[0]
+    items = re.split(r"\n  \d+\. ", paragraph)[1:]
+    return [sorted(re.findall(r"`((?:vlbench|stages)(?:\.\w+)*)`", re.sub(r"\([^()]*\)", "", item))) for item in items]
+
+
+def test_docs_list_the_layers_the_test_checks():
+    assert documented_layers((ROOT / "docs/architecture.md").read_text()) == [sorted(layer) for layer in LAYERS]
+
+
 def test_no_private_name_is_imported_from_another_module():
     found = private_imports(project_modules())
     assert not found, "private names imported across modules (make them public or move them): " + "; ".join(found)
@@ -261,6 +343,25 @@ def test_the_check_finds_a_librarys_private_names_outside_the_adapters(tiny_pack
         "vlbench/e.py:4: uses vlbench.c._hidden",
         "vlbench/f.py:1: imports torch._dynamo", "vlbench/f.py:2: imports ray._private.services.find",
         "vlbench/f.py:9: uses repo._load"]
+
+
+def test_a_registry_string_is_an_edge_of_the_graph(tmp_path):
+    """A lower layer's table naming a report function by string: an edge up the layers, and with the report importing
+    the table, a cycle; a string naming no project module is no edge."""
+    pkg = tmp_path / "vlbench"
+    (pkg / "analyses").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "analyses" / "__init__.py").write_text('CHARTS = ("vlbench.report.plots:bars",)\nKEY = "vlbench.text_set"\n')
+    (pkg / "report").mkdir()
+    (pkg / "report" / "__init__.py").write_text("")
+    (pkg / "report" / "plots.py").write_text("from vlbench.analyses import CHARTS\n")
+    modules = project_modules(tmp_path)
+    assert string_imports(modules) == [("vlbench.analyses", "vlbench.report.plots", None, 1)]
+    assert import_cycles(modules) == [["vlbench.analyses", "vlbench.report.plots", "vlbench.analyses"]]
+    assert upward_edges(modules, tmp_path) == [
+        f"{Path('vlbench/analyses/__init__.py')}:1: vlbench.analyses (layer {layer_of('vlbench.analyses')}) -> "
+        f"vlbench.report.plots (layer {layer_of('vlbench.report')})"]
+    assert layer_of("vlbench.not_placed") is None and layer_of("vlbench") == 0
 
 
 def test_the_dataset_sources_import_nothing_from_the_layers_above_them():

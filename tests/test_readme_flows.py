@@ -372,24 +372,27 @@ def test_exp_run_reaches_a_deep_setting_and_reruns_only_its_stages(demo):
 
 FEATURE_NORM = '''"""The mean norm of a dataset's image features: an analysis added through its four places (a test's)."""
 
-from pathlib import Path
-
 import numpy as np
 
-from vlbench.report.plots import write_plots
 from vlbench.results import Result
 
 
 def run(inputs, cfg, seed):
     norms = np.linalg.norm(inputs.images(cfg["split"]).embeddings.astype(np.float64), axis=1)
     return Result({"mean_norm": float(norms.mean())}, {"images": len(norms)}, dict(cfg))
+'''
+FEATURE_NORM_CHART = '''"""The feature-norm analysis's chart (a test's): a bar chart drawn by a function of its own."""
+
+from pathlib import Path
+
+from vlbench.report.plots import write_plots
 
 
 def chart(analysis, results, metrics, out_dir):
     return write_plots({analysis: metrics.get(analysis) or {}}, Path(out_dir))
 '''
 FEATURE_NORM_ROW = ('    Analysis("feature_norm", "vlbench.analyses.feature_norm", "Image feature norms",\n'
-                    '             charts=("vlbench.analyses.feature_norm:chart",), reads=("prepared", "features")),\n')
+                    '             reads=("prepared", "features")),\n')
 
 
 def test_an_analysis_added_in_its_four_places_runs_reports_and_charts(demo, tmp_path):
@@ -401,10 +404,15 @@ def test_an_analysis_added_in_its_four_places_runs_reports_and_charts(demo, tmp_
 
     repo = tmp_path / "repo"
     shutil.copytree(demo, repo, symlinks=True)
-    (repo / "vlbench/analyses/feature_norm.py").write_text(FEATURE_NORM)  # 1. the module; 3. its chart
+    (repo / "vlbench/analyses/feature_norm.py").write_text(FEATURE_NORM)  # 1. the module
     table = repo / "vlbench/analyses/__init__.py"
     head = "ANALYSES = {a.name: a for a in (\n"
     table.write_text(table.read_text().replace(head, head + FEATURE_NORM_ROW))  # 2. the row
+    (repo / "vlbench/report/feature_norm.py").write_text(FEATURE_NORM_CHART)  # 3. its chart, in the report's registry
+    registry = repo / "vlbench/report/registry.py"
+    text = registry.read_text().replace("from vlbench.report import ", "from vlbench.report import feature_norm, ", 1)
+    head = "CHARTS: dict[str, tuple[Chart, ...]] = {\n"
+    registry.write_text(text.replace(head, head + '    "feature_norm": (feature_norm.chart,),\n', 1))
     (repo / "conf/settings/feature_norm.yaml").write_text("split: test\n")  # 4. its config section: defaults,
     config = repo / "conf/config.yaml"  # its (empty) params section and the suite's list
     text = config.read_text().replace("  finetune: []", "  feature_norm: []\n  finetune: []", 1)

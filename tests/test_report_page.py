@@ -720,20 +720,21 @@ def test_chromium_draws_every_chart_and_fetches_nothing(demo):
         assert requests == ["http://example.invalid/x.png"]
 
 
-def test_every_table_entry_names_charts_and_a_summary_that_exist():
-    """The report calls what the ANALYSES table names: a misspelt "module:function" fails here, not in a repro."""
+def test_every_analysis_has_its_page_text_and_charts_and_the_registry_names_only_analyses():
+    """The report draws what vlbench.report.registry gives each analysis of the table: a misspelt analysis name there
+    (which would silently fall back to the bar chart) or a chart of the wrong signature fails here, not in a repro."""
     import inspect
 
     from vlbench.analyses import ANALYSES
-    from vlbench.report.aggregate import _function
+    from vlbench.report.registry import CHARTS, SUMMARIES, charts_of
 
+    assert set(CHARTS) <= set(ANALYSES) and set(SUMMARIES) <= set(ANALYSES)
     for entry in ANALYSES.values():
-        assert entry.explain and entry.headline and entry.charts, entry.name
-        for chart in entry.charts:
-            assert list(inspect.signature(_function(chart)).parameters) == ["analysis", "results", "metrics",
-                                                                             "out_dir"], chart
-        if entry.summary:
-            assert list(inspect.signature(_function(entry.summary)).parameters) == ["metrics", "results"]
+        assert entry.explain and entry.headline and charts_of(entry.name), entry.name
+        for chart in charts_of(entry.name):
+            assert list(inspect.signature(chart).parameters) == ["analysis", "results", "metrics", "out_dir"], chart
+    for summary in SUMMARIES.values():
+        assert list(inspect.signature(summary).parameters) == ["metrics", "results"]
 
 
 def test_the_page_gives_each_reference_verdict(tmp_path, monkeypatch):

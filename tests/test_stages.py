@@ -12,10 +12,11 @@ import pytest
 import yaml
 
 from vlbench import pipeline
-from vlbench.analyses import ANALYSES, by_analysis_stage, load
+from vlbench.analyses import ANALYSES, load
 from vlbench.config import load_params
 from vlbench.datasets.registry import SOURCES
-from vlbench.finetune import METHODS
+from vlbench.finetune.registry import METHODS
+from vlbench.report.registry import CHARTS, SUMMARIES
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_STAGES = ("embed_images", "embed_texts", "pretrain", "finetune")  # the only stages that run a model
@@ -33,7 +34,7 @@ def test_the_generated_stages_are_what_the_analyses_table_gives():
     section = text.split(pipeline.MARK_BEGIN + "\n", 1)[1].split(pipeline.MARK_END, 1)[0]
     assert section == pipeline.generated_text(), "dvc.yaml is stale: run `vlbench compose`"
     stages = dvc_stages()
-    for name in by_analysis_stage():
+    for name in pipeline.by_analysis_stage():
         assert callable(load(name).run), name
         assert stages[name]["cmd"] == f"python -m stages.analysis --analysis {name} --dataset ${{item}}"
         assert name in stages[name]["params"] and "embed.decode" in stages[name]["params"]
@@ -70,7 +71,7 @@ def test_each_fingerprint_covers_its_command_and_the_registry_strings_it_resolve
     method its own module."""
     files = demo_fingerprints()
     params = load_params(ROOT / "params.yaml")
-    assert set(files) == {*(f"prepare/{d}" for d in params["suite"]["datasets"]), *by_analysis_stage(),
+    assert set(files) == {*(f"prepare/{d}" for d in params["suite"]["datasets"]), *pipeline.by_analysis_stage(),
                           *(f"finetune/{m}" for m in METHODS), *(f"pretrain/{s}" for s in SOURCES),
                           *(s for s in pipeline.COMMANDS if s not in ("prepare", "pretrain", "finetune"))}
     for name in params["suite"]["datasets"]:
@@ -80,11 +81,12 @@ def test_each_fingerprint_covers_its_command_and_the_registry_strings_it_resolve
     assert not {f"vlbench/datasets/{m}.py" for m in ("wds", "vtab", "fewtrans", "elevater")} & files["prepare/shapes"]
     assert "vlbench/datasets/synthetic.py" in files["pretrain/synthetic"]  # the toy model's training corpus
     assert "vlbench/datasets/coco.py" not in files["pretrain/synthetic"]
-    modules = {a.module: pipeline.module_file(a.module).relative_to(ROOT).as_posix() for a in ANALYSES.values()}
-    for name in by_analysis_stage():
+    modules = {a.module: pipeline.module_file(a.module).relative_to(ROOT).as_posix() for a in ANALYSES.values()
+               if a.module}
+    for name in pipeline.by_analysis_stage():
         assert {"stages/analysis.py", modules[ANALYSES[name].module]} <= files[name], name
         assert modules["vlbench.analyses.linear_probe"] not in files[name] or name == "linear_probe", name
-    for chart in (c.split(":")[0] for a in ANALYSES.values() for c in a.charts):
+    for chart in {f.__module__ for functions in (*CHARTS.values(), SUMMARIES.values()) for f in functions}:
         assert pipeline.module_file(chart).relative_to(ROOT).as_posix() in files["report"], chart
     for name, m in METHODS.items():
         assert pipeline.module_file(m.module).relative_to(ROOT).as_posix() in files[f"finetune/{name}"]
@@ -119,7 +121,7 @@ def test_stages_without_a_model_start_without_torch(stage):
     assert proc.returncode == 0, f"stages.{stage} imports torch at start-up\n{proc.stderr}"
 
 
-@pytest.mark.parametrize("name", sorted(ANALYSES))
+@pytest.mark.parametrize("name", sorted(pipeline.by_analysis_stage()))
 def test_analyses_never_import_torch_at_start_up(name):
     code = f"import sys, {ANALYSES[name].module}; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

@@ -8,7 +8,6 @@ normalises; on the CPU the whole transform. The model runs under `torch.inferenc
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import os
 import sys
@@ -49,7 +48,7 @@ from vlbench.errors import VlbenchError
 from vlbench.datasets.images import ImageDecodeError
 from vlbench.decoding import DEFAULT_DECODE
 from vlbench.io import atomic_dir
-from vlbench.models.loading import LoadedModel, load_model  # noqa: F401 (load_model: this engine's, see `engine`)
+from vlbench.models.loading import LoadedModel, load_model  # noqa: F401 (load_model: this engine's, vlbench.engines)
 from vlbench.models.projection import PreProjectionEncoder, VisualProjection
 from vlbench.texts import read_text_set, text_set_names
 
@@ -88,24 +87,6 @@ def check_batch_options(batch_size: Any, num_workers: Any = None) -> None:
 
 
 MAX_LISTED_CORRUPT = 20  # sample ids named in a CorruptImageError; the total count is always given
-
-
-ENGINE_VARIABLE = "VLBENCH_ENGINE"
-# Where the embed stages run: an engine is a module with `load_model`, `embed_images` and `embed_texts` of the same
-# signatures as this one's. A runtime setting, never a param: both give the same features (docs/cluster.md).
-ENGINES = {"local": "vlbench.embed", "ray": "vlbench.embed_ray"}
-
-
-def engine(name: str | None = None) -> ModuleType:
-    """The engine `name` names, else $VLBENCH_ENGINE, else local; imported only now (Ray is an optional extra)."""
-    name = name or os.environ.get(ENGINE_VARIABLE) or "local"
-    if name not in ENGINES:
-        raise EngineError(f"engine {name!r} (--engine or ${ENGINE_VARIABLE}) is not one of {sorted(ENGINES)}")
-    try:
-        return importlib.import_module(ENGINES[name])
-    except ModuleNotFoundError as err:
-        raise EngineError(f"engine {name!r} needs {err.name!r}, which is not installed: "
-                          f"pip install 'vlbench[{name}]'") from err
 
 
 class ParquetImages(IterableDataset):
@@ -482,17 +463,17 @@ def encode_texts(loaded: LoadedModel, texts: list[str]) -> np.ndarray:
 def embed_image_splits(
     loaded: LoadedModel, dataset_dir: Path, out_dir: Path, *, batch_size: int = 256,
     num_workers: int | None = None, skip_corrupt: bool = False, progress: bool = True, pre_projection: bool = False,
-    decode: str = DEFAULT_DECODE, engine_name: str | None = None, bf16_weights: bool = False,
+    decode: str = DEFAULT_DECODE, engine: ModuleType | None = None, bf16_weights: bool = False,
 ) -> dict[str, Any]:
     """Write `out_dir/<split>.parquet` for every split of a prepared dataset (the folder replaced whole), with the
     preprocessing the dataset asks for (`model_for_dataset`). With `pre_projection`, the same forward pass also gives
     the image tower's features before its projection: `out_dir/pre_projection/<split>.parquet` and the projection in
     `out_dir/pre_projection/projection.weights.parquet` (`vlbench.models.projection`; the projected embeddings are the
     same either way). `decode` (params' embed.decode) is recorded in every file's fingerprint, and so is
-    `bf16_weights` where true (`bf16_image_weights`). `engine_name`: where each split is embedded (`engine`); the files
-    are the same either way."""
+    `bf16_weights` where true (`bf16_image_weights`). `engine`: the engine module that embeds each split
+    (`vlbench.engines.engine`; default this one, the local engine); the files are the same either way."""
     check_batch_options(batch_size, num_workers)
-    embed_split = engine(engine_name).embed_images
+    embed_split = engine.embed_images if engine else embed_images
     dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
     meta = load_meta(dataset_dir)
     loaded = model_for_dataset(bf16_image_weights(loaded) if bf16_weights else loaded, meta)
@@ -566,9 +547,11 @@ def _write_projection(tmp: Path, projection: VisualProjection, fingerprint: dict
     return {"dim": projection.dims[0], "projection": projection.kind}
 
 
-def embed_text_sets(loaded: LoadedModel, texts_dir: Path, out_dir: Path, engine_name: str | None = None) -> dict[str, int]:
-    """Write `out_dir/<set>.parquet` (the set's rows + embedding) for every text set of a dataset, on `engine_name`."""
-    embed = engine(engine_name).embed_texts
+def embed_text_sets(loaded: LoadedModel, texts_dir: Path, out_dir: Path,
+                    engine: ModuleType | None = None) -> dict[str, int]:
+    """Write `out_dir/<set>.parquet` (the set's rows + embedding) for every text set of a dataset, on `engine` (an
+    engine module, `vlbench.engines.engine`; default this one, the local engine)."""
+    embed = engine.embed_texts if engine else embed_texts
     counts = {}
     with atomic_dir(out_dir) as tmp:
         for name in text_set_names(texts_dir):

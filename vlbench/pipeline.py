@@ -5,10 +5,10 @@ line per file: sha256 and path), written by the `code` stage for the files its c
 everything that imports (at module top or inside a function), plus the "module:function" strings it resolves for the
 entries it runs, and the data files of the packages on the way. Registry strings elsewhere are not followed: a
 dataset source is in `prepare`'s fingerprint of the datasets that use it (`data/code/prepare/<dataset>.txt`) and in
-`data/code/pretrain/<source>.txt` (the toy model's corpus); a fine-tuning method in `data/code/finetune/<method>.txt`; the
-charts and summaries of the analyses table in `report`'s. Any edit under vlbench/ or stages/ re-runs `code` (a
-second); a stage reruns when a file of its own fingerprint changed (docs/architecture.md, "Edit this -> these stages
-rerun").
+`data/code/pretrain/<source>.txt` (the toy model's corpus); a fine-tuning method in `data/code/finetune/<method>.txt`.
+The report's charts and summaries are functions in `vlbench.report.registry`, so `report`'s own imports reach them.
+Any edit under vlbench/ or stages/ re-runs `code` (a second); a stage reruns when a file of its own fingerprint
+changed (docs/architecture.md, "Edit this -> these stages rerun").
 
 `generated_stages()` is the part of dvc.yaml written from `vlbench.analyses.ANALYSES` (`vlbench compose` refreshes it
 between the two marker lines): the `code` stage, one block per analysis, and the report.
@@ -25,11 +25,11 @@ from typing import Any
 
 import yaml
 
-from vlbench.analyses import ANALYSES, by_analysis_stage
+from vlbench.analyses import ANALYSES
 from vlbench.config import ParamsError, check_name, dataset_entry
 from vlbench.datasets.registry import SOURCES
 from vlbench.errors import VlbenchError
-from vlbench.finetune import METHODS, SECTIONS, TABLES
+from vlbench.finetune.registry import METHODS, SECTIONS, TABLES
 from vlbench.results import HEADLINE_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +42,12 @@ COMMANDS: dict[str, str] = {stage: f"stages.{stage}" for stage in (
     "share_images", "retrieve", "extensibility_sets", "heldout", "finetune", "report")}
 # a bare "vlbench.pkg.{name}" f-string imports any module of the package (adapt's protocols)
 MODULE_PREFIX = re.compile(r"^(?:vlbench|stages)(?:\.\w+)+$")
+
+
+def by_analysis_stage() -> list[str]:
+    """The analyses the generic stage (stages/analysis.py) runs: those of an analysis module (which loads no model);
+    the others run in a stage of their own, `COMMANDS[name]` (fine-tuning)."""
+    return [name for name, a in ANALYSES.items() if a.module is not None]
 
 
 class PipelineError(VlbenchError):
@@ -131,8 +137,7 @@ def stage_modules(params: Mapping[str, Any], root: Path = ROOT) -> dict[str, lis
     out = {stage: [module] for stage, module in COMMANDS.items()
            if stage not in ("prepare", "pretrain", "finetune", "report")}
     out.update({name: ["stages.analysis", ANALYSES[name].module] for name in by_analysis_stage()})
-    out["report"] = [COMMANDS["report"], *(module_of(m) for a in ANALYSES.values() for m in (*a.charts, a.summary)
-                                           if m)]
+    out["report"] = [COMMANDS["report"]]
     out.update({f"finetune/{name}": [COMMANDS["finetune"], m.module] for name, m in METHODS.items()})
     out.update({f"pretrain/{source}": [COMMANDS["pretrain"], module_of(entry)] for source, entry in SOURCES.items()})
     conf = root / "conf"
@@ -218,7 +223,7 @@ def report_stage() -> dict:
 
 def finetune_stage(root: Path = ROOT) -> dict:
     """finetune@<dataset>: the method `finetune.method` names; its params are the sections any method declares
-    (vlbench.finetune.METHODS), every table of TABLES an output (empty where not the method's)."""
+    (vlbench.finetune.registry.METHODS), every table of TABLES an output (empty where not the method's)."""
     sections = ["finetune", *SECTIONS]
     return {"foreach": "${suite.finetune}",
             "do": {"cmd": "python -m stages.finetune --dataset ${item}",

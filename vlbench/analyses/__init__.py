@@ -1,9 +1,12 @@
-"""The table of analyses. Stages, the report and the config tests read it; nothing else lists analyses.
+"""The table of analyses. Stages, the report, compare and the config tests read it; nothing else lists analyses.
 
 Each analysis is one module here with `run(inputs: Inputs, cfg: Mapping, seed: int) -> Result`: cached
 features in (through `Inputs`, which checks every fingerprint), metrics and tables out. An analysis never
-loads a model and does not import torch at start-up. Adding one touches four places: its module, its entry below,
-its chart (a "module:function" in `charts`; the default bar chart needs none), its config section (its defaults in
+loads a model and does not import torch at start-up. The table holds what each analysis is (its module, title,
+headline metrics, what its numbers mean, its per-sample tables, its inputs) as plain data, and names no module of the
+layers above it: the report keeps its charts and summaries (vlbench.report.registry), the pipeline its stage
+(vlbench.pipeline). Adding one touches four places: its module, its entry below, its chart (an entry in
+vlbench/report/registry.py; the default bar chart needs none), its config section (its defaults in
 conf/settings/<name>.yaml; `<name>: {}` and `suite.<name>: []` in conf/config.yaml); `vlbench compose` then writes
 its dvc.yaml stage (docs/architecture.md).
 """
@@ -92,30 +95,25 @@ def _unpaired(name: str, unit: str, key: tuple[str, ...], reason: str,
 
 @dataclass(frozen=True)
 class Analysis:
-    """`charts`: "module:function" names, each `f(analysis, results, metrics, out_dir) -> list[Path]` (results:
-    {dataset: result JSON}; metrics: all of reports/metrics.json) writing SVGs under reports/plots; `summary`: an
-    optional "module:function" `f(metrics, results) -> metrics` adding cross-dataset numbers (adapt's means);
-    `headline`: fnmatch patterns of the metric keys the report's headline table shows; `explain`: what the
-    numbers mean, for the page (reports/index.html); `tables`: the per-sample tables it writes (`SampleTable`: the unit
-    that pairs two runs and the statistic), which `vlbench compare` reads as declared, in this order (the first whose
-    `metrics` match a metric pairs it); `reads`: its inputs, dvc.yaml dependencies per dataset (`prepared`: data/prepared/<d>,
-`texts`: data/texts/<d>, `features`: features/<model>/<d>, `images`: its image features only; any other string is a path as dvc.yaml writes it);
-`dataset_metric`: its number on a dataset is the dataset's own metric, so its headline there is the metric the entry
-declares (`main_metric`);
-`stage`: the stage module that writes the results, the generic analysis stage unless the row runs a model. Its
-config section is `<name>` (settings) and `suite.<name>` (datasets); its dvc.yaml stage is generated from this row
-(vlbench.pipeline)."""
+    """`module`: the module whose `run` computes it from cached features; None where its results come from a stage
+    of its own that runs a model (fine-tuning; the pipeline says which); `headline`: fnmatch patterns of the metric
+    keys the report's headline table shows; `explain`: what the numbers mean, for the page (reports/index.html, which
+    reads it with `title`); `tables`: the per-sample tables it writes (`SampleTable`: the unit that pairs two runs and
+    the statistic), which `vlbench compare` reads as declared, in this order (the first whose `metrics` match a metric
+    pairs it); `reads`: its inputs, dvc.yaml dependencies per dataset (`prepared`: data/prepared/<d>, `texts`:
+    data/texts/<d>, `features`: features/<model>/<d>, `images`: its image features only; any other string is a path
+    as dvc.yaml writes it); `dataset_metric`: its number on a dataset is the dataset's own metric, so its headline
+    there is the metric the entry declares (`main_metric`). Its config section is `<name>` (settings) and
+    `suite.<name>` (datasets); its dvc.yaml stage is generated from this row (the pipeline); its charts are the
+    report's."""
 
     name: str
-    module: str
+    module: str | None
     title: str
-    charts: tuple[str, ...] = ("vlbench.report.plots:bars",)
     headline: tuple[str, ...] = ("*",)
     explain: str = ""
-    summary: str | None = None
     tables: tuple[SampleTable, ...] = ()
     reads: tuple[str, ...] = ("prepared", "texts", "features")
-    stage: str = "stages.analysis"  # the stage module that writes its results (fine-tuning runs a model: its own)
     dataset_metric: bool = False
 
     @property
@@ -153,7 +151,6 @@ _NOT_SAMPLED = "compared from the two intervals"
 
 ANALYSES = {a.name: a for a in (
     Analysis("zeroshot", "vlbench.analyses.zeroshot", "Zero-shot classification (CLIP prompt ensembles)",
-             charts=("vlbench.report.plots:bars", "vlbench.report.plots:knowledge_variants"),
              headline=DATASET_METRICS + ("knowledge_best_*",),
              explain="Each test image is classified by the class whose prompt ensemble (the mean of its normalised "
                      "template embeddings) is most similar; the number is the dataset's own metric on the test split. "
@@ -166,7 +163,6 @@ ANALYSES = {a.name: a for a in (
                      "as in the CLIP paper, then refit on train + validation; the dataset's metric on the test split.",
              tables=_PREDICTIONS, reads=("prepared", "images"), dataset_metric=True),
     Analysis("specificity", "vlbench.analyses.specificity", "Specificity (true vs subtly wrong texts: mAP per cell)",
-             charts=("vlbench.report.plots:bars", "vlbench.report.plots:specificity_heatmap"),
              explain="For each kind of true text (captions, single labels, multi labels) against each kind of wrong "
                      "text (random, relevant, altered), the mAP with which an image's true texts rank above the wrong "
                      "ones; 1 is perfect, the heat map gives each cell's chance level.",
@@ -200,7 +196,6 @@ ANALYSES = {a.name: a for a in (
                                  predicted=None, select="t2i_r{k}", value="rank", at_most="k", cluster="sample_id")),
              dataset_metric=True),
     Analysis("granularity", "vlbench.analyses.granularity", "Granularity (WordNet levels: direct vs propagated mAP)",
-             charts=("vlbench.report.plots:bars", "vlbench.report.plots:granularity_levels"),
              headline=("leaf_map", "coarse_map_*", "twolevel_*"),
              explain="mAP of the leaf classes and of the coarse WordNet classes above them, scored directly by their "
                      "own prompts or propagated from their children or leaves; a model consistent across levels "
@@ -209,9 +204,7 @@ ANALYSES = {a.name: a for a in (
                                f"not sampled units, and the per-image scores are not kept; {_NOT_SAMPLED}"),),
              reads=("prepared", "texts", "data/texts/${granularity.corpus}", "features")),
     Analysis("adapt", "vlbench.analyses.adapt", "Adaptation (ELEVATER linear probing, VTAB-1k, FewTrans episodes)",
-             charts=("vlbench.report.plots:bars", "vlbench.report.adapt:shots_chart"),
              headline=("elevater/*/full/*", "elevater/*/5/*", "vtab/*", "fewtrans/*"),
-             summary="vlbench.report.adapt:summary",
              explain="Heads trained on few labelled images per class: ELEVATER's linear probes at 5, 20, 50 shots and "
                      "the full training set (the mean over seeds of the test metric), the VTAB-1k median, and "
                      "FewTrans's mean accuracy over episodes; `mean` is the mean over datasets (the ELEVATER score).",
@@ -227,7 +220,6 @@ ANALYSES = {a.name: a for a in (
                                "the search's candidates on validation data, not test samples", ()))),
     Analysis("extensibility", "vlbench.analyses.extensibility",
              "Extensibility and stability under vocabulary expansion (Acc-C / Acc-E / Acc-S)",
-             charts=("vlbench.report.plots:bars", "vlbench.report.extensibility:charts"),
              headline=("acc_c_*", "acc_e_*", "acc_s_*", "adversarial_*"),
              explain="Acc-C: each group of classes alone; Acc-E: accuracy as groups join the vocabulary with their "
                      "images; Acc-S: a group's images as other groups join as distractors. Per prompt variant; a drop "
@@ -236,7 +228,6 @@ ANALYSES = {a.name: a for a in (
                                "samples of a metric"),)),
     Analysis("robustness", "vlbench.analyses.robustness",
              "Robustness to natural distribution shifts (effective robustness)",
-             charts=("vlbench.report.robustness:charts",),
              headline=("accuracy", "reference_accuracy", "effective_robustness"),
              explain="Each shifted test set (ImageNetV2, ImageNet-Sketch, ImageNet-R, ImageNet-A, ObjectNet; on the demo, "
                      "the shapes drawn as outlines) is classified with the in-distribution dataset's own class prompts, "
@@ -250,8 +241,7 @@ ANALYSES = {a.name: a for a in (
              reads=("prepared", "features", "data/prepared/${robustness.reference}",
                     "data/texts/${robustness.reference}", "features/${model.slug}/${robustness.reference}",
                     "reports/zeroshot/${robustness.reference}.json")),
-    Analysis("finetune", "vlbench.finetune", "Fine-tuning (ELEVATER full fine-tuning, NegCLIP, FewTrans episodic)",
-             charts=("vlbench.report.plots:bars", "vlbench.report.finetune:method_charts"),
+    Analysis("finetune", None, "Fine-tuning (ELEVATER full fine-tuning, NegCLIP, FewTrans episodic)",
              explain="The model's weights trained on the dataset by the method `finetune.method` names: ELEVATER's "
                      "full fine-tuning (test accuracy per shots, the mean over seeds, its learning rate and weight "
                      "decay searched as the linear probe's), NegCLIP (specificity and zero-shot before and after "
@@ -265,8 +255,7 @@ ANALYSES = {a.name: a for a in (
                                "the search's candidates on validation data, not test samples", ()),
                      _unpaired("comparison", "metric", ("analysis", "metric"), "before and after, one row per "
                                "metric: not samples", ()),
-                     _unpaired("train_log", "step", ("step",), "the training loss per step: not samples", ())),
-             stage="stages.finetune"),
+                     _unpaired("train_log", "step", ("step",), "the training loss per step: not samples", ()))),
 )}
 
 
@@ -281,9 +270,9 @@ def analysis(name: str) -> Analysis:
 
 
 def load(name: str) -> ModuleType:
-    return importlib.import_module(analysis(name).module)
-
-
-def by_analysis_stage() -> list[str]:
-    """The analyses the generic stage (stages/analysis.py) runs: those whose rows load no model."""
-    return [name for name, a in ANALYSES.items() if a.stage == "stages.analysis"]
+    """The module of analysis `name` (its `run`)."""
+    module = analysis(name).module
+    if module is None:
+        raise UnknownAnalysisError(f"{name} has no analysis module: a stage of its own writes its results (it runs "
+                                   "a model)")
+    return importlib.import_module(module)

@@ -35,6 +35,7 @@ from vlbench.analyses.base import Inputs
 from vlbench.config import defaults
 from vlbench.datasets.canonical import load_meta
 from vlbench.embed import embed_image_splits, embed_text_sets, model_for_dataset
+from vlbench.engines import engine
 from vlbench.finetune import FinetuneError
 from vlbench.finetune.common import (
     Job,
@@ -192,8 +193,9 @@ def evaluate(job: Job, s, meta, loaded, name: str) -> dict[str, Any]:
     params = job.params
     with tempfile.TemporaryDirectory(prefix=f"vlbench-negclip-{name}-") as tmp:
         features = Path(tmp)
-        embed_image_splits(loaded, job.prepared, features / "images", progress=False, num_workers=0)
-        embed_text_sets(loaded, job.texts, features / "text")
+        on = engine()  # $VLBENCH_ENGINE's, as the embed stages without --engine
+        embed_image_splits(loaded, job.prepared, features / "images", progress=False, num_workers=0, engine=on)
+        embed_text_sets(loaded, job.texts, features / "text", engine=on)
         identity = {k: loaded.fingerprint[k] for k in ("model", "arch", "pretrained", "weights_sha256")}
         inputs = Inputs(meta, identity, features, job.texts)
         spec_cfg = {**(params.get("specificity") or {}), "split": s["eval_split"]}

@@ -221,7 +221,7 @@ def _failed(unit: Unit, err: BaseException | str) -> UnitError:
 
 def engine_name(name: str | None) -> str:
     """`name`, else $VLBENCH_ENGINE, else local; the Ray engine's module must import."""
-    from vlbench.embed import engine
+    from vlbench.engines import engine
 
     return "ray" if engine(name).__name__ == "vlbench.embed_ray" else "local"
 

@@ -1,11 +1,10 @@
 """Aggregate per-dataset results into reports/metrics.json, reports/model.json, reports/reference.json (the verdicts
-against the papers' tables), the charts each analysis's entry in `vlbench.analyses.ANALYSES` names, and
-reports/index.html (the page people read): one loop over the table, each result file read once."""
+against the papers' tables), the charts `vlbench.report.registry` gives each analysis of `vlbench.analyses.ANALYSES`,
+and reports/index.html (the page people read): one loop over the table, each result file read once."""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from vlbench.reference import load_tables
 from vlbench.reference.datacomp import DERIVED, cell_value
 from vlbench.reference.verdicts import reference_report
 from vlbench.report.html import index_page
+from vlbench.report.registry import SUMMARIES, charts_of
 from vlbench.results import PLOTS_DIR, REFERENCE_FILE, REPORTS, model_of, read_result, write_metrics
 
 INDEX_FILE = REPORTS / "index.html"
@@ -30,11 +30,6 @@ def report_datasets(params: Mapping[str, Any]) -> dict[str, list[str]]:
     return {a: d for a, d in datasets.items() if d}
 
 
-def _function(name: str) -> Callable[..., Any]:
-    module, func = name.split(":")
-    return getattr(importlib.import_module(module), func)
-
-
 def read_results(datasets_by_analysis: Mapping[str, list[str]]) -> dict[str, dict[str, dict[str, Any]]]:
     """{analysis: {dataset: result JSON}}, each file read once."""
     return {a: {d: read_result(a, d) for d in ds} for a, ds in datasets_by_analysis.items() if ds}
@@ -42,18 +37,18 @@ def read_results(datasets_by_analysis: Mapping[str, list[str]]) -> dict[str, dic
 
 def headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]], declared: Mapping[str, str] | None = None
              ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """({analysis: {dataset: metrics}} with each entry's `summary` applied, the model fingerprint of the results).
-    `declared`: {dataset: the metric its entry declares} (`declared_metrics`); where an analysis reports the dataset's
-    metric and that one is the mean of two of its numbers (DataComp's mean recall@1 of a retrieval task,
-    `vlbench.reference.datacomp.DERIVED`), the metrics gain it."""
+    """({analysis: {dataset: metrics}} with each analysis's summary applied (`vlbench.report.registry.SUMMARIES`),
+    the model fingerprint of the results). `declared`: {dataset: the metric its entry declares} (`declared_metrics`);
+    where an analysis reports the dataset's metric and that one is the mean of two of its numbers (DataComp's mean
+    recall@1 of a retrieval task, `vlbench.reference.datacomp.DERIVED`), the metrics gain it."""
     declared = declared or {}
     metrics: dict[str, Any] = {a: {d: _with_declared(a, r["metrics"], declared.get(d)) for d, r in per.items()}
                                for a, per in results.items()}
     first = next((r for per in results.values() for r in per.values()), None)
     model = model_of(first["fingerprint"]) if first else {}
     for analysis in results:
-        if ANALYSES[analysis].summary:
-            metrics = _function(ANALYSES[analysis].summary)(metrics, results[analysis])
+        if analysis in SUMMARIES:
+            metrics = SUMMARIES[analysis](metrics, results[analysis])
     return metrics, model
 
 
@@ -91,9 +86,9 @@ def headline_numbers(metrics: Mapping[str, Mapping[str, Mapping[str, Any]]],
 
 def write_charts(results: Mapping[str, Mapping[str, Any]], metrics: Mapping[str, Any],
                  out_dir: Path) -> dict[str, list[Path]]:
-    """{analysis: [SVG written]}: every chart each analysis's entry names."""
+    """{analysis: [SVG written]}: every chart of each analysis (`vlbench.report.registry.charts_of`)."""
     Path(out_dir).mkdir(parents=True, exist_ok=True)  # a declared output, even for a suite without analyses
-    return {a: [p for chart in ANALYSES[a].charts for p in _function(chart)(a, results[a], metrics, out_dir)]
+    return {a: [p for chart in charts_of(a) for p in chart(a, results[a], metrics, out_dir)]
             for a in results}
 
 
