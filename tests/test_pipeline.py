@@ -126,8 +126,8 @@ def test_a_suite_change_to_one_entry_reruns_that_datasets_stages_only(reproduced
         run(reproduced, sys.executable, "-m", "vlbench.cli", "compose")
         assert yaml.safe_load(params.read_text())["suite"]["entries"] == {
             "shapes": {}, "hierarchy": {"texts": {"templates": ["a {c}!"]}}}
-        # code: it reads every entry's source (the same bytes: nothing more reruns for it)
-        assert status_stages(reproduced) == {"code", "prepare@hierarchy", "texts@hierarchy"}
+        # code reads every entry's source (the same bytes: nothing more reruns for it); report's param is the suite
+        assert status_stages(reproduced) == {"code", "prepare@hierarchy", "texts@hierarchy", "report"}
         out = run(reproduced, *DVC, "repro").stdout
         assert sorted(ran_stages(out)) == ["code", "embed_texts@hierarchy", "prepare@hierarchy", "report",
                                            "texts@hierarchy", "zeroshot@hierarchy"]
