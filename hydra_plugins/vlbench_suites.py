@@ -4,9 +4,11 @@ DVC composes params.yaml with Hydra before any stage runs, after loading Hydra p
 (default: the repository root, so this `hydra_plugins` namespace package). A suite written the Hydra way (`defaults:
 - /dataset@datasets.x: x`) composes, but puts a whole entry where dvc.yaml expects an input path, and DVC then stops
 with "Cannot interpolate data of type 'dict'". Here conf/ is read through the `vlbench://` config source, which is
-conf/'s own files with one addition: a file of the `suite` group is checked as it is loaded
-(`vlbench.config.check_suite_format`), so DVC stops with one line that names the suite file and shows the format.
-`vlbench compose` runs the same check itself.
+conf/'s own files with two additions: a file of the `suite` group is checked as it is loaded
+(`vlbench.config.check_suite_format`), so DVC stops with one line that names the suite file and shows the format; and
+its `entries` get a key for each of its datasets (`vlbench.config.with_every_entry`: `{}` where the suite changes
+nothing), the params `suite.entries.<name>` that prepare@<name>, texts@<name> and knowledge@<name> depend on.
+`vlbench compose` does the same itself.
 """
 
 import os
@@ -25,17 +27,20 @@ class VlbenchSuiteSource(file_config_source.FileConfigSource):
         return "vlbench"
 
     def load_config(self, config_path: str):
-        from vlbench.config import check_suite_format
+        from vlbench.config import check_suite_format, with_every_entry
         from vlbench.errors import VlbenchError
 
         result = super().load_config(config_path)
         if config_path.startswith("suite/"):
             where = os.path.relpath(os.path.join(self.path, self._normalize_file_name(config_path)))
+            global_package = (result.header or {}).get("package") == "_global_"
             try:
-                check_suite_format(OmegaConf.to_container(result.config, resolve=False), where,
-                                   (result.header or {}).get("package") == "_global_")
+                check_suite_format(OmegaConf.to_container(result.config, resolve=False), where, global_package)
             except VlbenchError as err:
                 raise _as_dvc_error(err) from None
+            suite = result.config.get("suite") if global_package else result.config
+            if suite is not None and suite.get("datasets"):
+                suite.entries = with_every_entry(OmegaConf.to_container(suite, resolve=False))
         return result
 
 

@@ -220,10 +220,12 @@ def test_dvc_exp_show_has_a_column_per_suite_dataset_not_per_registry_leaf(tmp_p
     suite = params["suite"]
     expected = ({f"suite.datasets.{d}" for d in suite["datasets"]} | {f"suite.extensibility_sets.{s}" for s in
                 suite["extensibility_sets"]} | {f"suite.{k}" for k, v in suite.items()
-                                                if k not in ("datasets", "extensibility_sets") and v != {}})
+                                                if k not in ("datasets", "extensibility_sets", "entries") and v != {}})
     # 20 + suite.retrieval, suite.robustness, suite.finetune, suite.compositionality, datasets.shapes_outline,
     # datasets.compositional (issues 22, 23), suite.heldout (issue 34)
     assert {c for c in header if c.startswith("suite.")} == expected and len(expected) == 27
+    # issue 40: a key per dataset (each stage's param suite.entries.<name>), all {} on the demo: no column
+    assert suite["entries"] == {d: {} for d in suite["datasets"]}
     assert not [c for c in header if c.startswith("suite.datasets.shapes.")]
     # each entry is one dependency column instead (its file hash)
     assert {c for c in header if c.startswith("conf/dataset/")} == {f"conf/dataset/{d}.yaml" for d in suite["datasets"]}

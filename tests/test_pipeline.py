@@ -115,6 +115,29 @@ def test_a_changed_template_reembeds_texts_only(reproduced):
     assert status_stages(reproduced) == set()
 
 
+def test_a_suite_change_to_one_entry_reruns_that_datasets_stages_only(reproduced):
+    """Issue 40: prepare@, texts@ (and knowledge@) depend on their own `suite.entries.<name>`, not on the whole
+    `suite.entries`: a suite's change to hierarchy's templates leaves shapes' stages up to date."""
+    suite_file, params = reproduced / "conf/suite/smoke.yaml", reproduced / "params.yaml"
+    before = suite_file.read_text()
+    try:
+        suite = yaml.safe_load(before)
+        suite_file.write_text(yaml.safe_dump({**suite, "entries": {"hierarchy": {"texts": {"templates": ["a {c}!"]}}}}))
+        run(reproduced, sys.executable, "-m", "vlbench.cli", "compose")
+        assert yaml.safe_load(params.read_text())["suite"]["entries"] == {
+            "shapes": {}, "hierarchy": {"texts": {"templates": ["a {c}!"]}}}
+        # code reads every entry's source (the same bytes: nothing more reruns for it); report's param is the suite
+        assert status_stages(reproduced) == {"code", "prepare@hierarchy", "texts@hierarchy", "report"}
+        out = run(reproduced, *DVC, "repro").stdout
+        assert sorted(ran_stages(out)) == ["code", "embed_texts@hierarchy", "prepare@hierarchy", "report",
+                                           "texts@hierarchy", "zeroshot@hierarchy"]
+    finally:
+        suite_file.write_text(before)
+        run(reproduced, sys.executable, "-m", "vlbench.cli", "compose")
+        run(reproduced, *DVC, "repro")
+    assert status_stages(reproduced) == set()
+
+
 def test_an_analysis_run_by_hand_refuses_features_of_other_weights(reproduced, tmp_path):
     import open_clip
 

@@ -266,6 +266,17 @@ def check_suite_format(suite: Any, where: str, global_package: bool = False) -> 
                           f"{SUITE_FORMAT}")
 
 
+def with_every_entry(suite: Mapping[str, Any]) -> dict[str, Any]:
+    """The suite's `entries` with a key for each of its datasets, in `datasets`' order: `{}` where the suite changes
+    nothing of the entry. prepare@, texts@ and knowledge@ depend on their own dataset's `suite.entries.<name>`, a
+    param DVC needs to exist, so that a change to one entry reruns that dataset's stages only (issue 40). Composition
+    completes it (`compose`, and hydra_plugins/vlbench_suites.py as `dvc exp run` loads a suite file); a `{}` shows no
+    `dvc exp show` column."""
+    entries, datasets = suite.get("entries") or {}, suite.get("datasets") or {}
+    return {**{name: entries.get(name, {}) for name in datasets},
+            **{name: entry for name, entry in entries.items() if name not in datasets}}
+
+
 GLOBAL_PACKAGE = re.compile(r"^#\s*@package\s+_global_\s*$", re.M)  # Hydra's package header of a file
 
 
@@ -548,6 +559,7 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
         lines = str(err).strip().splitlines() or [type(err).__name__]
         first = " ".join(lines[:2] if lines[1:2] and lines[1].startswith("To append") else lines[:1])  # Hydra's hint: `+`
         raise ParamsError(f"cannot compose conf/ with overrides {overrides or []}: {first}") from err
+    params["suite"]["entries"] = with_every_entry(params["suite"])
     check_suite(params["suite"], config_dir)
     check_known_keys(params, conf_dir(config_dir))
     for name in params["suite"]["datasets"]:
