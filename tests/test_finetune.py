@@ -157,19 +157,21 @@ def test_a_search_candidate_whose_loss_turns_non_finite_is_a_failed_candidate_an
 
 
 def test_a_diverging_final_run_is_one_line_naming_the_run_its_hyper_parameters_and_what_to_do(colours, base):
-    """A search run of one step cannot diverge (its loss is that of the base weights), so learning rate 100 is chosen;
-    the final run's 6 steps at that rate overflow. That is an error: the message names the run, the chosen pair, and
-    the grid to search instead."""
-    adapt = {"elevater": {"shots": [2], "seeds": [0], "batch_size": 8, "search_epochs": 1, "final_epochs": 6,
-                          "lr_grid": {"log_lower": 2, "log_upper": 2, "num": 1}}}
+    """Weight decay 1e4 at learning rate 0.01 multiplies the weights by about -99 per step: a search run of one step
+    stays finite, so that pair is chosen, and the final run's 30 steps overflow float32 on any CPU (a learning rate of
+    100 alone overflowed in 6 steps only under some CPUs' kernels). That is an error: the message names the run, the
+    chosen pair, and the grid to search instead."""
+    adapt = {"elevater": {"shots": [2], "seeds": [0], "batch_size": 8, "search_epochs": 1, "final_epochs": 30,
+                          "lr_grid": {"log_lower": -2, "log_upper": -2, "num": 1},
+                          "wd_grid": {"log_lower": 4, "log_upper": 4}}}
     with pytest.raises(FinetuneError) as err:
         method("elevater_full")(elevater_job(colours, base, adapt=adapt))
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("finetune elevater_full on 'tiny': the final run final-2-0 (2 shots, seed 0) diverged at "
                               "step ")
-    assert "with the search's choice: learning rate 100, weight decay 1e-06" in message
-    assert "-S ++adapt.elevater.lr_grid.log_lower=1 -S ++adapt.elevater.lr_grid.log_upper=1" in message
+    assert "with the search's choice: learning rate 0.01, weight decay 10000" in message
+    assert "-S ++adapt.elevater.lr_grid.log_lower=-3 -S ++adapt.elevater.lr_grid.log_upper=-3" in message
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights_bit_for_bit(captions, base, negclip_run, tmp_path):
