@@ -31,6 +31,23 @@ from vlbench.datasets.canonical import ClassInfo, DatasetMeta, write_dataset  # 
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
 
 
+# The modules that reproduce a pipeline, longest first (docs/benchmarks.md, "The test suite"): `make test` runs
+# pytest-xdist with `--dist loadfile --no-loadscope-reorder`, which hands modules out in this order, so the long ones
+# start first and the two workers end together (xdist's own order, most tests first, started test_portable_demo, the
+# longest, last). The first two take different shared builds (conftest: flows_demo builds smoke_run; portable_demo
+# builds its own), so that neither worker waits on the other's lock. The other modules follow in file order.
+LONGEST_FIRST = ("test_readme_flows", "test_portable_demo", "test_remote", "test_pipeline",
+                 "test_readme_flows_finetune", "test_rerun", "test_byo_pipeline", "test_knowledge_pipeline",
+                 "test_plan", "test_embed_ray", "test_retrieval", "test_specificity", "test_share_images",
+                 "test_compositionality_pipeline", "test_datacomp_pipeline", "test_retrieval_pipeline",
+                 "test_finetune_pipeline")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's tests keep their order
+
+
 def png(rgb, size: int = 32, seed: int = 0) -> bytes:
     rng = np.random.default_rng(seed)
     pixels = np.clip(np.array(rgb)[None, None, :] + rng.normal(0, 10, (size, size, 3)), 0, 255).astype(np.uint8)
