@@ -123,14 +123,13 @@ ADAPT = ["adapt.protocols=[elevater]", "+adapt.elevater.shots=[2]", "+adapt.elev
 
 
 @pytest.fixture(scope="module")
-def rerun(smoke_run, tmp_path_factory):
+def rerun(tmp_path_factory):
     """The smoke pipeline (shapes: zeroshot, adapt) reproduced and committed, then a fresh `git clone` of it (no DVC
-    cache, so every stage runs again) reproduced on the same machine. The first run starts from a copy of the session's
-    smoke run (tests/conftest.py), whose shapes stages it shares: only adapt@shapes and the report run there."""
-    from tests.pipeline_repo import run
+    cache, so every stage runs again) reproduced on the same machine."""
+    from tests.pipeline_repo import make_repo, run
 
     base = tmp_path_factory.mktemp("rerun")
-    first = smoke_run(base / "first")
+    first = make_repo(base / "first")
     suite = yaml.safe_load((first / "conf/suite/smoke.yaml").read_text())
     suite.update(datasets={"shapes": suite["datasets"]["shapes"]}, embed=["shapes"], zeroshot=["shapes"],
                  linear_probe=[], adapt=["shapes"])
