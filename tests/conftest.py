@@ -31,15 +31,18 @@ from vlbench.datasets.canonical import ClassInfo, DatasetMeta, write_dataset  # 
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
 
 
-# The modules that reproduce a pipeline, longest first (docs/benchmarks.md, "The test suite"): `make test` runs
-# pytest-xdist with `--dist loadfile --no-loadscope-reorder`, which hands modules out in this order, so the long ones
-# start first and the two workers end together (xdist's own order, most tests first, started test_portable_demo, the
-# longest, last). The first two take different shared builds (conftest: flows_demo builds smoke_run; portable_demo
-# builds its own), so that neither worker waits on the other's lock. The other modules follow in file order.
-LONGEST_FIRST = ("test_readme_flows", "test_portable_demo", "test_remote", "test_pipeline",
-                 "test_readme_flows_finetune", "test_rerun", "test_byo_pipeline", "test_knowledge_pipeline",
-                 "test_plan", "test_embed_ray", "test_retrieval", "test_specificity", "test_share_images",
-                 "test_compositionality_pipeline", "test_datacomp_pipeline", "test_retrieval_pipeline",
+# The long modules, longest first (most reproduce a pipeline; their times: docs/benchmarks.md, "The test suite"):
+# `make test` runs pytest-xdist with `--dist loadfile --no-loadscope-reorder`, which hands modules out in this order, so
+# the long ones start first and the two workers end together (xdist's own order, most tests first, started
+# test_portable_demo, the longest but for test_readme_flows, last). The first two take different shared builds
+# (test_readme_flows builds smoke_run and flows_demo; test_portable_demo its own), so neither worker waits on the
+# other's lock; the third goes to test_portable_demo's worker too (xdist gives a worker a second module when its first
+# has 2 tests or fewer), and by then smoke_run is normally built (else it waits on the lock, as before).
+# The other modules follow in file order and fill the gaps.
+LONGEST_FIRST = ("test_readme_flows", "test_portable_demo", "test_pipeline", "test_readme_flows_finetune",
+                 "test_byo_pipeline", "test_remote", "test_finetune", "test_embed_ray", "test_finetune_units",
+                 "test_share_images", "test_rerun", "test_datacomp_pipeline", "test_knowledge_pipeline", "test_plan",
+                 "test_retrieval", "test_specificity", "test_compositionality_pipeline", "test_retrieval_pipeline",
                  "test_finetune_pipeline")
 
 
