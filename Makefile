@@ -38,11 +38,12 @@ wordnet:
 	fi
 
 # Two pytest-xdist workers, a module each at a time (`--dist loadfile`: a module's fixtures are built once, in one
-# worker); the miniature demo run the pipeline modules copy is built once for both (tests/conftest.py, smoke_run).
+# worker); the miniature demo runs the pipeline modules copy are built once for both (tests/conftest.py, smoke_run,
+# flows_demo); `--no-loadscope-reorder` keeps conftest's order, the longest modules first (LONGEST_FIRST).
 # `make test TEST_WORKERS=0` runs in one process. docs/benchmarks.md, "The test suite".
 TEST_WORKERS ?= 2
 test: setup-dev
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 repro: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" dvc repro

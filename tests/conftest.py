@@ -7,6 +7,7 @@ import io
 import os
 import shutil
 import signal
+from pathlib import Path
 
 from vlbench import portable
 
@@ -24,10 +25,30 @@ import torch  # noqa: E402
 from filelock import FileLock  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from tests.pipeline_repo import copy_repo, make_smoke_run, tree_state  # noqa: E402
+from tests.pipeline_repo import copy_repo, make_flows_demo, make_smoke_run, tree_state  # noqa: E402
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta, write_dataset  # noqa: E402
 
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
+
+
+# The long modules, longest first (most reproduce a pipeline; their times: docs/benchmarks.md, "The test suite"):
+# `make test` runs pytest-xdist with `--dist loadfile --no-loadscope-reorder`, which hands modules out in this order, so
+# the long ones start first and the two workers end together (xdist's own order, most tests first, started
+# test_portable_demo, the longest but for test_readme_flows, last). The first two take different shared builds
+# (test_readme_flows builds smoke_run and flows_demo; test_portable_demo its own), so neither worker waits on the
+# other's lock; the third goes to test_portable_demo's worker too (xdist gives a worker a second module when its first
+# has 2 tests or fewer), and by then smoke_run is normally built (else it waits on the lock, as before).
+# The other modules follow in file order and fill the gaps.
+LONGEST_FIRST = ("test_readme_flows", "test_portable_demo", "test_pipeline", "test_readme_flows_finetune",
+                 "test_byo_pipeline", "test_remote", "test_finetune", "test_embed_ray", "test_finetune_units",
+                 "test_share_images", "test_rerun", "test_datacomp_pipeline", "test_knowledge_pipeline", "test_plan",
+                 "test_retrieval", "test_specificity", "test_compositionality_pipeline", "test_retrieval_pipeline",
+                 "test_finetune_pipeline")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's tests keep their order
 
 
 def png(rgb, size: int = 32, seed: int = 0) -> bytes:
@@ -134,22 +155,43 @@ def dirs(tmp_path, monkeypatch):
     return www, mirror, tmp_path / "out"
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(folder)` run once per test session and once for all pytest-xdist workers: the first to ask builds it
+    under a file lock in the session's shared temporary folder, the others wait and reuse it."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the workers' base folders (popen-gw0, ...) sit in the session's
+    base, done = shared / name, shared / f"{name}.done"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(base, ignore_errors=True)  # a build that failed in another worker
+            build(base)
+            done.touch()
+    return base
+
+
+def copies_of(base: Path):
+    """`copy(dest)`: a copy of the shared build `base` for a module to change as it likes (new files, no hard links);
+    the session ends in an error if a file of `base` was written all the same."""
+    before = tree_state(base)
+    yield lambda dest: copy_repo(base, dest)
+    assert tree_state(base) == before, f"a test wrote into the shared run {base}: tests must use a copy"
+
+
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
     """`smoke_run(dest)`: a copy at `dest` of the miniature demo run (tests/pipeline_repo.py, make_smoke_run: the smoke
     suite reproduced with the toy-smoke model and committed), for a module to change as it likes. The run is built once
-    per test session, and once for all pytest-xdist workers (the first builds it under a file lock in the session's
-    shared temporary folder, the others wait and reuse it). Nobody writes into it: each caller gets its own copy (new
-    files, no hard links), and the session ends in an error if a file of the shared run was written all the same."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the workers' base folders (popen-gw0, ...) sit in the session's
-    base, done = shared / "smoke-run", shared / "smoke-run.done"
-    with FileLock(str(shared / "smoke-run.lock")):
-        if not done.exists():
-            shutil.rmtree(base, ignore_errors=True)  # a build that failed in another worker
-            make_smoke_run(base)
-            done.touch()
-    before = tree_state(base)
-    yield lambda dest: copy_repo(base, dest)
-    assert tree_state(base) == before, f"a test wrote into the shared smoke run {base}: tests must use a copy"
+    per test session, and once for all pytest-xdist workers (`built_once`). Nobody writes into it: each caller gets its
+    own copy (new files, no hard links), and the session ends in an error if a file of the shared run was written all
+    the same."""
+    yield from copies_of(built_once(tmp_path_factory, "smoke-run", make_smoke_run))
+
+
+@pytest.fixture(scope="session")
+def flows_demo(smoke_run, tmp_path_factory):
+    """`flows_demo(dest)`: a copy at `dest` of the README flows' miniature demo (tests/pipeline_repo.py,
+    make_flows_demo: the smoke run with the demo's analyses at miniature sizes, reproduced, and an experiment applied),
+    built once for the session as `smoke_run` is; tests/test_readme_flows.py and tests/test_readme_flows_exp.py each
+    take a copy, so the two modules run on both xdist workers."""
+    yield from copies_of(built_once(tmp_path_factory, "flows-demo", lambda dest: make_flows_demo(smoke_run(dest))))

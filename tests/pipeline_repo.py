@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -123,3 +124,76 @@ def make_smoke_run(dest: Path) -> Path:
     run(dest, "git", "add", "-A")
     run(dest, "git", "commit", "-qm", "toy-smoke results")
     return dest
+
+
+# The demo suite's analyses at miniature sizes (the demo: conf/suite/demo.yaml)
+FLOWS_SUITE = {
+    "slug": "flows",
+    "datasets": {**SMOKE_SUITE["datasets"],
+                 "shapes_outline": synthetic_entry("shapes_outline", {"test": 24}, ["a {c}."])},
+    "embed": ["shapes", "hierarchy", "captions", "compositional"],
+    "embed_images": ["shapes", "hierarchy", "captions", "compositional", "shapes_outline"],  # outline: images only
+    "zeroshot": ["shapes", "hierarchy"],  # hierarchy: multi-label (its predictions table has `labels`)
+    "linear_probe": ["shapes"],
+    "robustness": ["shapes_outline"],  # its predictions table: predicted_reference_class, correct
+    "retrieval": ["captions"],
+    "compositionality": ["compositional"],
+    "adapt": ["shapes"],
+}
+# lines of conf/ files -> miniature settings (each line must be found once: a renamed setting fails here first)
+MINIATURE = {
+    "conf/config.yaml": {
+        "  protocols: [elevater, vtab, fewtrans]": "  protocols: [elevater, fewtrans]",
+        "suite: smoke\n": "suite: flows\n",
+    },
+    "conf/settings/adapt.yaml": {
+        "  shots: [5, 20, 50, full]": "  shots: [2]",
+        "  seeds: [0, 1, 2]": "  seeds: [0]",
+        "  heads: [random_2p, language_2p, language_1p]": "  heads: [random_2p]",
+        "  search_epochs: 10": "  search_epochs: 1",
+        "  final_epochs: 50": "  final_epochs: 2",
+        "  lr_grid: {log_lower: -6, log_upper: -1, num: 6}": "  lr_grid: {log_lower: -2, log_upper: -1, num: 2}",
+        "  knowledge: [wiktionary, gpt3, wiktionary_gpt3]": "  knowledge: []",
+        "  episodes: 600": "  episodes: 2",
+        "    epochs: 80 ": "    epochs: 2 ",
+        "    lr_factors: [0.04, 0.2, 1.0, 5.0, 25.0]": "    lr_factors: [1.0]",
+    },
+}
+
+
+def dataset_entry(name: str, **prepare) -> dict:
+    """conf/dataset/<name>.yaml of this repository with `prepare` settings replaced (smaller splits)."""
+    entry = yaml.safe_load((ROOT / "conf/dataset" / f"{name}.yaml").read_text())
+    entry["prepare"].update(prepare)
+    return entry
+
+
+def make_flows_demo(repo: Path) -> Path:
+    """The README flows' miniature demo in `repo`, a copy of the smoke run (its toy model, features and results are
+    reused): FLOWS_SUITE and MINIATURE, `dvc repro`, committed (HEAD~1); then docs/pipeline.md's `dvc exp run -n a -S
+    zeroshot.scoring=elevater`, applied and committed with the same setting in conf/ (HEAD). Shared by the README
+    flows' modules (tests/conftest.py, `flows_demo`)."""
+    suite = {**FLOWS_SUITE, "datasets": {**FLOWS_SUITE["datasets"],
+                                         "captions": dataset_entry("captions", splits={"test": 24}),
+                                         "compositional": dataset_entry("compositional", size=12)}}
+    write_suite(repo, suite)
+    for name, lines in MINIATURE.items():
+        text = (repo / name).read_text()
+        for line, miniature in lines.items():
+            assert text.count(line) == 1, f"{name}: {line!r} not found once"
+            text = text.replace(line, miniature)
+        (repo / name).write_text(text)
+    config = (repo / "conf/config.yaml").read_text()
+    dvc = (sys.executable, "-m", "dvc")
+    run(repo, sys.executable, "-m", "vlbench.cli", "compose")
+    run(repo, *dvc, "repro")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "demo results")
+    run(repo, *dvc, "exp", "run", "-n", "a", "-S", "zeroshot.scoring=elevater")
+    run(repo, *dvc, "exp", "apply", "a")
+    (repo / "conf/config.yaml").write_text(config.replace("  scoring: logits\n", "  scoring: elevater\n"))
+    run(repo, sys.executable, "-m", "vlbench.cli", "compose")
+    assert json.loads(run(repo, *dvc, "status", "--json").stdout) == {}
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "zeroshot.scoring: elevater")
+    return repo

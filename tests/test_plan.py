@@ -188,11 +188,10 @@ def test_a_running_dvc_command_is_named_not_waited_for(repo, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def ran(tmp_path_factory) -> Path:
-    """Another smoke copy with zeroshot@hierarchy and everything it needs run: stages up to date below a change."""
-    repo = make_repo(tmp_path_factory.mktemp("plan-ran") / "repo")
-    run(repo, *DVC, "repro", "zeroshot@hierarchy")
-    return repo
+def ran(smoke_run, tmp_path_factory) -> Path:
+    """A copy of the session's smoke run (tests/conftest.py): zeroshot@hierarchy and everything it needs run (the whole
+    smoke suite is), stages up to date below a change."""
+    return smoke_run(tmp_path_factory.mktemp("plan-ran") / "repo")
 
 
 def test_a_changed_upstream_param_lists_the_stages_downstream_of_it(ran, monkeypatch):

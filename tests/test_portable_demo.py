@@ -42,9 +42,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.pipeline_repo import make_repo, run, synthetic_entry, write_suite
+from tests.pipeline_repo import MINIATURE, dataset_entry, make_repo, run, synthetic_entry, write_suite
 from tests.test_portable import CHOICES
-from tests.test_readme_flows import MINIATURE, dataset_entry
 from vlbench import portable
 
 DVC = (sys.executable, "-m", "dvc")

@@ -2,13 +2,15 @@
 docs/own-data.md, docs/pipeline.md, docs/real-datasets.md), run as a user runs them, on the demo pipeline's own outputs
 (issue 30, "The rule this issue adds"; DESIGN.md, "Every README flow runs on the demo's own outputs in a test").
 
-One module-scoped fixture copies the session's smoke run (tests/conftest.py, `smoke_run`), gives it a miniature demo
-suite whose analyses write every kind of per-sample file the demo writes (zero-shot on a single- and a multi-label
-dataset, linear probe, robustness, retrieval, compositionality, adapt's ELEVATER and FewTrans tables) with a few-step
-toy model, runs `dvc repro` once and commits (HEAD~1), then runs docs/pipeline.md's experiment `dvc exp run -n a -S
-zeroshot.scoring=elevater` and commits it (HEAD): two commits and an experiment of real results, shared by every flow
-below, each run with the command the README or its docs/ page shows. A flow tested only on constructed files is not
-tested: add the test of a new command of the README or docs/ here.
+The flows run on a copy of the session's miniature demo (tests/conftest.py, `flows_demo`; built once per test run by
+tests/pipeline_repo.py, make_flows_demo): the session's smoke run given a miniature demo suite whose analyses write
+every kind of per-sample file the demo writes (zero-shot on a single- and a multi-label dataset, linear probe,
+robustness, retrieval, compositionality, adapt's ELEVATER and FewTrans tables) with a few-step toy model, `dvc repro`
+once and committed (HEAD~1), then docs/pipeline.md's experiment `dvc exp run -n a -S zeroshot.scoring=elevater`
+committed (HEAD): two commits and an experiment of real results, shared by every flow below, each run with the command
+the README or its docs/ page shows. The fine-tuning and own-data flows are in tests/test_readme_flows_finetune.py (a
+module of its own, so that the two halves run on both xdist workers). A flow tested only on constructed files is not
+tested: add the test of a new command of the README or docs/ here or there.
 """
 
 from __future__ import annotations
@@ -20,55 +22,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.pipeline_repo import SMOKE_SUITE, read_suite, run, synthetic_entry, write_suite
+from tests.pipeline_repo import run
 from tests.test_byo_pipeline import PETS, SUITE, XRAY, own_data
 
-ROOT = Path(__file__).resolve().parent.parent
 DVC = (sys.executable, "-m", "dvc")
 VLBENCH = (sys.executable, "-m", "vlbench.cli")
-
-# The demo suite's analyses at miniature sizes (the demo: conf/suite/demo.yaml)
-FLOWS_SUITE = {
-    "slug": "flows",
-    "datasets": {**SMOKE_SUITE["datasets"],
-                 "shapes_outline": synthetic_entry("shapes_outline", {"test": 24}, ["a {c}."])},
-    "embed": ["shapes", "hierarchy", "captions", "compositional"],
-    "embed_images": ["shapes", "hierarchy", "captions", "compositional", "shapes_outline"],  # outline: images only
-    "zeroshot": ["shapes", "hierarchy"],  # hierarchy: multi-label (its predictions table has `labels`)
-    "linear_probe": ["shapes"],
-    "robustness": ["shapes_outline"],  # its predictions table: predicted_reference_class, correct
-    "retrieval": ["captions"],
-    "compositionality": ["compositional"],
-    "adapt": ["shapes"],
-}
-# lines of conf/ files -> miniature settings (each line must be found once: a renamed setting fails here first)
-MINIATURE = {
-    "conf/config.yaml": {
-        "  protocols: [elevater, vtab, fewtrans]": "  protocols: [elevater, fewtrans]",
-        "suite: smoke\n": "suite: flows\n",
-    },
-    "conf/settings/adapt.yaml": {
-        "  shots: [5, 20, 50, full]": "  shots: [2]",
-        "  seeds: [0, 1, 2]": "  seeds: [0]",
-        "  heads: [random_2p, language_2p, language_1p]": "  heads: [random_2p]",
-        "  search_epochs: 10": "  search_epochs: 1",
-        "  final_epochs: 50": "  final_epochs: 2",
-        "  lr_grid: {log_lower: -6, log_upper: -1, num: 6}": "  lr_grid: {log_lower: -2, log_upper: -1, num: 2}",
-        "  knowledge: [wiktionary, gpt3, wiktionary_gpt3]": "  knowledge: []",
-        "  episodes: 600": "  episodes: 2",
-        "    epochs: 80 ": "    epochs: 2 ",
-        "    lr_factors: [0.04, 0.2, 1.0, 5.0, 25.0]": "    lr_factors: [1.0]",
-    },
-}
-
-
-def dataset_entry(name: str, **prepare) -> dict:
-    """conf/dataset/<name>.yaml of this repository with `prepare` settings replaced (smaller splits)."""
-    import yaml
-
-    entry = yaml.safe_load((ROOT / "conf/dataset" / f"{name}.yaml").read_text())
-    entry["prepare"].update(prepare)
-    return entry
 
 
 def vlbench(repo: Path, *args: str, check: bool = True):
@@ -83,34 +41,11 @@ def restore(repo: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def demo(smoke_run, tmp_path_factory) -> Path:
-    """A copy of the session's smoke run (tests/conftest.py: its toy model, features and results are reused) with
-    the miniature demo suite: `dvc repro`, committed (HEAD~1); then docs/pipeline.md's `dvc exp run -n a -S
+def demo(flows_demo, tmp_path_factory) -> Path:
+    """This module's copy of the session's miniature demo (tests/conftest.py, `flows_demo`; tests/pipeline_repo.py,
+    make_flows_demo): its results committed (HEAD~1), then docs/pipeline.md's `dvc exp run -n a -S
     zeroshot.scoring=elevater`, applied and committed with the same setting in conf/ (HEAD)."""
-    repo = smoke_run(tmp_path_factory.mktemp("flows") / "repo")
-    suite = {**FLOWS_SUITE, "datasets": {**FLOWS_SUITE["datasets"],
-                                         "captions": dataset_entry("captions", splits={"test": 24}),
-                                         "compositional": dataset_entry("compositional", size=12)}}
-    write_suite(repo, suite)
-    for name, lines in MINIATURE.items():
-        text = (repo / name).read_text()
-        for line, miniature in lines.items():
-            assert text.count(line) == 1, f"{name}: {line!r} not found once"
-            text = text.replace(line, miniature)
-        (repo / name).write_text(text)
-    config = (repo / "conf/config.yaml").read_text()
-    vlbench(repo, "compose")
-    run(repo, *DVC, "repro")
-    run(repo, "git", "add", "-A")
-    run(repo, "git", "commit", "-qm", "demo results")
-    run(repo, *DVC, "exp", "run", "-n", "a", "-S", "zeroshot.scoring=elevater")
-    run(repo, *DVC, "exp", "apply", "a")
-    (repo / "conf/config.yaml").write_text(config.replace("  scoring: logits\n", "  scoring: elevater\n"))
-    vlbench(repo, "compose")
-    assert json.loads(run(repo, *DVC, "status", "--json").stdout) == {}
-    run(repo, "git", "add", "-A")
-    run(repo, "git", "commit", "-qm", "zeroshot.scoring: elevater")
-    return repo
+    return flows_demo(tmp_path_factory.mktemp("flows") / "repo")
 
 
 def rows(data: dict) -> dict[tuple[str, str, str], dict]:
@@ -433,108 +368,3 @@ def test_an_analysis_added_in_its_four_places_runs_reports_and_charts(demo, tmp_
     assert headline["feature_norm"] == {"shapes": {"mean_norm": result["metrics"]["mean_norm"]}}
     assert "Image feature norms" in (repo / "reports/index.html").read_text()
     assert (repo / "reports/plots/feature_norm.svg").is_file()
-
-
-def test_fewtrans_fine_tuning_appears_on_the_page_and_compare_pairs_it_by_episode(demo):
-    """docs/fine-tuning.md: two `fewtrans_episodic` runs on the demo's episodes (authors' centres replaced by tiny
-    explicit ones); the page shows fine-tuning, reports/metrics.json has its numbers, and `vlbench compare` pairs the
-    two runs over the same episodes with a paired t-interval."""
-    def settings(lr: float) -> str:
-        return (f"+finetune.fewtrans_episodic={{methods: [text_ft], lr_factors: [1.0], epoch_offset: 0, "
-                f"text_ft: {{lr: {lr}, epochs: 2}}}}")
-
-    try:
-        for name, lr in (("fta", 0.001), ("ftb", 0.01)):
-            done = run(demo, *DVC, "exp", "run", "-n", name, "-S", "suite.finetune=[shapes]",
-                       "-S", "finetune.method=fewtrans_episodic", "-S", settings(lr))
-            assert "Running stage 'finetune@shapes'" in done.stdout
-        metrics = json.loads((demo / "reports/metrics.json").read_text())
-        assert 0 <= metrics["finetune"]["shapes"]["fewtrans/base/text_ft"] <= 1
-        assert "Fine-tuning (ELEVATER full fine-tuning" in (demo / "reports/index.html").read_text()
-        data = json.loads(vlbench(demo, "compare", "fta", "ftb", "--json").stdout)
-        d = rows(data)[("finetune", "shapes", "fewtrans/base/text_ft")]["differences"][0]
-        assert (d["paired"], d["unit"], d["test"], d["n"]) == (True, "episode", "t", 2), d
-        episodes = pq.read_table(demo / "reports/finetune/shapes.episodes.parquet").to_pylist()
-        assert sorted(r["episode"] for r in episodes if r["split"] == "base") == [0, 1]
-    finally:
-        restore(demo)
-
-
-# -------------------------------------------------------------------------------------------- your own data
-
-
-def test_your_own_data_runs_as_an_experiment_and_compares(demo, tmp_path):
-    """README and docs/own-data.md: `vlbench data-root`, entries pets and xray and a suite (those of
-    tests/test_byo_pipeline.py, which tests the data's edge cases), `dvc exp run -S suite=<it>`, then `vlbench
-    compare` against the demo run."""
-    own_data(tmp_path / "data")
-    try:
-        vlbench(demo, "data-root", str(tmp_path / "data"))
-        (demo / "conf/dataset/pets.yaml").write_text(PETS)
-        (demo / "conf/dataset/xray.yaml").write_text(XRAY)
-        (demo / "conf/suite/byo.yaml").write_text(SUITE)  # the README's conf/suite/mydata.yaml, smaller
-        run(demo, *DVC, "exp", "run", "-n", "mine", "-S", "suite=byo")
-        data = json.loads(vlbench(demo, "compare", "HEAD", "mine", "--json").stdout)
-    finally:
-        restore(demo)
-        (demo / "data/own").unlink(missing_ok=True)
-    found = rows(data)
-    pets = found[("zeroshot", "pets", "accuracy")]
-    assert list(pets["values"]) == ["mine"] and pets["differences"] == [] and pets["winner"] is None
-    both = found[("zeroshot", "shapes", "accuracy")]  # the demo's file, left in the workspace (docs/own-data.md)
-    assert set(both["values"]) == {"HEAD", "mine"}
-
-
-# ---------------------------------------------------------------------------------------------- fine-tuning
-# docs/fine-tuning.md's flow (issue 30 defects 2 and 5) on a copy of the session's smoke run of its own (the smoke
-# suite, a 3-step toy: tests/conftest.py, `smoke_run`): `dvc exp run` there changes the
-# workspace, which the `demo` fixture's other flows read. First the fine-tuned model's entry before its weights exist,
-# then the fine-tuning command itself, with a search grid in which some candidates diverge, as the demo's does.
-MODEL_NEEDS = "dvc exp run -S model=toy -S 'suite.finetune=[shapes]' -S finetune.method=elevater_full"
-# docs/fine-tuning.md's command with a miniature search: one learning rate (0.01) over ELEVATER's weight-decay
-# grid, whose candidates at weight decay 1e4 and 1e6 multiply the weights by -100 and more per step and so diverge
-# within their 2 epochs; the final run (on the 1e-6 .. 1e2 side the search prefers) completes.
-FINETUNE_MINIATURE = ["-S", "+finetune.elevater_full.shots=[4]", "-S", "+finetune.elevater_full.seeds=[0]",
-             "-S", "+adapt.elevater.lr_grid.log_lower=-2", "-S", "+adapt.elevater.lr_grid.log_upper=-2",
-             "-S", "+adapt.elevater.lr_grid.num=1", "-S", "+adapt.elevater.search_epochs=2",
-             "-S", "+adapt.elevater.final_epochs=1", "-S", "+adapt.elevater.batch_size=4"]
-
-
-def test_readme_finetune_flow_on_the_pipeline(smoke_run, tmp_path):
-    repo = smoke_run(tmp_path / "repo")
-    # `vlbench models` says what a fine-tuned entry needs; selecting it before that run is one line naming both
-    listed = {line.split()[0]: line for line in run(repo, *VLBENCH, "models").stdout.splitlines()}
-    assert f"needs `{MODEL_NEEDS}` (not made yet)" in listed["toy-elevater-shapes"]
-    failed = run(repo, *DVC, "exp", "run", "-S", "model=toy-elevater-shapes", check=False)
-    assert failed.returncode != 0 and "Running stage" not in failed.stdout  # refused at composition, nothing ran
-    error = [line for line in (failed.stdout + failed.stderr).splitlines() if "ERROR" in line]
-    assert len(error) == 1 and "No such file or directory" not in error[0], failed.stderr
-    assert ("model 'toy-elevater-shapes' needs data/finetuned/shapes/elevater_full/checkpoint.pt, which is not there: "
-            f"it is made by fine-tuning 'toy' on 'shapes' with elevater_full: `{MODEL_NEEDS}`") in error[0]
-
-    # docs/fine-tuning.md's fine-tuning command: some search candidates diverge, the stage completes
-    done = run(repo, *DVC, "exp", "run", "-S", "suite.finetune=[shapes]", "-S", "finetune.method=elevater_full",
-               *FINETUNE_MINIATURE)
-    assert "Running stage 'finetune@shapes'" in done.stdout and "a failed search run (score 0)" in done.stdout
-    out = repo / "data/finetuned/shapes/elevater_full"
-    fingerprint = json.loads((out / "fingerprint.json").read_text())
-    assert (out / "checkpoint.pt").is_file() and fingerprint["weights_sha256"]
-    assert fingerprint["base"]["model"] == "toy-smoke" and fingerprint["method"] == "elevater_full"
-    result = json.loads((repo / "reports/finetune/shapes.json").read_text())
-    assert result["fingerprint"]["finetuned"]["id"] == fingerprint["id"]
-    assert 0 <= result["metrics"]["elevater_full/language_2p/4/last"] <= 1
-    search = pq.read_table(repo / "reports/finetune/shapes.search.parquet").to_pylist()
-    failed_runs = [r for r in search if r["status"] == "diverged"]
-    assert failed_runs and {r["wd"] for r in failed_runs} >= {1e6} and all(r["val_score"] == 0 for r in failed_runs)
-    assert result["details"]["runs"][0]["search_diverged"] == len(failed_runs)
-    chosen = result["details"]["runs"][0]["chosen"]
-    assert next(r for r in search if r["wd"] == chosen["wd"])["status"] == "ok" and chosen["val_score"] > 0
-    # fine-tuning is a row of the analyses table: its numbers, headline, chart and section reach the report
-    metrics = json.loads((repo / "reports/metrics.json").read_text())
-    assert metrics["finetune"]["shapes"] == {k: v for k, v in result["metrics"].items()}
-    headline = json.loads((repo / "reports/headline.json").read_text())
-    assert headline["finetune"]["shapes"] == {"elevater_full/language_2p/4/last":
-                                              result["metrics"]["elevater_full/language_2p/4/last"]}
-    assert (repo / "reports/plots/finetune_shapes.svg").read_bytes() == \
-        (repo / "reports/finetune/shapes.svg").read_bytes()
-    assert "Fine-tuning (ELEVATER full fine-tuning" in (repo / "reports/index.html").read_text()
