@@ -168,6 +168,16 @@ def dataset_entry(name: str, **prepare) -> dict:
     return entry
 
 
+def replace_lines(repo: Path, files: dict[str, dict[str, str]]) -> None:
+    """In each of `files` (a path in `repo`: {line: its replacement}), each line, found exactly once, replaced."""
+    for name, lines in files.items():
+        text = (repo / name).read_text()
+        for line, replacement in lines.items():
+            assert text.count(line) == 1, f"{name}: {line!r} not found once"
+            text = text.replace(line, replacement)
+        (repo / name).write_text(text)
+
+
 def make_flows_demo(repo: Path) -> Path:
     """The README flows' miniature demo in `repo`, a copy of the smoke run (its toy model, features and results are
     reused): FLOWS_SUITE and MINIATURE, `dvc repro`, committed (HEAD~1); then docs/pipeline.md's `dvc exp run -n a -S
@@ -177,12 +187,7 @@ def make_flows_demo(repo: Path) -> Path:
                                          "captions": dataset_entry("captions", splits={"test": 24}),
                                          "compositional": dataset_entry("compositional", size=12)}}
     write_suite(repo, suite)
-    for name, lines in MINIATURE.items():
-        text = (repo / name).read_text()
-        for line, miniature in lines.items():
-            assert text.count(line) == 1, f"{name}: {line!r} not found once"
-            text = text.replace(line, miniature)
-        (repo / name).write_text(text)
+    replace_lines(repo, MINIATURE)
     config = (repo / "conf/config.yaml").read_text()
     dvc = (sys.executable, "-m", "dvc")
     run(repo, sys.executable, "-m", "vlbench.cli", "compose")

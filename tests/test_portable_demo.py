@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.pipeline_repo import MINIATURE, dataset_entry, make_repo, run, synthetic_entry, write_suite
+from tests.pipeline_repo import MINIATURE, dataset_entry, make_repo, replace_lines, run, synthetic_entry, write_suite
 from tests.test_portable import CHOICES
 from vlbench import portable
 
@@ -112,12 +112,7 @@ def miniature_demo(dest: Path) -> Path:
     """A copy of this repository with SUITE and SETTINGS, reproduced under this machine's own settings."""
     repo = make_repo(dest)
     write_suite(repo, SUITE)
-    for name, lines in SETTINGS.items():
-        text = (repo / name).read_text()
-        for line, miniature in lines.items():
-            assert text.count(line) == 1, f"{name}: {line!r} not found once"
-            text = text.replace(line, miniature)
-        (repo / name).write_text(text)
+    replace_lines(repo, SETTINGS)
     run(repo, sys.executable, "-m", "vlbench.cli", "compose")
     run(repo, *unset_portable(), *DVC, "repro")
     return repo
