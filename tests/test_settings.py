@@ -28,8 +28,8 @@ MODELS = ["toy", "toy-wide", "vitb16", "siglip2-vitb16", "rn50"]
 
 def test_the_demo_reads_the_settings_the_full_composition_gave(monkeypatch):
     """tests/data/params_before_settings.yaml is the demo's params.yaml before issue 32 (every section composed; plus
-    issue 34's `suite.heldout` and `finetune.heldout`, and issue 43's `embed.bf16_weights`, added since): the stages
-    now read the same settings, key for key, from the committed params.yaml and conf/settings/."""
+    issue 34's `suite.heldout` and `finetune.heldout`, issue 43's `embed.bf16_weights` and issue 40's key per dataset in
+    `suite.entries`, added since): the stages now read the same settings, key for key, from the committed params.yaml and conf/settings/."""
     monkeypatch.chdir(ROOT)
     before = yaml.safe_load((ROOT / "tests/data/params_before_settings.yaml").read_text())
     params = load_params()
