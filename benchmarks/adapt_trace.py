@@ -34,9 +34,10 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 
 from vlbench.analyses.adapt import elevater  # noqa: E402
 from vlbench.analyses.base import Inputs  # noqa: E402
-from vlbench.config import features_dir, get, knowledge_dir, load_params, prepared_dir, texts_dir  # noqa: E402
 from vlbench.datasets.canonical import load_meta  # noqa: E402
 from vlbench.models.identity import model_identity  # noqa: E402
+from vlbench.params import get, load_params  # noqa: E402
+from vlbench.paths import features_dir, knowledge_dir, prepared_dir, texts_dir  # noqa: E402
 
 SKIP = {"empty", "empty_like", "new_empty", "empty_strided",  # uninitialised memory
         "__get__", "__set__", "size", "dim", "numel", "shape", "device", "dtype", "is_floating_point", "item", "tolist",

@@ -66,9 +66,10 @@ def prompt_features(loaded, meta, templates: list[str]):
 
 def main() -> None:
     from vlbench.analyses.adapt import fewtrans
-    from vlbench.config import dataset_entry, load_params
+    from vlbench.dataset_entries import dataset_entry
     from vlbench.datasets.canonical import load_meta
     from vlbench.models.loading import load_model
+    from vlbench.params import load_params
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="+", default=["count", "position"])

@@ -29,8 +29,8 @@ import open_clip
 import torch
 
 from vlbench.analyses.adapt import fewtrans as episodic
-from vlbench.config import load_params
 from vlbench.finetune import fewtrans as fft
+from vlbench.params import load_params
 
 
 def episode_cost(model_cfg, dataset: str, episodes_cfg, seed: int, methods: list[str], episodes: int,

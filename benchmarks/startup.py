@@ -1,5 +1,5 @@
 """Start-up of a model stage: a fresh process's imports and model load, as embed_images / embed_texts / embed_knowledge
-do before their first batch, with and without vlbench.lazy_imports (stages.common.import_model_libraries), alternated
+do before their first batch, with and without vlbench.lazy_imports (stages.model_libraries.import_model_libraries), alternated
 in one run on the same machine. Prints a Markdown table of median wall and CPU (user + sys) seconds and their ratio,
 and checks that both load the same model: the features of a fixed batch must be the same bytes.
 
@@ -33,7 +33,7 @@ def child(variant: str, arch: str, checkpoint: str) -> dict:
     start = time.perf_counter()
     sys.path.insert(0, str(ROOT))
     import stages  # noqa: F401  (portable settings, as in every stage)
-    from stages.common import import_model_libraries
+    from stages.model_libraries import import_model_libraries
 
     model = {"slug": "startup", "arch": arch, "pretrained": checkpoint, "precision": "fp32"}
     if variant == "deferred":

@@ -5,8 +5,8 @@ DVC composes params.yaml with Hydra before any stage runs, after loading Hydra p
 - /dataset@datasets.x: x`) composes, but puts a whole entry where dvc.yaml expects an input path, and DVC then stops
 with "Cannot interpolate data of type 'dict'". Here conf/ is read through the `vlbench://` config source, which is
 conf/'s own files with two additions: a file of the `suite` group is checked as it is loaded
-(`vlbench.config.check_suite_format`), so DVC stops with one line that names the suite file and shows the format; and
-its `entries` get a key for each of its datasets (`vlbench.config.with_every_entry`: `{}` where the suite changes
+(`vlbench.conf.check_suite_format`), so DVC stops with one line that names the suite file and shows the format; and
+its `entries` get a key for each of its datasets (`vlbench.conf.with_every_entry`: `{}` where the suite changes
 nothing), the params `suite.entries.<name>` that prepare@<name>, texts@<name> and knowledge@<name> depend on.
 `vlbench compose` does the same itself.
 """
@@ -27,7 +27,7 @@ class VlbenchSuiteSource(file_config_source.FileConfigSource):
         return "vlbench"
 
     def load_config(self, config_path: str):
-        from vlbench.config import check_suite_format, with_every_entry
+        from vlbench.conf import check_suite_format, with_every_entry
         from vlbench.errors import VlbenchError
 
         result = super().load_config(config_path)

@@ -7,6 +7,6 @@ from vlbench import portable
 
 # a stage process (`python -m stages.<stage>`), which runs one model at most, rather than a process that imported a
 # stage module after its libraries (a test): model stages then import their libraries for that model alone
-# (stages.common.import_model_libraries)
+# (stages.model_libraries.import_model_libraries)
 STAGE_PROCESS = not any(m in sys.modules for m in ("torch", "open_clip"))
 portable.apply()

@@ -3,16 +3,11 @@
 from stages.common import parser, run
 from vlbench.analyses import UnknownAnalysisError, analysis, load
 from vlbench.analyses.base import Inputs
-from vlbench.config import (
-    features_dir,
-    get,
-    knowledge_dir,
-    load_params,
-    prepared_dir,
-    texts_dir,
-)
+from vlbench.analyses.text_sets import check_text_sets
 from vlbench.datasets.canonical import load_meta
 from vlbench.models.identity import model_identity
+from vlbench.params import get, load_params
+from vlbench.paths import features_dir, knowledge_dir, prepared_dir, texts_dir
 from vlbench.results import write_result
 
 
@@ -21,6 +16,7 @@ def main() -> None:
     p.add_argument("--analysis", required=True, help="a name from vlbench.analyses.ANALYSES")
     args = p.parse_args()
     params = load_params(args.params)
+    check_text_sets(params, known_only=True)  # the text sets an analysis reads are made by the entries
     if analysis(args.analysis).module is None:  # it runs a model: vlbench.pipeline.COMMANDS names its stage
         raise UnknownAnalysisError(f"{args.analysis} runs in its own stage (stages.{args.analysis}), "
                                    "not in stages.analysis")

@@ -6,9 +6,6 @@ import argparse
 import os
 import sys
 
-import stages
-from vlbench import lazy_imports
-
 
 def parser(description: str, dataset: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
@@ -24,15 +21,6 @@ def add_engine(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default=None,
                    help="local or ray: where to embed: this process (local) or a Ray cluster ($VLBENCH_RAY_ADDRESS, else a local "
                         "Ray); default $VLBENCH_ENGINE, else local (docs/cluster.md)")
-
-
-def import_model_libraries(params: dict) -> None:
-    """In a stage process, import torchvision and open_clip for the params' model alone, before anything else imports
-    them: without torch._dynamo and the tower libraries the architecture does not build (vlbench.lazy_imports; about
-    half a model stage's start-up). Elsewhere (a test importing a stage module) nothing changes."""
-    arch = (params.get("model") or {}).get("arch")
-    if stages.STAGE_PROCESS and arch:
-        lazy_imports.import_for_model(str(arch))
 
 
 def use_download_settings(params: dict) -> None:

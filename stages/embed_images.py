@@ -3,8 +3,10 @@
 
 import json
 
-from stages.common import add_engine, import_model_libraries, parser, run
-from vlbench.config import features_dir, get, load_params, prepared_dir
+from stages.common import add_engine, parser, run
+from stages.model_libraries import import_model_libraries
+from vlbench.params import get, load_params
+from vlbench.paths import features_dir, prepared_dir
 
 
 def main() -> None:

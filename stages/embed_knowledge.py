@@ -1,8 +1,10 @@
 """embed_knowledge@<dataset>: text features of every knowledge text set for the params' model ->
 features/<model>/<dataset>/knowledge/ (a stage of its own: knowledge sets exist only for suite.knowledge)."""
 
-from stages.common import import_model_libraries, parser, run
-from vlbench.config import features_dir, get, knowledge_dir, load_params
+from stages.common import parser, run
+from stages.model_libraries import import_model_libraries
+from vlbench.params import get, load_params
+from vlbench.paths import features_dir, knowledge_dir
 
 
 def main() -> None:

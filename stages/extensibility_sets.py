@@ -7,9 +7,10 @@ otherwise the result's details.skipped_variants says which member lacks them."""
 from stages.common import parser, run
 from vlbench.analyses.base import Inputs
 from vlbench.analyses.extensibility import run_union, set_members
-from vlbench.config import features_dir, get, load_params, prepared_dir, texts_dir
 from vlbench.datasets.canonical import load_meta
 from vlbench.models.identity import model_identity
+from vlbench.params import get, load_params
+from vlbench.paths import features_dir, prepared_dir, texts_dir
 from vlbench.results import write_result
 
 

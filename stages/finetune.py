@@ -10,7 +10,7 @@ import pyarrow as pa
 import torch
 
 from stages.common import add_engine, parser, run
-from vlbench.config import check_suite_dataset, get, load_params, prepared_dir, texts_dir
+from vlbench.dataset_entries import check_suite_dataset
 from vlbench.datasets.canonical import load_meta
 from vlbench.finetune.registry import METHODS, TABLES, method
 from vlbench.finetune.artifacts import finetuned_dir, make_fingerprint, write_finetuned
@@ -18,6 +18,8 @@ from vlbench.finetune.common import Job, Runtime
 from vlbench.io import atomic_path
 from vlbench.models.identity import model_identity
 from vlbench.models.loading import validate_model_config
+from vlbench.params import get, load_params
+from vlbench.paths import prepared_dir, texts_dir
 from vlbench.report.plots import render_svg
 from vlbench.results import Result, result_path, write_result
 from vlbench.texts import read_text_set

@@ -8,9 +8,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from stages.common import add_engine, parser, run
-from vlbench.config import check_suite_dataset, get, load_params, prepared_dir, texts_dir
+from vlbench.dataset_entries import check_suite_dataset
 from vlbench.finetune import FinetuneError
 from vlbench.io import atomic_path, write_json
+from vlbench.params import get, load_params
+from vlbench.paths import prepared_dir, texts_dir
 from vlbench.results import write_run_facts
 
 REPORTS, UNITS = Path("reports/heldout"), Path("data/heldout")

@@ -4,11 +4,13 @@ download layer), and the LLM answers in data/llm/<dataset>.jsonl (kept across ru
 asked for; the endpoint is asked only for answers it lacks)."""
 
 from stages.common import parser, run, use_download_settings
-from vlbench.config import dataset_entry, get, knowledge_dir, llm_answers_path, load_params, prepared_dir
+from vlbench.dataset_entries import dataset_entry
 from vlbench.datasets.canonical import load_meta
 from vlbench.io import write_json
 from vlbench.knowledge.llm import AnswerCache
 from vlbench.knowledge.variants import build_knowledge, knowledge_options
+from vlbench.params import get, load_params
+from vlbench.paths import knowledge_dir, llm_answers_path, prepared_dir
 from vlbench.texts import entry_templates, write_text_sets
 
 

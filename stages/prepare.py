@@ -1,8 +1,11 @@
 """prepare@<dataset>: build or convert one dataset into data/prepared/<dataset>/ (canonical format)."""
 
 from stages.common import parser, run, use_download_settings
-from vlbench.config import check_data_root, dataset_entry, load_params, prepared_dir
+from vlbench.data_root import check_data_root
+from vlbench.dataset_entries import dataset_entry
 from vlbench.datasets.registry import check_input, prepare_dataset
+from vlbench.params import load_params
+from vlbench.paths import prepared_dir
 
 
 def main() -> None:

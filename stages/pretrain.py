@@ -13,8 +13,9 @@ import tempfile
 from pathlib import Path
 
 from stages.common import parser, run
-from vlbench.config import get, load_params, model_dir
 from vlbench.datasets.registry import prepare_dataset
+from vlbench.params import get, load_params
+from vlbench.paths import model_dir
 
 CORPUS_PREFIX = ".corpus-"  # the temporary folder the corpus is built in, beside the outputs
 

@@ -4,7 +4,7 @@
 import json
 
 from stages.common import parser, run
-from vlbench.config import load_params
+from vlbench.params import load_params
 from vlbench.report.aggregate import INDEX_FILE, declared_metrics, report_datasets, write_report
 from vlbench.results import REFERENCE_FILE
 

@@ -10,18 +10,13 @@ import pyarrow.parquet as pq
 
 from stages.common import parser, run
 from vlbench.analyses.base import Inputs
-from vlbench.config import (
-    ParamsError,
-    dataset_entry,
-    features_dir,
-    get,
-    load_params,
-    prepared_dir,
-    texts_dir,
-)
+from vlbench.analyses.text_sets import check_text_sets
+from vlbench.dataset_entries import dataset_entry
 from vlbench.datasets.canonical import load_meta
 from vlbench.knowledge import repe
 from vlbench.models.identity import model_identity
+from vlbench.params import ParamsError, get, load_params
+from vlbench.paths import features_dir, prepared_dir, texts_dir
 from vlbench.results import Result, write_result
 from vlbench.texts import text_set_names
 
@@ -42,6 +37,7 @@ def main() -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda: where FAISS builds and searches the index")
     args = p.parse_args()
     params = load_params(args.params)
+    check_text_sets(params, known_only=True)  # `retrieve.prompts` is made by the entry
     cfg = repe.parse_config(get(params, "retrieve", dict))
     try:
         dataset_entry(params, cfg.corpus)

@@ -5,7 +5,9 @@ source's, byte for byte (checked), so the model ran on them once, in embed_image
 import json
 
 from stages.common import parser, run
-from vlbench.config import check_suite_dataset, features_dir, get, load_params, prepared_dir
+from vlbench.dataset_entries import check_suite_dataset
+from vlbench.params import get, load_params
+from vlbench.paths import features_dir, prepared_dir
 from vlbench.share import share_image_features
 
 

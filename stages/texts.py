@@ -1,11 +1,13 @@
 """texts@<dataset>: the dataset's text sets (class prompts, captions, ...) -> data/texts/<dataset>/ (no model)."""
 
 from stages.common import parser, run
-from vlbench.config import dataset_entry, load_params, prepared_dir, texts_dir
+from vlbench.dataset_entries import dataset_entry
 from vlbench.datasets.canonical import load_meta
 from vlbench.knowledge.coarse_texts import coarse_text_sets
 from vlbench.knowledge.negatives import specificity_text_sets
 from vlbench.knowledge.vocabulary import vocabulary_text_sets
+from vlbench.params import load_params
+from vlbench.paths import prepared_dir, texts_dir
 from vlbench.texts import build_text_sets, write_text_sets
 
 

@@ -6,7 +6,7 @@ load Vega from a CDN).
 """
 
 from stages.common import parser, run
-from vlbench.config import model_dir
+from vlbench.paths import model_dir
 from vlbench.report.plots import TRAIN_LOG_PLOT, write_train_log_plot
 
 

@@ -6,16 +6,11 @@ import yaml
 from click.testing import CliRunner
 
 from vlbench.cli import main as cli
-from vlbench.config import (
-    ParamsError,
-    available,
-    compose,
-    dataset_entry,
-    dataset_spec,
-    get,
-    load_params,
-)
-from vlbench.config import missing_finetuned
+from vlbench.compose import compose
+from vlbench.conf import available
+from vlbench.dataset_entries import dataset_entry, dataset_spec
+from vlbench.models.finetuned import missing_finetuned
+from vlbench.params import ParamsError, get, load_params
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,7 +91,7 @@ def test_cli_lists_models_and_refuses_unknown_slugs(tmp_path):
 
 @pytest.mark.parametrize("key", ["/tmp/victim", "../up", "a/b", "", ".hidden", "sp ace", None])
 def test_names_that_would_leave_their_folder_are_refused(key):
-    from vlbench.config import features_dir, prepared_dir
+    from vlbench.paths import features_dir, prepared_dir
 
     with pytest.raises(ParamsError, match="is not allowed: use letters, digits"):
         prepared_dir(key)
@@ -107,7 +102,7 @@ def test_names_that_would_leave_their_folder_are_refused(key):
 
 
 def test_output_paths_stay_inside_the_project(tmp_path, monkeypatch):
-    from vlbench.config import prepared_dir
+    from vlbench.paths import prepared_dir
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").symlink_to(tmp_path.parent)  # a link that would carry outputs elsewhere
@@ -340,7 +335,7 @@ def test_the_text_set_defaults_compose_assumes_are_the_analyses_own():
     kept a third copy of 7 of them), the analyses' own defaults."""
     from vlbench.analyses.adapt.fewtrans import DEFAULTS as FEWTRANS
     from vlbench.analyses.retrieval import DEFAULTS as RETRIEVAL
-    from vlbench.config import text_set_needs
+    from vlbench.analyses.text_sets import text_set_needs
     from vlbench.texts import CAPTION_PROMPT_SET
 
     assert RETRIEVAL["text_set"] == CAPTION_PROMPT_SET and FEWTRANS["text_set"] == "prompts"

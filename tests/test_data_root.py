@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from vlbench.cli import main
-from vlbench.config import ParamsError, check_data_root
+from vlbench.data_root import check_data_root
+from vlbench.params import ParamsError
 
 
 @pytest.fixture

@@ -262,7 +262,7 @@ def test_dali_on_the_cpu_gives_torchvisions_sizes_crops_and_nearly_its_pixels(lo
 
 def test_the_stage_reads_bf16_weights_from_the_settings_and_refuses_a_non_boolean(monkeypatch):
     from stages.embed_images import bf16_weights
-    from vlbench.config import ParamsError, load_params
+    from vlbench.params import ParamsError, load_params
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     assert bf16_weights(load_params()) is False  # conf/settings/embed.yaml's default, in this checkout

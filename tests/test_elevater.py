@@ -102,9 +102,9 @@ def test_registry_entries_carry_the_data_files_templates_and_settings():
         assert entry["input"] == "vlbench/datasets/data/elevater.json"
         assert entry["texts"]["templates"] == elevater.templates(name), name
         assert entry["prepare"].get("preprocess", "default") == ("squash" if name == "kitti-distance" else "default")
-    from vlbench import config
+    from vlbench.compose import compose
 
-    composed = config.compose(["suite=elevater"])
+    composed = compose(["suite=elevater"])
     suite = composed["suite"]
     assert suite["slug"] == "elevater"
     assert suite["embed"] == suite["zeroshot"] == suite["adapt"] == list(EXPECTED)

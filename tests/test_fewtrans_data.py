@@ -405,8 +405,9 @@ def test_imagenet_sketch_split_under_the_suite_params_is_meta_datasets_712_288()
     """The suite's adapt params on ImageNet-Sketch's classes as the source names them: carnivore's 158 and device's 130
     classes (Meta-Dataset's ILSVRC validation and test splits) are novel."""
     from vlbench.analyses.adapt.fewtrans import episode_classes, settings
-    from vlbench.config import compose, effective
+    from vlbench.compose import compose
     from vlbench.datasets.canonical import DatasetMeta
+    from vlbench.params import effective
 
     wnids = sorted(row[1] for row in json.loads(REFERENCE.read_text()))
     meta = DatasetMeta("imagenet-sketch", "single-label", "accuracy", fewtrans.class_names("imagenet-sketch", "imagenet", wnids))

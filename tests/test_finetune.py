@@ -16,7 +16,7 @@ import yaml
 from tests.conftest import make_dataset, make_texts
 from vlbench.analyses import specificity
 from vlbench.analyses.base import Inputs
-from vlbench.config import ParamsError, compose
+from vlbench.compose import compose
 from vlbench.datasets.canonical import load_meta
 from vlbench.datasets.synthetic import build
 from vlbench.embed import embed_image_splits, embed_text_sets
@@ -29,6 +29,7 @@ from vlbench.knowledge.negatives import specificity_text_sets
 from vlbench.models import register_local_configs
 from vlbench.models.identity import FinetunedModelError, model_identity
 from vlbench.models.loading import load_model
+from vlbench.params import ParamsError
 from vlbench.texts import build_text_sets, write_text_sets
 
 ADAPT = {"elevater": {"shots": [2], "seeds": [0], "batch_size": 8, "search_epochs": 1, "final_epochs": 2,

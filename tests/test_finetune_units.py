@@ -422,7 +422,7 @@ def test_the_heldout_stage_writes_the_centres_and_a_rerun_computes_nothing(world
 
     import yaml
 
-    from vlbench.config import compose
+    from vlbench.compose import compose
 
     shutil.copytree(world["prepared"], tmp_path / "data" / "prepared" / "hues")
     shutil.copytree(world["texts"].parent, tmp_path / "data" / "texts" / "hues")

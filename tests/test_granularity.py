@@ -366,7 +366,7 @@ def test_run_on_the_dag(tmp_path, wn, monkeypatch):
 
 
 def test_params_are_checked():
-    from vlbench.config import ParamsError
+    from vlbench.params import ParamsError
 
     with pytest.raises(ParamsError, match="granularity.mode 'graph' is not one of"):
         g.check_cfg({"mode": "graph"})

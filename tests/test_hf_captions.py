@@ -15,7 +15,8 @@ import yaml
 from tests.archives import CONF, sha256
 from tests.http_server import point_branch, serve
 from tests.wds_shards import REVISION, entry, png, write_hf_captions
-from vlbench.config import compose, dataset_entry
+from vlbench.compose import compose
+from vlbench.dataset_entries import dataset_entry
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.datasets.download import ChecksumError
 from vlbench.datasets.hf_captions import catalogue_row

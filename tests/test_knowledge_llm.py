@@ -18,12 +18,12 @@ from tests.llm_server import answer, serve_llm
 from tests.test_knowledge_variants import shapes_meta
 from vlbench.analyses import zeroshot
 from vlbench.analyses.base import Inputs
-from vlbench.config import ParamsError
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta
 from vlbench.features import embedding_array, features_schema, write_table
 from vlbench.knowledge import demo, llm
 from vlbench.knowledge.llm import AnswerCache, Endpoint, LLMError, generate, plan_for, requests_for
 from vlbench.knowledge.variants import DEFAULT_VARIANTS, VARIANTS, build_knowledge, knowledge_options
+from vlbench.params import ParamsError
 from vlbench.wordnet import load_wordnet
 from vlbench.texts import write_text_sets
 

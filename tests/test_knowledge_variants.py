@@ -20,9 +20,9 @@ from tests.test_knowledge_sources import (
 )
 from vlbench.analyses import zeroshot, zeroshot_classifier
 from vlbench.analyses.base import Inputs
-from vlbench.config import ParamsError
 from vlbench.datasets import synthetic
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta
+from vlbench.params import ParamsError
 from vlbench.features import (
     StaleFeaturesError,
     embedding_array,

@@ -37,7 +37,7 @@ def test_a_model_stage_loads_the_same_model_without_dynamo_timm_or_transformers(
 
 def test_what_was_deferred_is_the_real_module_at_its_first_use():
     code = """import stages, sys
-from stages.common import import_model_libraries
+from stages.model_libraries import import_model_libraries
 import_model_libraries({"model": {"arch": "vlbench-toy"}})
 import torchvision, timm, torch._dynamo.utils
 roi_align = sys.modules["torchvision.ops.roi_align"]
@@ -51,7 +51,7 @@ def test_an_architecture_with_a_timm_tower_builds_it():
     """timm's own import of torch._dynamo (its `torch.compiler.disable` decorators) gets the real module, not the
     stand-in torchvision loaded with: a timm tower builds, transformers is left out of open_clip alone."""
     code = """import stages, sys
-from stages.common import import_model_libraries
+from stages.model_libraries import import_model_libraries
 import_model_libraries({"model": {"arch": "convnext_tiny"}})
 import open_clip
 model = open_clip.create_model("convnext_tiny", pretrained=None)
@@ -62,7 +62,7 @@ print(type(model.visual).__name__, open_clip.hf_model.transformers, "torch._dyna
 
 def test_a_process_that_loaded_torch_before_the_stages_keeps_every_library():
     code = """import torch, stages
-from stages.common import import_model_libraries
+from stages.model_libraries import import_model_libraries
 import_model_libraries({"model": {"arch": "vlbench-toy"}})
 import open_clip
 print(stages.STAGE_PROCESS, open_clip.timm_model.timm is not None, open_clip.hf_model.transformers is not None)"""

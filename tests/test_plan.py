@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from tests.pipeline_repo import make_repo, run
 from vlbench.cli import main as cli
-from vlbench.config import compose, dataset_entry
+from vlbench.compose import compose
+from vlbench.dataset_entries import dataset_entry
 from vlbench.datasets.registry import describe
 from vlbench.models import rates
 from vlbench.plan import estimate, make_plan, summary

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.test_finetune_units import write_world
-from vlbench.config import compose
+from vlbench.compose import compose
 from vlbench.finetune import fewtrans as fft
 from vlbench.models import rates
 from vlbench.plan import finetune_plan

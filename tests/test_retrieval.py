@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from vlbench.analyses.zeroshot_classifier import class_weights
-from vlbench.config import ParamsError
 from vlbench.features import StaleFeaturesError
 from vlbench.knowledge import repe as rt
+from vlbench.params import ParamsError
 
 DVC = (sys.executable, "-m", "dvc")
 ROOT = Path(__file__).resolve().parent.parent
@@ -298,15 +298,17 @@ def test_the_default_prompt_set_leaves_the_fingerprint_as_it_was_before_the_para
 def test_the_openness_suite_runs_repe_on_the_single_prompt_over_coco_captions():
     """The paper's REPE mixes into the single prompt (its Table 9 against Table 1's CLIP rows); the corpus is COCO's
     captions, not the paper's CC12M (the results say so in details.repe); the code's ensemble is an override."""
-    from vlbench import config
+    from vlbench.compose import compose
+    from vlbench.dataset_entries import dataset_entry
+    from vlbench.params import effective
 
-    params = config.effective(config.compose(["suite=openness"]))  # the settings the stages read
+    params = effective(compose(["suite=openness"]))  # the settings the stages read
     suite, cfg = params["suite"], rt.parse_config(params["retrieve"])
     assert (cfg.corpus, cfg.split, cfg.captions, cfg.prompts) == ("coco-2017-val", "val", "captions", "prompts_single")
-    code = rt.parse_config(config.compose(["suite=openness", "retrieve.prompts=prompts_ensemble"])["retrieve"])
+    code = rt.parse_config(compose(["suite=openness", "retrieve.prompts=prompts_ensemble"])["retrieve"])
     assert code.prompts == "prompts_ensemble"
     assert cfg.corpus in suite["embed"] and cfg.corpus not in suite["zeroshot"] and cfg.corpus in suite["datasets"]
-    entries = {name: config.dataset_entry(params, name) for name in suite["datasets"]}
+    entries = {name: dataset_entry(params, name) for name in suite["datasets"]}
     assert cfg.split in entries[cfg.corpus]["prepare"]["splits"]
     assert entries[cfg.corpus]["texts"]["specificity"] is None  # the suite's override: no altered captions to embed
     members = {d for ds in suite["extensibility_sets"].values() for d in ds}
@@ -487,7 +489,7 @@ def test_naming_the_default_set_explicitly_gives_byte_identical_weights(retrieve
 def test_a_missing_prompt_set_stops_the_stage_with_one_line(retrieved, tmp_path):
     _, proc = run_stage_with(retrieved, tmp_path / "repo", prompts="prompts_single")
     assert proc.returncode == 2
-    # checked when the stage loads its params (vlbench.config.check_text_sets), before anything is read
+    # checked when the stage loads its params (vlbench.analyses.text_sets.check_text_sets), before anything is read
     assert proc.stderr.strip() == (
         "error: suite 'smoke': retrieve on dataset 'shapes' needs text set 'prompts_single', which "
         "conf/dataset/shapes.yaml does not make: add `prompt_sets: {single: [...]}` under its `texts` (or the suite's "

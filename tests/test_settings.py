@@ -1,6 +1,6 @@
 """Issue 32: each settings section's defaults live in conf/settings/<section>.yaml, which Hydra does not compose, so
 params.yaml (and `dvc exp show`, a column per leaf) holds only what conf/config.yaml keeps, a suite sets or a `-S`
-override adds; the stages read the effective settings (`vlbench.config.effective`), exactly what the full composition
+override adds; the stages read the effective settings (`vlbench.params.effective`), exactly what the full composition
 gave before."""
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from omegaconf import OmegaConf
 
 from vlbench.analyses import ANALYSES
 from vlbench.cli import main as cli
-from vlbench.config import ParamsError, available, compose, effective, load_params, section_defaults
+from vlbench.compose import compose
+from vlbench.conf import available
+from vlbench.params import ParamsError, effective, load_params, section_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ROOT / "conf/settings"
@@ -223,10 +225,10 @@ def default_copies(root: Path, conf: Path) -> list[str]:
 
 def test_no_module_keeps_a_second_copy_of_a_sections_defaults():
     """Every default is written once, in conf/settings/<section>.yaml (or conf/config.yaml for the keys it keeps);
-    module code reads it with vlbench.config.defaults (issue 40: 81 defaults of 6 sections had a second copy in a
+    module code reads it with vlbench.params.defaults (issue 40: 81 defaults of 6 sections had a second copy in a
     module dict, and three disagreed)."""
     copies = default_copies(ROOT, ROOT / "conf")
-    assert not copies, "defaults written twice (read them with vlbench.config.defaults): " + "; ".join(copies)
+    assert not copies, "defaults written twice (read them with vlbench.params.defaults): " + "; ".join(copies)
 
 
 def test_the_copy_finder_finds_a_dict_and_a_dataclass_copy(tmp_path):
@@ -247,7 +249,7 @@ def test_module_defaults_are_the_settings_files():
     """The three defaults that disagreed (issue 40) are the settings files' (the demo's, which its numbers use)."""
     from vlbench.analyses.adapt import elevater, vtab
     from vlbench.analyses.retrieval import DEFAULTS as RETRIEVAL
-    from vlbench.config import defaults
+    from vlbench.params import defaults
 
     adapt = yaml.safe_load((SETTINGS / "adapt.yaml").read_text())
     assert RETRIEVAL["dataset_text_sets"] == {"captions": "captions"} == defaults("retrieval.dataset_text_sets")
@@ -265,7 +267,7 @@ def test_an_installed_package_reads_the_defaults_of_the_project_it_runs_in(tmp_p
     site, project = tmp_path / "site", tmp_path / "project"
     shutil.copytree(ROOT / "vlbench", site / "vlbench", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "conf", project / "conf")
-    code = "from vlbench import config; print(config.defaults_conf()); print(config.defaults('adapt.elevater.heads'))"
+    code = "from vlbench import params; print(params.defaults_conf()); print(params.defaults('adapt.elevater.heads'))"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True, check=True)
     expected = yaml.safe_load((SETTINGS / "adapt.yaml").read_text())["elevater"]["heads"]

@@ -15,8 +15,8 @@ import yaml
 
 from tests.conftest import COLORS, png
 from tests.pipeline_repo import run
-from vlbench.config import ParamsError, check_suite
 from vlbench.features import read_features
+from vlbench.params import ParamsError, check_suite
 
 DVC = (sys.executable, "-m", "dvc")
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,14 +151,14 @@ def test_suite_rules_for_shared_images(changes, message):
 
 
 def test_a_suite_without_sharing_embeds_every_dataset():
-    from vlbench.config import compose
+    from vlbench.compose import compose
 
     params = compose([], ROOT / "conf")
     assert params["suite"]["embed_images"] == params["suite"]["embed"] and params["suite"]["share_images"] == {}
 
 
 def test_vtab_embeds_each_pair_of_tasks_once():
-    from vlbench.config import compose
+    from vlbench.compose import compose
 
     suite = compose(["suite=vtab"], ROOT / "conf")["suite"]
     assert suite["share_images"] == {"vtab-clevr_distance": "vtab-clevr_count",

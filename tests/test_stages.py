@@ -13,9 +13,9 @@ import yaml
 
 from vlbench import pipeline
 from vlbench.analyses import ANALYSES, load
-from vlbench.config import load_params
 from vlbench.datasets.registry import SOURCES
 from vlbench.finetune.registry import METHODS
+from vlbench.params import load_params
 from vlbench.report.registry import CHARTS, SUMMARIES
 
 ROOT = Path(__file__).resolve().parent.parent

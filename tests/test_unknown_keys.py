@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vlbench.config import ParamsError, compose, effective, load_params
+from vlbench.compose import compose
+from vlbench.params import ParamsError, effective, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -199,7 +199,7 @@ def test_entries_and_suite_are_what_the_tool_generates():
 
 
 def test_suite_composes_with_the_19_tasks_and_vtab_adaptation():
-    from vlbench.config import compose
+    from vlbench.compose import compose
 
     params = compose(["suite=vtab"])
     names = [f"vtab-{t}" for t in GROUPS]
@@ -242,8 +242,8 @@ def test_1k_splits_that_are_not_prefixes_are_refused(tmp_path, root, monkeypatch
 
 
 def test_entry_input_must_contain_the_tfds_root(task):
-    from vlbench.config import ParamsError
     from vlbench.datasets.registry import check_input
+    from vlbench.params import ParamsError
 
     check_input("vtab-mini", {"prepare": spec("data/tfds"), "input": "data/tfds"})
     with pytest.raises(ParamsError, match="does not contain 'data/tfds'"):

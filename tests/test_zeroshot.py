@@ -189,8 +189,8 @@ def test_run_records_the_scoring_and_refuses_an_unknown_one():
     from types import SimpleNamespace
 
     from vlbench.analyses.zeroshot import run
-    from vlbench.config import ParamsError
     from vlbench.features import Features
+    from vlbench.params import ParamsError
 
     text, text_emb = _two_class_texts()
     images = pa.table({"sample_id": list("ABCDE"), "labels": VOC_LABELS})

@@ -13,9 +13,9 @@ import pytest
 
 from vlbench.analyses import retrieval as r
 from vlbench.analyses.base import Inputs
-from vlbench.config import ParamsError
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta
 from vlbench.features import embedding_array, features_schema, write_table
+from vlbench.params import ParamsError
 from vlbench.stats import cluster_ratio_interval
 from vlbench.texts import read_text_set, text_table, write_text_sets
 

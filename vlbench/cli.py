@@ -14,15 +14,9 @@ import click
 import yaml
 
 from vlbench.compare_runs import compare, format_table, open_revision, write_page
-from vlbench.config import (
-    OWN_DATA,
-    available,
-    compose,
-    conf_dir,
-    finetune_command,
-    link_data_root,
-    missing_finetuned,
-)
+from vlbench.compose import compose
+from vlbench.conf import available
+from vlbench.data_root import link_data_root
 from vlbench.datasets.hub import lock_path, read_lock, repin
 from vlbench.datasets.leaves import dataset_leaves
 from vlbench.datasets.registry import catalogue, entries
@@ -31,6 +25,8 @@ from vlbench.io import atomic_path
 from vlbench.knowledge.coverage import coverage_report, format_report
 from vlbench.knowledge.hierarchy import build_hierarchy
 from vlbench.leaderboard import format_leaderboard
+from vlbench.models.finetuned import finetune_command, missing_finetuned
+from vlbench.params import OWN_DATA, conf_dir
 from vlbench.pipeline import refresh_dvc_yaml
 from vlbench.plan import make_plan, summary
 from vlbench.reference import load_tables

@@ -26,10 +26,11 @@ from typing import Any
 import yaml
 
 from vlbench.analyses import ANALYSES
-from vlbench.config import ParamsError, check_name, dataset_entry
+from vlbench.dataset_entries import dataset_entry
 from vlbench.datasets.registry import SOURCES
 from vlbench.errors import VlbenchError
 from vlbench.finetune.registry import METHODS, SECTIONS, TABLES
+from vlbench.params import ParamsError, check_name
 from vlbench.results import HEADLINE_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,10 +192,12 @@ def settings_file(section: str, root: Path = ROOT) -> list[str]:
 
 def code_stage() -> dict:
     """The fingerprints: the sources in; the suite's datasets (each one's source: its entry) decide which `prepare`
-    fingerprints there are and which source each holds."""
+    fingerprints there are and which source each holds. Its params: the whole suite, so that it is the first stage of
+    any run that changes the suite, and checks the text sets the suite's analyses need (stages/code.py) before anything
+    is embedded; a suite change that moves no fingerprint leaves its outputs, and so every other stage, as they were."""
     return {"cmd": "python -m stages.code",
             "deps": [*PROJECT_PACKAGES, "conf/dataset"],
-            "params": ["suite.datasets", "suite.entries"],
+            "params": ["suite"],
             "outs": [CODE_DIR.as_posix()]}
 
 
@@ -213,7 +216,7 @@ def analysis_stage(name: str, root: Path = ROOT) -> dict:
 def report_stage() -> dict:
     """Every analysis's result folder (each holds a .gitkeep, so it exists for any suite) in; the page and the
     aggregates out. Its params: the whole suite, so a misspelled suite key always reaches a stage's check of
-    params.yaml (vlbench.config.check_suite)."""
+    params.yaml (vlbench.params.check_suite)."""
     return {"cmd": "python -m stages.report",
             "deps": [code_file("report"), *(f"reports/{name}" for name in ANALYSES)],
             "params": ["suite"],

@@ -18,12 +18,14 @@ from typing import Any, Mapping
 
 import yaml
 
-from vlbench.config import PARAMS_FILE, dataset_entry, knowledge_dir, prepared_dir, texts_dir
+from vlbench.dataset_entries import dataset_entry
 from vlbench.datasets.canonical import load_meta, split_path
 from vlbench.datasets.registry import describe
 from vlbench.errors import VlbenchError
 from vlbench.models import rates
 from vlbench.models.timing import describe_device
+from vlbench.params import PARAMS_FILE
+from vlbench.paths import knowledge_dir, prepared_dir, texts_dir
 
 FINETUNE_STAGES = ("heldout", "finetune")  # stage groups whose training passes plan counts (vlbench/finetune/passes.py)
 DECODE_SAMPLE = 32  # images per prepared dataset decoded and preprocessed to measure the per-image CPU cost

@@ -30,9 +30,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlbench import __version__
-from vlbench.config import REPORTS, check_name
 from vlbench.errors import VlbenchError
 from vlbench.io import atomic_path, write_json
+from vlbench.params import check_name
+from vlbench.paths import REPORTS
 
 METRICS_FILE = REPORTS / "metrics.json"  # every number; `dvc metrics diff --targets reports/metrics.json`
 HEADLINE_FILE = REPORTS / "headline.json"  # one number per analysis and dataset: dvc.yaml's metrics (dvc exp show)

@@ -19,9 +19,10 @@ from typing import Any, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlbench.config import check_name, prepared_dir
 from vlbench.datasets.canonical import DatasetError, DatasetMeta, iter_batches, objective_classes, split_path
 from vlbench.io import atomic_dir
+from vlbench.params import check_name
+from vlbench.paths import prepared_dir
 
 OWNERS = ("class_index", "sample_id", "key")
 META_KEY = b"vlbench.text_set"

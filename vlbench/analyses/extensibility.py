@@ -34,10 +34,11 @@ import numpy as np
 
 from vlbench import expansion as ex
 from vlbench.analyses.zeroshot_classifier import class_weights, similarities
-from vlbench.config import check_name, check_suite_dataset, defaults, get
+from vlbench.dataset_entries import check_suite_dataset
 from vlbench.expansion import ExtensibilityError
 from vlbench.knowledge.repe import DEFAULT_PROMPTS, read_repe_class_weights, weights_path
 from vlbench.knowledge.vocabulary import PROMPT_SET_PREFIX, VOCABULARY_SET, related_words
+from vlbench.params import check_name, defaults, get
 from vlbench.results import Result
 from vlbench.texts import text_set_names
 

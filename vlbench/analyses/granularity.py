@@ -36,11 +36,11 @@ import numpy as np
 
 from vlbench.analyses.base import Result
 from vlbench.analyses.zeroshot_classifier import class_weights, l2_normalize, similarities, template_weights
-from vlbench.config import ParamsError
 from vlbench.datasets.wnids import HYPERNYM_GROUP, leaf_wnids
 from vlbench.errors import VlbenchError
 from vlbench.knowledge.hierarchy import build_hierarchy
 from vlbench.metrics import average_precision_per_class
+from vlbench.params import ParamsError
 from vlbench.texts import read_text_set, text_set_names
 
 HIERARCHY_SET = "hierarchy"  # vlbench.knowledge.coarse_texts.HIERARCHY_SET

@@ -39,8 +39,8 @@ import pyarrow as pa
 from vlbench.analyses.base import Result
 from vlbench.analyses.specificity import text_ids
 from vlbench.analyses.zeroshot_classifier import l2_normalize
-from vlbench.config import ParamsError, defaults
 from vlbench.errors import VlbenchError
+from vlbench.params import ParamsError, defaults
 from vlbench.stats import cluster_ratio_interval
 from vlbench.texts import read_text_set
 

@@ -25,9 +25,9 @@ import pyarrow as pa
 
 from vlbench.analyses.base import Inputs, Result
 from vlbench.analyses.zeroshot_classifier import template_weights, zeroshot_logits
-from vlbench.config import prepared_dir
 from vlbench.datasets.canonical import load_meta
 from vlbench.errors import VlbenchError
+from vlbench.paths import prepared_dir
 from vlbench.results import read_result
 from vlbench.stats import bootstrap_sample_metric
 

@@ -40,7 +40,7 @@ from vlbench.analyses.zeroshot_classifier import (
     template_weights,
     zeroshot_logits,
 )
-from vlbench.config import ParamsError
+from vlbench.params import ParamsError
 from vlbench.datasets.canonical import (
     ASSOCIATION_COLUMN,
     GROUP_COLUMN,

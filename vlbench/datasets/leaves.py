@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlbench.config import prepared_dir
 from vlbench.datasets.registry import leaf_classes
 from vlbench.datasets.wnids import HierarchyError, leaf_wnids
+from vlbench.paths import prepared_dir
 
 
 @dataclass(frozen=True)

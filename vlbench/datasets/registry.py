@@ -16,8 +16,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vlbench.config import ParamsError, compose, conf_dir, dataset_entry, load_entry, prepared_dir
+from vlbench.conf import compose_conf, with_every_entry
+from vlbench.dataset_entries import dataset_entry, load_entry
 from vlbench.datasets.canonical import DatasetError, DatasetMeta
+from vlbench.params import ParamsError, check_suite, conf_dir
+from vlbench.paths import prepared_dir
 
 SOURCES = {
     "synthetic": "vlbench.datasets.synthetic:build",
@@ -153,9 +156,11 @@ def entries(suite: str | None = None, config_dir: str | Path | None = None) -> d
     """{name: entry} of every registered dataset (conf/dataset/*.yaml), or of one suite."""
     from omegaconf import OmegaConf
 
-    if suite is not None:
-        params = compose([f"suite={suite}"], config_dir)
-        return {name: dataset_entry(params, name, config_dir) for name in params["suite"]["datasets"]}
+    if suite is not None:  # the suite as composed (vlbench.compose checks the rest of params.yaml)
+        chosen = compose_conf([f"suite={suite}"], config_dir, "suite")
+        chosen["entries"] = with_every_entry(chosen)
+        check_suite(chosen, config_dir)
+        return {name: dataset_entry({"suite": chosen}, name, config_dir) for name in chosen["datasets"]}
     files = sorted((conf_dir(config_dir) / "dataset").glob("*.yaml"))
     return {f.stem: OmegaConf.to_container(OmegaConf.load(f), resolve=True) for f in files}
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from vlbench import __version__
-from vlbench.config import check_name
 from vlbench.io import atomic_path, sha256_file, write_json
+from vlbench.params import check_name
 
 FINETUNED = Path("data/finetuned")
 CHECKPOINT, FINGERPRINT = "checkpoint.pt", "fingerprint.json"

@@ -32,11 +32,11 @@ import torch.nn.functional as F
 
 from vlbench.analyses import specificity, zeroshot
 from vlbench.analyses.base import Inputs
-from vlbench.config import defaults
 from vlbench.datasets.canonical import load_meta
 from vlbench.embed import embed_image_splits, embed_text_sets, model_for_dataset
 from vlbench.engines import engine
 from vlbench.finetune import FinetuneError
+from vlbench.params import defaults
 from vlbench.finetune.common import (
     Job,
     Loop,

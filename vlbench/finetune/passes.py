@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from vlbench.analyses.adapt import fewtrans as episodic
-from vlbench.config import prepared_dir
 from vlbench.errors import VlbenchError
 from vlbench.finetune import FinetuneError, heldout
 from vlbench.finetune import fewtrans as fft
 from vlbench.models import rates as model_rates
+from vlbench.paths import prepared_dir
 
 
 def supports(params: Mapping[str, Any], dataset: str,

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlbench.config import prepared_dir
 from vlbench.datasets.registry import SOURCES
+from vlbench.paths import prepared_dir
 from vlbench.knowledge.sources import (
     KnowledgeFile,
     KnowledgeTable,

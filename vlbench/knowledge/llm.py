@@ -50,9 +50,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from vlbench.config import ParamsError, defaults
 from vlbench.io import atomic_path
 from vlbench.knowledge.sources import DATA_DIR, KnowledgeError
+from vlbench.params import ParamsError, defaults
 
 ENV_URL, ENV_KEY, ENV_MODEL, ENV_TIMEOUT = ("VLBENCH_LLM_BASE_URL", "VLBENCH_LLM_API_KEY", "VLBENCH_LLM_MODEL",
                                            "VLBENCH_LLM_TIMEOUT")

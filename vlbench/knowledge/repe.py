@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from vlbench import portable
-from vlbench.config import NAME, ParamsError, defaults
 from vlbench.errors import VlbenchError
 from vlbench.features import StaleFeaturesError, embedding_array, features_schema, read_features
 from vlbench.io import atomic_dir
+from vlbench.params import NAME, ParamsError, defaults
 
 FILTERS = ("word", "exact_word", "substring")
 MODALITIES = ("image", "text")

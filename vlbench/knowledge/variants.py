@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlbench.config import ParamsError, defaults
+from vlbench.params import ParamsError, defaults
 from vlbench.knowledge.compose import (
     AGGREGATIONS,
     STYLES,

@@ -29,8 +29,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from vlbench.config import check_name
 from vlbench.datasets.canonical import DatasetError, DatasetMeta
+from vlbench.params import check_name
 from vlbench.texts import check_templates, entry_templates, prompts, resolve_templates, text_table
 
 VOCABULARY_SET = "vocabulary"

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from vlbench.config import FINETUNE_FINGERPRINT, FinetunedModelError, missing_finetuned
 from vlbench.io import sha256_file
+from vlbench.models.finetuned import FINETUNE_FINGERPRINT, FinetunedModelError, missing_finetuned
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
 HF_HUB_PREFIX = "hf-hub:"  # open_clip's schema: the arch is a hub repo with open_clip_config.json and weights

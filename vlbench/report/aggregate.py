@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from vlbench.analyses import ANALYSES
-from vlbench.config import dataset_entry, get
+from vlbench.dataset_entries import dataset_entry
 from vlbench.datasets.registry import declared_metric
 from vlbench.io import atomic_path, write_json
+from vlbench.params import get
 from vlbench.reference import load_tables
 from vlbench.reference.datacomp import DERIVED, cell_value
 from vlbench.reference.verdicts import reference_report

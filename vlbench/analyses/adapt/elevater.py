@@ -43,7 +43,7 @@ from vlbench.analyses.adapt.common import (
 from vlbench.analyses.adapt.common import device as pick_device
 from vlbench.analyses.zeroshot import label_matrix
 from vlbench.analyses.zeroshot_classifier import knowledge_variant, template_weights
-from vlbench.config import defaults
+from vlbench.params import defaults
 from vlbench.features import (
     PRE_PROJECTION,
     PROJECTION,

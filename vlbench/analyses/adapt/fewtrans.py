@@ -38,9 +38,9 @@ from vlbench.analyses.adapt import fewtrans_dag as dag
 from vlbench.analyses.adapt.common import AdaptError, ProtocolResult, cpu_threads, device as pick_device
 from vlbench.analyses.adapt.vtab import exp_shifted, flush_denormals
 from vlbench.analyses.zeroshot_classifier import l2_normalize, template_weights
-from vlbench.config import defaults
 from vlbench.datasets.registry import FEWTRANS_SPLITS
 from vlbench.metrics import mean_confidence_interval
+from vlbench.params import defaults
 from vlbench.stats import episodes_interval
 
 METHODS = ("zeroshot", "prototype", "linear")

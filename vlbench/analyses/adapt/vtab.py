@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from vlbench.analyses.adapt.common import AdaptError, ProtocolResult, cpu_threads, device as pick_device
 from vlbench.analyses.zeroshot_classifier import l2_normalize
-from vlbench.config import defaults
+from vlbench.params import defaults
 from vlbench.features import (
     PRE_PROJECTION,
     Features,
