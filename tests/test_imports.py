@@ -19,8 +19,10 @@ PACKAGES = ("vlbench", "stages")
 # longest name here that is it or a package above it; "vlbench" is the package's own __init__ only, so that a new
 # module of the package has no layer until it is given one.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("vlbench", "vlbench.errors", "vlbench.io", "vlbench.portable", "vlbench.config", "vlbench.adapters"),  # ground floor
-    ("vlbench.features", "vlbench.wordnet", "vlbench.expansion"),
+    ("vlbench", "vlbench.errors", "vlbench.io", "vlbench.portable", "vlbench.params", "vlbench.paths",
+     "vlbench.adapters"),  # ground floor
+    ("vlbench.features", "vlbench.wordnet", "vlbench.expansion", "vlbench.conf", "vlbench.dataset_entries",
+     "vlbench.data_root"),
     ("vlbench.datasets",),
     ("vlbench.texts", "vlbench.decoding", "vlbench.models", "vlbench.lazy_imports", "vlbench.results",
      "vlbench.metrics", "vlbench.stats"),
@@ -30,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("vlbench.reference",),
     ("vlbench.report",),
     ("vlbench.leaderboard", "vlbench.compare_runs"),
-    ("stages", "vlbench.pipeline", "vlbench.plan"),
+    ("stages", "vlbench.pipeline", "vlbench.plan", "vlbench.compose"),
     ("vlbench.cli",),
 )
 # a string that is a module's dotted name, with or without ":function" (a registry entry)

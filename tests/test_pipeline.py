@@ -229,7 +229,7 @@ def test_real_models_have_no_pretrain_stage(reproduced):
 # docs/architecture.md, "Edit this -> these stages rerun", on the smoke suite (shapes, hierarchy; toy-smoke)
 EVERY_STAGE = None  # all of them (but `code`)
 RERUNS = {
-    "vlbench/config.py": EVERY_STAGE,  # params I/O: every command reads params.yaml through it
+    "vlbench/params.py": EVERY_STAGE,  # the params reader: every command reads params.yaml through it
     "vlbench/datasets/coco.py": set(),  # a dataset source the suite does not use
     "vlbench/metrics.py": {"zeroshot@shapes", "zeroshot@hierarchy", "linear_probe@shapes", "report"},
     "vlbench/analyses/linear_probe.py": {"linear_probe@shapes"},  # one analysis: its stages

@@ -18,9 +18,11 @@ from vlbench.finetune.registry import METHODS
 from vlbench.params import load_params
 from vlbench.report.registry import CHARTS, SUMMARIES
 
+from tests.test_imports import LAYERS
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_STAGES = ("embed_images", "embed_texts", "pretrain", "finetune")  # the only stages that run a model
-STAGE_MODULES = sorted(p.stem for p in (ROOT / "stages").glob("*.py") if p.stem not in ("__init__", "common"))
+STAGE_MODULES = sorted(p.stem for p in (ROOT / "stages").glob("*.py") if p.stem not in ("__init__", "common", "model_libraries"))
 
 
 def dvc_stages() -> dict[str, dict]:
@@ -106,12 +108,26 @@ def test_a_fingerprint_changes_with_a_file_its_command_runs_only(tmp_path):
                           # import COCO's reader) corpus sources no demo stage uses
                           ("vlbench/models/toy.py", {f"pretrain/{s}" for s in SOURCES} | {"finetune/negclip"}),
                           ("vlbench/analyses/linear_probe.py", {"linear_probe"}),
+                          # the text sets the analyses need: the stages that check them (not prepare, texts, embedding)
+                          ("vlbench/analyses/text_sets.py", {*pipeline.by_analysis_stage(), "retrieve"}),
+                          ("vlbench/data_root.py", {f"prepare/{d}" for d in params["suite"]["datasets"]}),
                           ("vlbench/report/html.py", {"report"})):
         with (tmp_path / name).open("a") as f:
             f.write("\n# an edit\n")
         after = {name: pipeline.fingerprint(m, tmp_path) for name, m in modules.items()}
         assert {n for n in after if after[n] != before[n]} == changed, name
         before = after
+
+
+def test_only_the_ground_floor_is_in_every_stages_fingerprint():
+    """Issue 40: an edit to a module that every stage's command runs reruns the whole demo, so only the ground floor
+    (LAYERS[0]: errors, io, portable, the params reader and the output layout) and the stages' own runner
+    (stages/common.py) may be one; vlbench/config.py was, with its eight jobs, until it was split by job."""
+    every = set.intersection(*demo_fingerprints().values())
+    modules = {".".join(Path(f).with_suffix("").parts).removesuffix(".__init__") for f in every if f.endswith(".py")}
+    assert modules == {"vlbench", "vlbench.errors", "vlbench.io", "vlbench.portable", "vlbench.params", "vlbench.paths",
+                       "stages", "stages.common"}
+    assert {m for m in modules if not m.startswith("stages")} <= set(LAYERS[0])
 
 
 @pytest.mark.parametrize("stage", [m for m in STAGE_MODULES if m not in MODEL_STAGES])
