@@ -1,10 +1,12 @@
 import re
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
+from stages import code as code_stage
 from vlbench.cli import main as cli
 from vlbench.compose import compose
 from vlbench.conf import available
@@ -318,14 +320,19 @@ def test_a_text_set_an_analysis_needs_is_checked_at_compose_naming_analysis_data
     with pytest.raises(ParamsError, match=r"retrieval on dataset 'shapes' needs text set 'captions_prompted'.*"
                                           r"add `caption_prompt: 'a photo of \{c\}'`"):
         compose(["suite=typo"], conf)
-    # what `dvc exp run` composes is checked by the first stage's params loader, before anything is embedded
+    # what `dvc exp run` composes is checked by the first stage of every run (`code`, whose params are the whole
+    # suite), before anything is embedded (load_params, which every stage runs, leaves it to the analyses' module)
     monkeypatch.chdir(ROOT)
     params = compose()
     params["suite"]["extensibility"] = ["captions"]
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params))
+    assert load_params(path)["suite"]["extensibility"] == ["captions"]
+    monkeypatch.setattr(code_stage, "CODE_DIR", tmp_path / "code")
+    monkeypatch.setattr(sys, "argv", ["code", "--params", str(path)])
     with pytest.raises(ParamsError, match="extensibility on dataset 'captions' needs text set 'prompts_single'"):
-        load_params(path)
+        code_stage.main()
+    assert not (tmp_path / "code").exists()
     for suite in available("suite"):  # every shipped suite composes (each entry makes what its analyses read)
         compose([f"suite={suite}"])
 
