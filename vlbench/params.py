@@ -19,7 +19,7 @@ from vlbench.errors import VlbenchError
 
 PARAMS_FILE = Path("params.yaml")
 CONF = Path("conf")
-OWN_DATA = Path("data/own")  # your own data: a link to VLBENCH_DATA_ROOT (`vlbench data-root`), or a plain folder
+OWN_DATA = Path("data/own")  # your own data: a link to your data root (vlbench.data_root makes it), or a plain folder
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
