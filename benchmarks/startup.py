@@ -1,6 +1,6 @@
 """Start-up of a model stage: a fresh process's imports and model load, as embed_images / embed_texts / embed_knowledge
-do before their first batch, with and without vlbench.lazy_imports (stages.model_libraries.import_model_libraries), alternated
-in one run on the same machine. Prints a Markdown table of median wall and CPU (user + sys) seconds and their ratio,
+do before their first batch, with and without vlbench.lazy_imports (stages.model_libraries.import_model_libraries),
+alternated in one run on the same machine. Prints a Markdown table of median wall and CPU (user + sys) seconds and their ratio,
 and checks that both load the same model: the features of a fixed batch must be the same bytes.
 
     python benchmarks/startup.py --runs 5                 # the demo's toy architecture, freshly initialised weights

@@ -22,7 +22,8 @@ from tests.test_imports import LAYERS
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_STAGES = ("embed_images", "embed_texts", "pretrain", "finetune")  # the only stages that run a model
-STAGE_MODULES = sorted(p.stem for p in (ROOT / "stages").glob("*.py") if p.stem not in ("__init__", "common", "model_libraries"))
+STAGE_MODULES = sorted(p.stem for p in (ROOT / "stages").glob("*.py")
+                       if p.stem not in ("__init__", "common", "model_libraries"))
 
 
 def dvc_stages() -> dict[str, dict]:
