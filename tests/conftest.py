@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from filelock import FileLock  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from tests.pipeline_repo import copy_repo, make_flows_demo, make_smoke_run, make_wide_run, tree_state  # noqa: E402
+from tests.pipeline_repo import copy_repo, make_flows_demo, make_smoke_run, tree_state  # noqa: E402
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta, write_dataset  # noqa: E402
 
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
@@ -35,9 +35,9 @@ COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
 # `make test` runs pytest-xdist with `--dist loadfile --no-loadscope-reorder`, which hands modules out in this order, so
 # the long ones start first and the two workers end together (xdist's own order, most tests first, started
 # test_portable_demo, the longest but for test_readme_flows, last). The first two take different shared builds
-# (test_readme_flows builds smoke_run, wide_run and flows_demo; test_portable_demo its own), so neither worker waits on
-# the other's lock; the third goes to test_portable_demo's worker too (xdist gives a worker a second module when its
-# first has 2 tests or fewer), and by then wide_run is normally built (else it waits on the lock, as before).
+# (test_readme_flows builds smoke_run and flows_demo; test_portable_demo its own), so neither worker waits on the
+# other's lock; the third goes to test_portable_demo's worker too (xdist gives a worker a second module when its first
+# has 2 tests or fewer), and by then smoke_run is normally built (else it waits on the lock, as before).
 # The other modules follow in file order and fill the gaps.
 LONGEST_FIRST = ("test_readme_flows", "test_portable_demo", "test_pipeline", "test_readme_flows_finetune",
                  "test_byo_pipeline", "test_remote", "test_finetune", "test_embed_ray", "test_finetune_units",
@@ -189,21 +189,9 @@ def smoke_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def wide_run(smoke_run, tmp_path_factory):
-    """`wide_run(dest)`: a copy at `dest` of the smoke run whose DVC cache and run cache also hold the smoke suite
-    reproduced with the toy-wide-smoke model (tests/pipeline_repo.py, make_wide_run); its workspace and git history are
-    the smoke run's. Built once for the session as `smoke_run` is, so that the toy-wide model is trained and embedded
-    once: `dvc exp run -S model=toy-wide-smoke` in a copy (tests/test_pipeline.py) or in the README flows' demo built
-    from it (tests/test_readme_flows.py's sweep) restores those stages from the run cache. tests/test_remote.py keeps
-    its own run: its tests assert that the experiment embeds."""
-    yield from copies_of(built_once(tmp_path_factory, "wide-run", lambda dest: make_wide_run(smoke_run(dest))))
-
-
-@pytest.fixture(scope="session")
-def flows_demo(wide_run, tmp_path_factory):
+def flows_demo(smoke_run, tmp_path_factory):
     """`flows_demo(dest)`: a copy at `dest` of the README flows' miniature demo (tests/pipeline_repo.py,
-    make_flows_demo: the smoke run, with the wide model's run in its run cache (`wide_run`), given the demo's analyses
-    at miniature sizes, reproduced, and an experiment applied), built once for the session as `smoke_run` is;
-    tests/test_readme_flows.py and tests/test_readme_flows_finetune.py each take a copy, so the two modules run on both
-    xdist workers."""
-    yield from copies_of(built_once(tmp_path_factory, "flows-demo", lambda dest: make_flows_demo(wide_run(dest))))
+    make_flows_demo: the smoke run with the demo's analyses at miniature sizes, reproduced, and an experiment applied),
+    built once for the session as `smoke_run` is; tests/test_readme_flows.py and tests/test_readme_flows_exp.py each
+    take a copy, so the two modules run on both xdist workers."""
+    yield from copies_of(built_once(tmp_path_factory, "flows-demo", lambda dest: make_flows_demo(smoke_run(dest))))

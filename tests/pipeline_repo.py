@@ -126,27 +126,6 @@ def make_smoke_run(dest: Path) -> Path:
     return dest
 
 
-WIDE_MODEL = "toy-wide-smoke"
-
-
-def make_wide_run(repo: Path) -> Path:
-    """In `repo`, a copy of the smoke run: the smoke suite reproduced with the other toy model (WIDE_MODEL: its
-    pre-training, embeddings and analyses), then the workspace put back to the committed toy-smoke run, so that only
-    DVC's cache and run cache keep the wide model's run. `dvc exp run -S model=toy-wide-smoke` in a copy then restores
-    those stages from the run cache instead of running them (tests/conftest.py, `wide_run`)."""
-    dvc = (sys.executable, "-m", "dvc")
-    run(repo, sys.executable, "-m", "vlbench.cli", "compose", f"model={WIDE_MODEL}")
-    ran = run(repo, *dvc, "repro").stdout
-    assert f"Running stage 'pretrain@{WIDE_MODEL}'" in ran, ran
-    run(repo, "git", "reset", "-q", "--hard")  # dvc.lock was staged by `dvc repro` (core.autostage)
-    run(repo, *dvc, "checkout", "-q")
-    for folder in (f"features/{WIDE_MODEL}", f"data/models/{WIDE_MODEL}"):  # outside the toy-smoke pipeline
-        shutil.rmtree(repo / folder)
-    assert run(repo, "git", "status", "--porcelain").stdout == ""
-    assert json.loads(run(repo, *dvc, "status", "--json").stdout) == {}
-    return repo
-
-
 # The demo suite's analyses at miniature sizes (the demo: conf/suite/demo.yaml)
 FLOWS_SUITE = {
     "slug": "flows",

@@ -27,11 +27,9 @@ def status_stages(repo: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def reproduced(wide_run, tmp_path_factory) -> Path:
-    """This module's copy of the session's smoke run (tests/conftest.py): the smoke suite reproduced, committed; its
-    run cache also holds the toy-wide-smoke model's run (`wide_run`), which `dvc exp run -S model=toy-wide-smoke`
-    restores."""
-    return wide_run(tmp_path_factory.mktemp("pipeline") / "repo")
+def reproduced(smoke_run, tmp_path_factory) -> Path:
+    """This module's copy of the session's smoke run (tests/conftest.py): the smoke suite reproduced, committed."""
+    return smoke_run(tmp_path_factory.mktemp("pipeline") / "repo")
 
 
 def test_repro_writes_metrics_with_stable_keys_and_the_model_fingerprint(reproduced):
