@@ -192,6 +192,6 @@ def smoke_run(tmp_path_factory):
 def flows_demo(smoke_run, tmp_path_factory):
     """`flows_demo(dest)`: a copy at `dest` of the README flows' miniature demo (tests/pipeline_repo.py,
     make_flows_demo: the smoke run with the demo's analyses at miniature sizes, reproduced, and an experiment applied),
-    built once for the session as `smoke_run` is; tests/test_readme_flows.py and tests/test_readme_flows_exp.py each
+    built once for the session as `smoke_run` is; tests/test_readme_flows.py and tests/test_readme_flows_finetune.py each
     take a copy, so the two modules run on both xdist workers."""
     yield from copies_of(built_once(tmp_path_factory, "flows-demo", lambda dest: make_flows_demo(smoke_run(dest))))
