@@ -19,9 +19,9 @@ from vlbench.analyses.base import Inputs
 from vlbench.compose import compose
 from vlbench.datasets.canonical import load_meta
 from vlbench.datasets.synthetic import build
-from vlbench.embed import embed_image_splits, embed_text_sets
+from vlbench.embed import EngineError, embed_image_splits, embed_text_sets
 from vlbench.features import StaleFeaturesError, read_features
-from vlbench.finetune import FinetuneError
+from vlbench.finetune import FinetuneError, negclip
 from vlbench.finetune.registry import method
 from vlbench.finetune.artifacts import make_fingerprint, write_finetuned
 from vlbench.finetune.common import Interrupted, Job, Runtime
@@ -302,6 +302,14 @@ def test_bad_settings_are_one_line_naming_the_key(colours, base):
     with pytest.raises(FinetuneError, match="finetune.precision 'fp16' is not one of"):
         job = elevater_job(colours, base)
         method("elevater_full")(Job(**{**job.__dict__, "options": {"precision": "fp16"}}))
+
+
+def test_negclip_evaluates_on_the_engine_the_stage_was_given(tmp_path):
+    """The finetune stage's --engine reaches NegCLIP's before/after evaluation (it once followed $VLBENCH_ENGINE
+    alone): an engine that does not exist is refused by name before anything is embedded."""
+    job = Job("captions", tmp_path, tmp_path, {}, {}, {}, 0, runtime=Runtime(engine="no-such-engine"))
+    with pytest.raises(EngineError, match="engine 'no-such-engine'"):
+        negclip.evaluate(job, {"eval_split": "test"}, None, None, "base")
 
 
 def test_a_method_without_a_single_model_leaves_its_fingerprint_alone(tmp_path):

@@ -193,7 +193,7 @@ def evaluate(job: Job, s, meta, loaded, name: str) -> dict[str, Any]:
     params = job.params
     with tempfile.TemporaryDirectory(prefix=f"vlbench-negclip-{name}-") as tmp:
         features = Path(tmp)
-        on = engine()  # $VLBENCH_ENGINE's, as the embed stages without --engine
+        on = engine(job.runtime.engine)  # the finetune stage's --engine, else $VLBENCH_ENGINE's
         embed_image_splits(loaded, job.prepared, features / "images", progress=False, num_workers=0, engine=on)
         embed_text_sets(loaded, job.texts, features / "text", engine=on)
         identity = {k: loaded.fingerprint[k] for k in ("model", "arch", "pretrained", "weights_sha256")}
