@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from vlbench.analyses.adapt.common import AdaptError, ProtocolResult
+from vlbench.analyses.adapt.protocol import AdaptError, ProtocolResult
 from vlbench.results import Result
 
 PROTOCOLS = ("elevater", "vtab", "fewtrans")
