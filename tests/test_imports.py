@@ -21,8 +21,7 @@ PACKAGES = ("vlbench", "stages")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("vlbench", "vlbench.errors", "vlbench.io", "vlbench.portable", "vlbench.params", "vlbench.paths",
      "vlbench.adapters"),  # ground floor
-    ("vlbench.features", "vlbench.wordnet", "vlbench.analyses.expansion", "vlbench.conf", "vlbench.dataset_entries",
-     "vlbench.data_root"),
+    ("vlbench.features", "vlbench.wordnet", "vlbench.conf", "vlbench.dataset_entries", "vlbench.data_root"),
     ("vlbench.datasets",),
     ("vlbench.texts", "vlbench.decoding", "vlbench.models", "vlbench.lazy_imports", "vlbench.results",
      "vlbench.metrics", "vlbench.stats"),
