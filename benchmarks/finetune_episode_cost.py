@@ -1,4 +1,5 @@
-"""Cost of FewTrans fine-tuning per episode (vlbench/finetune/fewtrans_episodic.py), and what a whole FewTrans table costs.
+"""Cost of FewTrans fine-tuning per episode (vlbench/finetune/fewtrans_episodic.py), and what a whole FewTrans table
+costs.
 
 Three measurements, one JSON line each:
 

@@ -1,6 +1,6 @@
-"""FewTrans fine-tuning on adapt's episodes (vlbench/finetune/fewtrans_episodic.py), end to end on a miniature prepared dataset
-with the toy open_clip model (random weights saved by the test): the same episodes as adapt, every method trains (loss
-down, frozen parameters bit for bit), the ensemble grid and schedule, deterministic rows."""
+"""FewTrans fine-tuning on adapt's episodes (vlbench/finetune/fewtrans_episodic.py), end to end on a miniature
+prepared dataset with the toy open_clip model (random weights saved by the test): the same episodes as adapt, every
+method trains (loss down, frozen parameters bit for bit), the ensemble grid and schedule, deterministic rows."""
 
 from __future__ import annotations
 

@@ -140,7 +140,8 @@ def stage_modules(params: Mapping[str, Any], root: Path = ROOT) -> dict[str, lis
     out.update({name: ["stages.analysis", ANALYSES[name].module] for name in by_analysis_stage()})
     out["report"] = [COMMANDS["report"]]
     out.update({f"finetune/{name}": [COMMANDS["finetune"], m.module] for name, m in FINETUNE_METHODS.items()})
-    out.update({f"pretrain/{source}": [COMMANDS["pretrain"], module_of(entry)] for source, entry in DATASET_SOURCES.items()})
+    out.update({f"pretrain/{source}": [COMMANDS["pretrain"], module_of(entry)]
+                for source, entry in DATASET_SOURCES.items()})
     conf = root / "conf"
     for name in (params.get("suite") or {}).get("datasets") or {}:
         check_name("dataset", name)  # it names a file

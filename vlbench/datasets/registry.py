@@ -4,8 +4,8 @@ A dataset entry (conf/dataset/<name>.yaml) has `prepare` (a spec naming its `sou
 tracks for prepare) and `texts`. A source is a module with `build(name, spec, out_dir) -> DatasetMeta` and,
 where its classes and split sizes are known without any download, `catalogue_row(name, spec) -> dict`
 (classes, splits, metric, manual_download), and, where its leaf classes (WordNet ids, for the granularity hierarchy) are
-known before `prepare`, `leaf_classes(name, spec, cache=, mirror=) -> (wnids, where they came from)`. Adding a source means adding one line to `DATASET_SOURCES` (and, if it
-reads files the user provides, to `DATA_KEYS`).
+known before `prepare`, `leaf_classes(name, spec, cache=, mirror=) -> (wnids, where they came from)`. Adding a source
+means adding one line to `DATASET_SOURCES` (and, if it reads files the user provides, to `DATA_KEYS`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ DATA_KEYS = {"imagefolder": ("root",), "manifest": ("path", "splits"), "vtab": (
 def _source(name: str, spec: Mapping[str, Any]) -> str:
     source = spec.get("source") if isinstance(spec, Mapping) else None
     if source not in DATASET_SOURCES:
-        raise DatasetError(f"dataset {name!r}: unknown source {source!r}; known sources: {', '.join(sorted(DATASET_SOURCES))}")
+        raise DatasetError(f"dataset {name!r}: unknown source {source!r}; "
+                           f"known sources: {', '.join(sorted(DATASET_SOURCES))}")
     return source
 
 

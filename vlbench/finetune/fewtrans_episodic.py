@@ -13,11 +13,11 @@ Each ensemble's centre comes from the held-out search (`vlbench.finetune.heldout
 (`resolve_centres`); each (method, episode) is a work unit (`EpisodeWork`, `vlbench.finetune.units`): cached as it
 finishes, run locally or on Ray, the table assembled from the units in a fixed order.
 
-Methods (`TUNINGS`): the multimodal rows of FewTrans' Tables 6-7 classify with the class prompts' text features
-(CLIP's own head: logit_scale x cosine, the scale frozen), one learning rate, a 5 x 3 ensemble, base and base-to-novel;
-the vision-only rows of its Table 5 put a linear head (weights 1, bias 0) on the normalised image features, two
-learning rates (backbone, head), a 3 x 3 x 3 ensemble, base only. docs/protocols.md, "Adapt: FewTrans episodes",
-"Fine-tuning methods", has every rule with its source.
+Tunings (`TUNINGS`, named by `methods` in the settings): the multimodal rows of FewTrans' Tables 6-7 classify with
+the class prompts' text features (CLIP's own head: logit_scale x cosine, the scale frozen), one learning rate, a 5 x 3
+ensemble, base and base-to-novel; the vision-only rows of its Table 5 put a linear head (weights 1, bias 0) on the
+normalised image features, two learning rates (backbone, head), a 3 x 3 x 3 ensemble, base only.
+docs/protocols.md, "Adapt: FewTrans episodes", "Fine-tuning methods", has every rule with its source.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ from vlbench.texts import read_text_set
 
 @dataclass(frozen=True)
 class Tuning:
+    """One of FewTrans's ways to fine-tune in an episode: which parameters train, and the head."""
+
     selection: str  # vlbench.finetune.selections.SELECTIONS
     head: str  # "text": the class prompts' features (one rate) | "linear": a linear head (backbone + head rates)
 

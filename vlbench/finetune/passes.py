@@ -1,6 +1,6 @@
 """What the held-out search (stage heldout@, vlbench/finetune/heldout.py) and a FewTrans fine-tuning table (stage
-finetune@ with finetune.method fewtrans_episodic, vlbench/finetune/fewtrans_episodic.py) will train, counted from the params
-and the prepared data without training anything; and the device time that takes at a measured step rate
+finetune@ with finetune.method fewtrans_episodic, vlbench/finetune/fewtrans_episodic.py) will train, counted from the
+params and the prepared data without training anything; and the device time that takes at a measured step rate
 (`vlbench plan`, key "finetune").
 
 Counts, per stage and method:

@@ -1,5 +1,5 @@
-"""The fine-tuning methods (`FINETUNE_METHODS`: name -> `FinetuneMethod`), which `finetune.method` names; the finetune stage's params
-and outputs derive from them (`SECTIONS`, `TABLES`). A method module imports the package (`FinetuneError`), never
+"""The fine-tuning methods (`FINETUNE_METHODS`: name -> `FinetuneMethod`), which `finetune.method` names; the
+finetune stage's params and outputs derive from them (`SECTIONS`, `TABLES`). A method module imports the package (`FinetuneError`), never
 this registry, which imports it by name only when it runs (`method`): one method's dependencies never load another's.
 """
 
@@ -34,7 +34,8 @@ FINETUNE_METHODS: dict[str, FinetuneMethod] = {
 # Every method's result is one JSON and these outputs beside it (dvc.yaml declares them all): reports/finetune/<dataset>
 # .<table>.parquet, empty where the method has no such table, and reports/finetune/<dataset>.svg, the method's chart.
 TABLES = tuple(dict.fromkeys(t for m in FINETUNE_METHODS.values() for t in m.tables))
-SECTIONS = tuple(dict.fromkeys(s for m in FINETUNE_METHODS.values() for s in m.sections))  # the stage's params: any method's
+# the stage's params: any method's
+SECTIONS = tuple(dict.fromkeys(s for m in FINETUNE_METHODS.values() for s in m.sections))
 
 
 def method(name: str) -> Callable:

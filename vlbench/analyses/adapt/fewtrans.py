@@ -43,8 +43,8 @@ from vlbench.metrics import mean_confidence_interval
 from vlbench.params import defaults
 from vlbench.stats import episodes_interval
 
-FEWSHOT_CLASSIFIERS = ("zeroshot", "prototype", "linear")
-NOVEL_METHODS = ("zeroshot",)  # methods that can score classes without support images
+FEWSHOT_CLASSIFIERS = ("zeroshot", "prototype", "linear")  # adapt.fewtrans.methods: classifiers on cached features
+NOVEL_CLASSIFIERS = ("zeroshot",)  # those that can score classes without support images
 COMBINES = ("sum", "vote")
 EPOCH_MODES = ("grid", "snapshots")
 CLASS_SPLIT_SEED = 22  # FewTrans' dataset_spec.SEED for its base/novel class split
