@@ -1,6 +1,7 @@
 """The fine-tuning methods (`FINETUNE_METHODS`: name -> `FinetuneMethod`), which `finetune.method` names; the
-finetune stage's params and outputs derive from them (`SECTIONS`, `TABLES`). A method module imports the package (`FinetuneError`), never
-this registry, which imports it by name only when it runs (`method`): one method's dependencies never load another's.
+finetune stage's params and outputs derive from them (`SECTIONS`, `TABLES`). A method module imports the package
+(`FinetuneError`), never this registry, which imports it by name only when it runs (`method`): one method's
+dependencies never load another's.
 """
 
 from __future__ import annotations
