@@ -63,14 +63,14 @@ def batched(x, y, xv, yv, on=None):
     (default the CPU)."""
     import torch
 
-    from vlbench.analyses.adapt import common, elevater
+    from vlbench.analyses.adapt import protocol, elevater
 
     s = elevater.Settings(heads=("random_2p",))
     problem = elevater.Problem(x, y, xv, yv, "accuracy", False)
-    init = elevater.HeadInit({"random_2p": common.pytorch_linear_init(x.shape[1], int(y.max()) + 1, 0)})
+    init = elevater.HeadInit({"random_2p": protocol.pytorch_linear_init(x.shape[1], int(y.max()) + 1, 0)})
     on = on or torch.device("cpu")
     work = s.batch_size * x.shape[1] * (int(y.max()) + 1) * s.lr_num * 7
-    with common.cpu_threads(on, work):
+    with protocol.cpu_threads(on, work):
         chosen, outcome = elevater.search(problem, init, s, on)
     configs = [(s.learning_rates()[t["line"][1]], s.weight_decays()[t["index"]], t["score"]) for t in outcome.trace]
     return chosen["random_2p"]["val_score"], configs, init.weights["random_2p"]

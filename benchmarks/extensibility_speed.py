@@ -4,7 +4,7 @@ CIFAR-100-sized: 10,000 images x 100 classes (random "image" and "text" embeddin
 `--orders` orders per target (the paper's 100 x N for Acc-E; the same orders' Acc-S, 100 per target), every
 target.
 
-  vectorised  vlbench.expansion: the score matrix once (one normalise + matmul), then
+  vectorised  vlbench.analyses.expansion: the score matrix once (one normalise + matmul), then
               `expansion` (Acc-C, Acc-E, Acc-S from one preparation) over paper_orders (includes the exact
               expectations over all orders).
   analysis    the whole per-variant work of extensibility@<dataset> (vlbench.analyses.extensibility.evaluate_variant):
@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from vlbench import expansion as ex
+from vlbench.analyses import expansion as ex
 from vlbench.analyses import extensibility as op
 
 

@@ -1,4 +1,5 @@
-"""Cost of FewTrans fine-tuning per episode (vlbench/finetune/fewtrans.py), and what a whole FewTrans table costs.
+"""Cost of FewTrans fine-tuning per episode (vlbench/finetune/fewtrans_episodic.py), and what a whole FewTrans table
+costs.
 
 Three measurements, one JSON line each:
 
@@ -29,7 +30,7 @@ import open_clip
 import torch
 
 from vlbench.analyses.adapt import fewtrans as episodic
-from vlbench.finetune import fewtrans as fft
+from vlbench.finetune import fewtrans_episodic as fft
 from vlbench.params import load_params
 
 
@@ -69,15 +70,15 @@ ASSUMED_CENTRES = {"visual_ft": {"lr": 1e-5, "epochs": 60}, "text_ft": {"lr": 1e
 def cost_settings(cfg) -> dict:
     """`finetune.fewtrans` settings with every method's centre: the given one, else ASSUMED_CENTRES."""
     s = fft.settings(cfg)
-    return fft.settings({**dict(cfg or {}), **{m: {**ASSUMED_CENTRES[m], **s[m]} for m in fft.METHODS}})
+    return fft.settings({**dict(cfg or {}), **{m: {**ASSUMED_CENTRES[m], **s[m]} for m in fft.TUNINGS}})
 
 
 def episode_work(name: str, settings, support: list[int], base_query: list[int], novel_query: list[int]) -> dict:
     """Per episode (mean over the given episodes): members, optimiser steps, image forward+backward passes (a frozen
     image tower encodes the support set once per member instead), images scored (novel queries for a text head)."""
     members, batch = fft.members(name, settings), int(settings[name]["batch_size"])
-    visual = fft.METHODS[name].selection != "text"
-    query = [b + (n if fft.METHODS[name].head == "text" else 0) for b, n in zip(base_query, novel_query)]
+    visual = fft.TUNINGS[name].selection != "text"
+    query = [b + (n if fft.TUNINGS[name].head == "text" else 0) for b, n in zip(base_query, novel_query)]
     steps = np.mean([sum(m.epochs * -(-s // batch) for m in members) for s in support])
     passes = np.mean([sum(m.epochs * s for m in members) for s in support]) if visual else 0.0
     scored = np.mean([sum(len(m.scored) for m in members) * q for q in query])
@@ -101,7 +102,7 @@ def workload(episodes_cfg, seed: int, classes: int, per_class: int) -> dict:
     pairs = episodic.sample_episodes(episodic.class_pools(labels, classes), base, novel, s, seed)
     support, base_query, novel_query = sizes(pairs)
     settings = cost_settings(None)
-    per_method = {m: episode_work(m, settings, support, base_query, novel_query) for m in fft.METHODS}
+    per_method = {m: episode_work(m, settings, support, base_query, novel_query) for m in fft.TUNINGS}
     return {"measure": "workload", "classes": classes, "per_class": per_class, "episodes": 600,
             "mean_support": round(float(np.mean(support)), 1), "mean_base_query": round(float(np.mean(base_query)), 1),
             "mean_novel_query": round(float(np.mean(novel_query)), 1), "methods": per_method}
@@ -150,7 +151,7 @@ def main() -> None:
         print(json.dumps(vit_b16(args.vit_batch, args.vit_steps)), flush=True)
     if "episode" not in args.skip:
         for row in episode_cost(params["model"], args.dataset, episodes_cfg, params["seed"],
-                                args.methods or list(fft.METHODS), args.episodes, json.loads(args.overrides)):
+                                args.methods or list(fft.TUNINGS), args.episodes, json.loads(args.overrides)):
             print(json.dumps(row), flush=True)
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vlbench.finetune.common import Loop, Runtime, constant, freeze, train
-from vlbench.finetune.elevater import Classifier, trainable
+from vlbench.finetune.training import Loop, Runtime, constant, freeze, train
+from vlbench.finetune.elevater_full import Classifier, trainable
 from vlbench.finetune.negclip import Pairs, clamp_scale
 from vlbench.models import register_local_configs
 from vlbench.models.toy import make_optimizer, train_step, build_toy_model

@@ -34,7 +34,7 @@ import torch
 from PIL import Image
 
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta, load_meta, write_dataset
-from vlbench.finetune import fewtrans as fft
+from vlbench.finetune import fewtrans_episodic as fft
 from vlbench.finetune import heldout
 from vlbench.io import write_json
 from vlbench.texts import build_text_sets, write_text_sets
@@ -107,7 +107,7 @@ def search_run(w: dict, units_dir: Path, engine: str) -> dict:
 KILLED = """
 import json, sys, torch
 torch.set_num_threads(1)
-from vlbench.finetune import fewtrans
+from vlbench.finetune import fewtrans_episodic as fewtrans
 a = json.loads(sys.argv[1])
 fewtrans.run_episodes(a["model"], a["prepared"], a["texts"], a["cfg"], 0, "cpu", a["sampler"], units_dir=a["units"],
                       engine="local", gpus=0)

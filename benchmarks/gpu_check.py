@@ -37,8 +37,8 @@ its target), rewritten after every measurement, so a run cut short still leaves 
   elevater     the batched ELEVATER linear-probe search (vlbench.analyses.adapt.elevater.search) on the device vs the
                toolkit's one-configuration-at-a-time loop on the same device (benchmarks/adapt_search_speed.py;
                `toolkit_configs` of them run, time scaled to all)
-  finetune     ViT-B/16 fine-tuning steps (vlbench.finetune.common.train, bf16 autocast, AdamW) with LoRA, BitFit and
-               full fine-tuning of the image tower (vlbench.finetune.methods), a linear head on the image features
+  finetune     ViT-B/16 fine-tuning steps (vlbench.finetune.training.train, bf16 autocast, AdamW) with LoRA, BitFit and
+               full fine-tuning of the image tower (vlbench.finetune.selections), a linear head on the image features
 
 Each timed run is sized from a short probe to about `run_s` seconds; a section whose estimate no longer fits in what
 is left of the budget is skipped and the table says so. Errors in one measurement are recorded and the rest goes on.
@@ -74,8 +74,8 @@ from adapt_search_speed import split as elevater_split
 from adapt_search_speed import toolkit_run
 from embed_throughput import write_both
 from vlbench.embed import bf16_image_weights, default_workers, embed_images
-from vlbench.finetune.common import Loop, Runtime, constant, train
-from vlbench.finetune.methods import prepare
+from vlbench.finetune.training import Loop, Runtime, constant, train
+from vlbench.finetune.selections import prepare
 from vlbench.io import atomic_path, write_json
 from vlbench.models import register_local_configs
 from vlbench.models.loading import LoadedModel
@@ -540,7 +540,7 @@ def elevater(check: Check) -> dict:
 
 
 def finetune_rate(check: Check, method: str) -> dict:
-    """Steps/s of vlbench.finetune.common.train on random images with `method`'s trainable parameters."""
+    """Steps/s of vlbench.finetune.training.train on random images with `method`'s trainable parameters."""
     p, dev = check.profile, check.device
     loaded = build(p.finetune_arch, dev, "fp32")
     model, trainable = prepare(loaded.model, FINETUNE_METHODS[method], generator=torch.Generator().manual_seed(0))

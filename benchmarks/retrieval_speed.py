@@ -9,7 +9,7 @@ few directions. (On isotropic random vectors in 512 dimensions every point is ab
 no approximate index can beat exact search; on tight Gaussian clusters every index finds everything.) Queries are
 fresh vectors of the same distribution. Exact search (IndexFlatIP) gives the ground truth; it is checked against
 numpy on a few queries. Each index is built through
-`vlbench.knowledge.repe.build_index` (the retrieve stage's code), searched with the same queries, and
+`vlbench.knowledge.repe.build_index` (the repe stage's code), searched with the same queries, and
 freed before the next one. Prints one JSON line per measurement, then a Markdown table.
 """
 

@@ -1,6 +1,6 @@
 """<analysis>@<dataset>: one analysis of the table (vlbench/analyses) on cached features -> reports/<analysis>/<dataset>.json."""
 
-from stages.common import parser, run
+from stages.command import parser, run
 from vlbench.analyses import UnknownAnalysisError, analysis, load
 from vlbench.analyses.base import Inputs
 from vlbench.analyses.text_sets import check_text_sets

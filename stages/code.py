@@ -3,7 +3,7 @@
 Every stage depends on a fingerprint, so this is the first stage of a run that changed the code or the suite: it
 checks the text sets the suite's analyses need (`check_text_sets`) before anything is prepared or embedded."""
 
-from stages.common import parser, run
+from stages.command import parser, run
 from vlbench.analyses.text_sets import check_text_sets
 from vlbench.io import atomic_dir
 from vlbench.params import load_params

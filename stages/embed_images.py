@@ -3,7 +3,7 @@
 
 import json
 
-from stages.common import add_engine, parser, run
+from stages.command import add_engine, parser, run
 from stages.model_libraries import import_model_libraries
 from vlbench.params import get, load_params
 from vlbench.paths import features_dir, prepared_dir

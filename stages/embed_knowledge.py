@@ -1,7 +1,7 @@
 """embed_knowledge@<dataset>: text features of every knowledge text set for the params' model ->
 features/<model>/<dataset>/knowledge/ (a stage of its own: knowledge sets exist only for suite.knowledge)."""
 
-from stages.common import parser, run
+from stages.command import parser, run
 from stages.model_libraries import import_model_libraries
 from vlbench.params import get, load_params
 from vlbench.paths import features_dir, knowledge_dir

@@ -1,6 +1,6 @@
 """embed_texts@<dataset>: text features of every text set for the params' model -> features/<model>/<dataset>/text/."""
 
-from stages.common import add_engine, parser, run
+from stages.command import add_engine, parser, run
 from stages.model_libraries import import_model_libraries
 from vlbench.params import get, load_params
 from vlbench.paths import features_dir, texts_dir

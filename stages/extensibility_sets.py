@@ -1,10 +1,10 @@
 """extensibility_sets@<name>: dataset-level vocabulary expansion (the openness paper's CIFAR100-Caltech101-SUN397, ...):
 the datasets of suite.extensibility_sets.<name>, each one group over the union of their classes, on cached features
 -> reports/extensibility/<name>.json (vlbench.analyses.extensibility.run_union). No model. Variant `repe` runs when every
-member has REPE class weights (features/<model>/<member>/retrieval/, the retrieve stage's, for suite.retrieve);
+member has REPE class weights (features/<model>/<member>/retrieval/, the repe stage's, for suite.repe);
 otherwise the result's details.skipped_variants says which member lacks them."""
 
-from stages.common import parser, run
+from stages.command import parser, run
 from vlbench.analyses.base import Inputs
 from vlbench.analyses.extensibility import run_union, set_members
 from vlbench.datasets.canonical import load_meta

@@ -9,12 +9,12 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from stages.common import add_engine, parser, run
+from stages.command import add_engine, parser, run
 from vlbench.dataset_entries import check_suite_dataset
 from vlbench.datasets.canonical import load_meta
-from vlbench.finetune.registry import METHODS, TABLES, method
+from vlbench.finetune.registry import FINETUNE_METHODS, TABLES, method
 from vlbench.finetune.artifacts import finetuned_dir, make_fingerprint, write_finetuned
-from vlbench.finetune.common import Job, Runtime
+from vlbench.finetune.training import Job, Runtime
 from vlbench.io import atomic_path
 from vlbench.models.identity import model_identity
 from vlbench.models.loading import validate_model_config
@@ -57,7 +57,7 @@ def state_dir(params, dataset: str, name: str, model_cfg) -> Path:
     """runs/finetune/<dataset>/<method>/<key>: the key hashes everything that changes the numbers (the base model's
     identity, the params a method reads, the prepared data's version), so a state file is only ever resumed by the
     run it belongs to."""
-    sections = ("seed", "finetune", *METHODS[name].sections)
+    sections = ("seed", "finetune", *FINETUNE_METHODS[name].sections)
     inputs = {"model": model_identity(model_cfg), **{s: params.get(s) for s in sections}, "data": data_versions(dataset)}
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return Path("runs/finetune") / dataset / name / key

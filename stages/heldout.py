@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from stages.common import add_engine, parser, run
+from stages.command import add_engine, parser, run
 from vlbench.dataset_entries import check_suite_dataset
 from vlbench.finetune import FinetuneError
 from vlbench.io import atomic_path, write_json

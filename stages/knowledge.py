@@ -3,7 +3,7 @@ Menon & Vondrick, WordNet 3.0 by wnid, LLM descriptions) -> data/knowledge/<data
 download layer), and the LLM answers in data/llm/<dataset>.jsonl (kept across runs; empty unless an llm_* variant is
 asked for; the endpoint is asked only for answers it lacks)."""
 
-from stages.common import parser, run, use_download_settings
+from stages.command import parser, run, use_download_settings
 from vlbench.dataset_entries import dataset_entry
 from vlbench.datasets.canonical import load_meta
 from vlbench.io import write_json

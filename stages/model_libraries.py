@@ -1,5 +1,5 @@
 """What the stages that run a model do first: import its libraries for that model alone (vlbench.lazy_imports). Apart
-from stages.common, so that the stages that run no model do not depend on the model libraries' code."""
+from stages.command, so that the stages that run no model do not depend on the model libraries' code."""
 
 import stages
 from vlbench import lazy_imports

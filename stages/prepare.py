@@ -1,6 +1,6 @@
 """prepare@<dataset>: build or convert one dataset into data/prepared/<dataset>/ (canonical format)."""
 
-from stages.common import parser, run, use_download_settings
+from stages.command import parser, run, use_download_settings
 from vlbench.data_root import check_data_root
 from vlbench.dataset_entries import dataset_entry
 from vlbench.datasets.registry import check_input, prepare_dataset

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from stages.common import parser, run
+from stages.command import parser, run
 from vlbench.datasets.registry import prepare_dataset
 from vlbench.params import get, load_params
 from vlbench.paths import model_dir

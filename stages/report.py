@@ -3,7 +3,7 @@
 
 import json
 
-from stages.common import parser, run
+from stages.command import parser, run
 from vlbench.params import load_params
 from vlbench.report.aggregate import INDEX_FILE, declared_metrics, report_datasets, write_report
 from vlbench.results import REFERENCE_FILE

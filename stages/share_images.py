@@ -4,7 +4,7 @@ source's, byte for byte (checked), so the model ran on them once, in embed_image
 
 import json
 
-from stages.common import parser, run
+from stages.command import parser, run
 from vlbench.dataset_entries import check_suite_dataset
 from vlbench.params import get, load_params
 from vlbench.paths import features_dir, prepared_dir

@@ -1,6 +1,6 @@
 """texts@<dataset>: the dataset's text sets (class prompts, captions, ...) -> data/texts/<dataset>/ (no model)."""
 
-from stages.common import parser, run
+from stages.command import parser, run
 from vlbench.dataset_entries import dataset_entry
 from vlbench.datasets.canonical import load_meta
 from vlbench.knowledge.coarse_texts import coarse_text_sets

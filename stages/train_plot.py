@@ -5,7 +5,7 @@ DVC declares the SVG as an image plot: `dvc plots show` then needs no network (a
 load Vega from a CDN).
 """
 
-from stages.common import parser, run
+from stages.command import parser, run
 from vlbench.paths import model_dir
 from vlbench.report.plots import TRAIN_LOG_PLOT, write_train_log_plot
 

@@ -17,8 +17,8 @@ import yaml
 
 from vlbench import stats
 from vlbench.analyses import adapt
-from vlbench.analyses.adapt import common, elevater
-from vlbench.analyses.adapt.common import AdaptError, LinearHeads
+from vlbench.analyses.adapt import protocol, elevater
+from vlbench.analyses.adapt.protocol import AdaptError, LinearHeads
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta
 from vlbench.features import Features
 from vlbench.report import adapt as report_adapt
@@ -185,7 +185,7 @@ def test_train_epochs_reproduces_the_toolkit_loop_config_by_config():
     y, yv = rng.integers(0, 3, 41), rng.integers(0, 3, 30)  # 41 % 8 == 1: the one-image batch is skipped
     x = (centers[y] + rng.normal(size=(41, 10))).astype(np.float32)
     xv = (centers[yv] + rng.normal(size=(30, 10))).astype(np.float32)
-    w0, b0 = common.pytorch_linear_init(10, 3, seed=0)
+    w0, b0 = protocol.pytorch_linear_init(10, 3, seed=0)
     configs = [(0.1, 1e-6), (0.01, 1e-2), (1e-3, 1.0)]
     heads = LinearHeads(np.stack([w0] * 3), np.stack([b0] * 3), [c[0] for c in configs], [c[1] for c in configs],
                         on=torch.device("cpu"))
@@ -201,7 +201,7 @@ def test_train_epochs_drops_diverged_heads_and_scores_them_zero_as_the_loop_woul
     y, yv = rng.integers(0, 3, 48), rng.integers(0, 3, 30)
     x = (centers[y] + rng.normal(size=(48, 10))).astype(np.float32)
     xv = (centers[yv] + rng.normal(size=(30, 10))).astype(np.float32)
-    w0, b0 = common.pytorch_linear_init(10, 3, seed=0)
+    w0, b0 = protocol.pytorch_linear_init(10, 3, seed=0)
     configs = [(0.1, 1e4), (0.01, 1e-2), (1e-2, 1e6), (0.1, 1e-6)]  # lr * wd >> 2: the first and third blow up
     heads = LinearHeads(np.stack([w0] * 4), np.stack([b0] * 4), [c[0] for c in configs], [c[1] for c in configs],
                         on=torch.device("cpu"))
@@ -220,7 +220,7 @@ def test_score_heads_gives_a_diverged_head_zero_and_matches_metrics():
     scores[1, 5, 2] = np.nan
     labels = rng.integers(0, 4, 20)
     for name in ("accuracy", "mean_per_class"):
-        got = common.score_heads(scores, labels, name)
+        got = protocol.score_heads(scores, labels, name)
         assert got[1] == 0.0
         assert got[0] == pytest.approx(metrics.compute(name, scores[0], labels))
         assert got[2] == pytest.approx(metrics.compute(name, scores[2], labels))
@@ -313,7 +313,7 @@ def test_search_chooses_the_known_best_pair_on_data():
     x = (centers[y] + 0.3 * rng.normal(size=(30, 8))).astype(np.float32)
     train, val = elevater.validation_split(y, 0.2)
     problem = elevater.Problem(x[train], y[train], x[val], y[val], "accuracy", False)
-    init = elevater.HeadInit({"random_2p": common.pytorch_linear_init(8, 3, 0)})
+    init = elevater.HeadInit({"random_2p": protocol.pytorch_linear_init(8, 3, 0)})
     s = elevater.Settings(heads=("random_2p",))
     chosen, outcome = elevater.search(problem, init, s, torch.device("cpu"))
     assert chosen["random_2p"]["val_score"] == 1.0
@@ -328,7 +328,7 @@ def test_search_chooses_the_known_best_pair_on_data():
 def test_random_2p_is_pytorch_default_linear_init_and_language_2p_the_text_classifier():
     torch.manual_seed(5)
     layer = torch.nn.Linear(8, 3)
-    w, b = common.pytorch_linear_init(8, 3, 5)
+    w, b = protocol.pytorch_linear_init(8, 3, 5)
     np.testing.assert_array_equal(w, layer.weight.detach().numpy().T)
     np.testing.assert_array_equal(b, layer.bias.detach().numpy())
     assert np.abs(w).max() <= 1 / math.sqrt(8)
@@ -430,7 +430,7 @@ def test_protocol_end_to_end_reports_every_setting():
 
 
 def test_runs_in_worker_processes_are_the_runs_in_this_process_bit_for_bit():
-    """On the CPU, ELEVATER's (shots, seed, head group) runs go to a process per core (common.map_runs), largest
+    """On the CPU, ELEVATER's (shots, seed, head group) runs go to a process per core (protocol.map_runs), largest
     first; each run's numbers are those of the same run in this process, to the last bit, and in task order."""
     inputs = FakeInputs(*blobs(seed=1))
     s = elevater.Settings.from_cfg(FAST)
@@ -440,8 +440,8 @@ def test_runs_in_worker_processes_are_the_runs_in_this_process_bit_for_bit():
     tasks = [(0, shots, seed) for shots in (1, 5, "full") for seed in (0, 1)]
     costs = [elevater.run_cost(groups[0], shots) for _, shots, _ in tasks]
     shared = (groups, init, "blobs", on)
-    here = common.map_runs(elevater.run_group, shared, tasks, on, 0, workers=1)
-    spread = common.map_runs(elevater.run_group, shared, tasks, on, 0, costs=costs, workers=2)
+    here = protocol.map_runs(elevater.run_group, shared, tasks, on, 0, workers=1)
+    spread = protocol.map_runs(elevater.run_group, shared, tasks, on, 0, costs=costs, workers=2)
     assert [(r["shots"], r["seed"]) for r in spread] == [(t[1], t[2]) for t in tasks]
     for a, b in zip(here, spread):
         assert (a["chosen"], a["final"], a["trace"]) == (b["chosen"], b["final"], b["trace"])

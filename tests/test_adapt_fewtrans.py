@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vlbench.analyses.adapt import fewtrans as ft
-from vlbench.analyses.adapt.common import AdaptError
+from vlbench.analyses.adapt.protocol import AdaptError
 from vlbench.analyses.zeroshot_classifier import l2_normalize
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta
 from vlbench.features import Features

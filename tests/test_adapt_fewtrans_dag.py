@@ -12,7 +12,7 @@ import pytest
 from tests.test_adapt_fewtrans import FakeInputs, pools_of
 from vlbench.analyses.adapt import fewtrans as ft
 from vlbench.analyses.adapt import fewtrans_dag as dag
-from vlbench.analyses.adapt.common import AdaptError
+from vlbench.analyses.adapt.protocol import AdaptError
 from vlbench.datasets.canonical import ClassInfo
 
 # A hand-built hypernym table. T -> R (T has one child: collapsed); R -> A, B; A -> C (C has two classes), class 2,

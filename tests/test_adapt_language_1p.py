@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import make_dataset, make_texts
 from vlbench.analyses.adapt import elevater
-from vlbench.analyses.adapt.common import AdaptError, LinearHeads
+from vlbench.analyses.adapt.protocol import AdaptError, LinearHeads
 from vlbench.analyses.base import Inputs
 from vlbench.datasets.canonical import load_meta
 from vlbench.embed import embed_image_splits, embed_text_sets

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vlbench.analyses.adapt import vtab
-from vlbench.analyses.adapt.common import AdaptError
+from vlbench.analyses.adapt.protocol import AdaptError
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta
 from vlbench.features import Features
 

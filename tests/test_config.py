@@ -232,13 +232,13 @@ def test_dvc_exp_show_has_a_column_per_suite_dataset_not_per_registry_leaf(tmp_p
         return [prefix[:-1]]
 
     param_columns = set(header) & set(leaves(params))
-    # 242 on the demo when the entries were params, 197 when every settings section was (adapt 64, retrieve 22,
+    # 242 on the demo when the entries were params, 197 when every settings section was (adapt 64, repe 22,
     # finetune 18, ...); issue 32: each section's defaults are conf/settings/<section>.yaml, a dependency column each
-    sections = ("knowledge", "zeroshot", "linear_probe", "granularity", "retrieve", "specificity", "retrieval",
+    sections = ("knowledge", "zeroshot", "linear_probe", "granularity", "repe", "specificity", "retrieval",
                 "compositionality", "adapt", "extensibility", "robustness", "finetune", "downloads")
     assert {c.split(".")[0] for c in param_columns} - {"model", "suite", "seed", "embed"} <= set(sections)
     assert sum(c.split(".")[0] in sections for c in param_columns) <= 13 and len(param_columns) <= 60
-    assert not [c for c in header if c.startswith(("adapt.elevater", "retrieve.index", "finetune.negclip"))]
+    assert not [c for c in header if c.startswith(("adapt.elevater", "repe.index", "finetune.negclip"))]
     assert {"conf/settings/adapt.yaml", "conf/settings/zeroshot.yaml"} <= set(header)
 
 

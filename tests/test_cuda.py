@@ -58,7 +58,7 @@ def test_finetune_methods_prepare_a_cuda_model_as_the_cpu_one(selection):
     generator'); now it is the CPU's draw, moved."""
     import copy
 
-    from vlbench.finetune.methods import prepare
+    from vlbench.finetune.selections import prepare
     from vlbench.models.toy import build_toy_model
 
     base = build_toy_model("vlbench-toy", 0)

@@ -19,7 +19,7 @@ import yaml
 from PIL import Image
 
 from tests.http_server import serve
-from vlbench.datasets import elevater
+from vlbench.datasets import elevater_source as elevater
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.datasets.download import ChecksumError
 

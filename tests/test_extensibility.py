@@ -1,4 +1,4 @@
-"""Acc-C / Acc-E / Acc-S (vlbench.expansion): brute force over explicit vocabularies vs the
+"""Acc-C / Acc-E / Acc-S (vlbench.analyses.expansion): brute force over explicit vocabularies vs the
 vectorised functions vs the closed forms, on tiny score matrices with ties and -inf."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from vlbench import expansion as ex
+from vlbench.analyses import expansion as ex
 from vlbench.errors import VlbenchError
 
 # ---------------------------------------------------------------- brute force: argmax over the vocabulary

@@ -22,7 +22,7 @@ from PIL import Image
 from tests.archives import md5, real_spec, write_tgz, write_zip
 from tests.http_server import serve
 from vlbench.analyses.adapt.fewtrans import class_pools, class_split, split_table
-from vlbench.datasets import fewtrans
+from vlbench.datasets import fewtrans_source as fewtrans
 from vlbench.datasets.canonical import DatasetError, load_meta
 from vlbench.datasets.download import ChecksumError, ManualDownloadError
 from vlbench.datasets.registry import catalogue, prepare_dataset

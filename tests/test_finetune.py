@@ -24,7 +24,7 @@ from vlbench.features import StaleFeaturesError, read_features
 from vlbench.finetune import FinetuneError, negclip
 from vlbench.finetune.registry import method
 from vlbench.finetune.artifacts import make_fingerprint, write_finetuned
-from vlbench.finetune.common import Interrupted, Job, Runtime
+from vlbench.finetune.training import Interrupted, Job, Runtime
 from vlbench.knowledge.negatives import specificity_text_sets
 from vlbench.models import register_local_configs
 from vlbench.models.identity import FinetunedModelError, model_identity

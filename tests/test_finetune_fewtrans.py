@@ -1,6 +1,6 @@
-"""FewTrans fine-tuning on adapt's episodes (vlbench/finetune/fewtrans.py), end to end on a miniature prepared dataset
-with the toy open_clip model (random weights saved by the test): the same episodes as adapt, every method trains (loss
-down, frozen parameters bit for bit), the ensemble grid and schedule, deterministic rows."""
+"""FewTrans fine-tuning on adapt's episodes (vlbench/finetune/fewtrans_episodic.py), end to end on a miniature
+prepared dataset with the toy open_clip model (random weights saved by the test): the same episodes as adapt, every
+method trains (loss down, frozen parameters bit for bit), the ensemble grid and schedule, deterministic rows."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from vlbench.analyses.base import Inputs
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta, load_meta, write_dataset
 from vlbench.datasets.images import decode_rgb
 from vlbench.embed import embed_image_splits, embed_text_sets
-from vlbench.finetune import fewtrans as fft
+from vlbench.finetune import fewtrans_episodic as fft
 from vlbench.finetune import FinetuneError
 from vlbench.models.identity import model_identity
 from vlbench.models.loading import load_model
@@ -87,7 +87,7 @@ def test_the_finetune_stages_method_runs_the_same_episodes_and_writes_no_weights
     """finetune.method fewtrans_episodic (the finetune stage's Job): params' finetune.fewtrans_episodic over DEFAULTS,
     adapt.fewtrans's episodes and the global seed; the table joins adapt's, the metrics carry their intervals."""
     from vlbench.finetune.registry import method
-    from vlbench.finetune.common import Job, Runtime
+    from vlbench.finetune.training import Job, Runtime
 
     cfg = {**SMALL, "methods": ["bitfit"]}
     job = Job("hues", world["prepared"], world["texts_dir"], toy_model_cfg, cfg, {}, 3,
@@ -117,7 +117,7 @@ def test_pool_images_are_the_rows_decoded_by_the_models_preprocess(world):
         assert pool.labels[row] == int(index) % 6
 
 
-@pytest.mark.parametrize("name", list(fft.METHODS))
+@pytest.mark.parametrize("name", list(fft.TUNINGS))
 def test_every_method_lowers_the_support_loss_and_keeps_frozen_parameters(world, name):
     _, s, pool, _, _, pairs = fft.draw_episodes(world["prepared"], SAMPLER, 0)
     loaded = world["loaded"]
@@ -128,7 +128,7 @@ def test_every_method_lowers_the_support_loss_and_keeps_frozen_parameters(world,
     settings = fft.settings({**SMALL, name: {**SMALL[name], "epochs": 6}, "methods": [name]})
     ctx = fft.Context(loaded.model, prompts, settings, loaded.device, loaded.autocast, 0)
     before = {k: v.clone() for k, v in loaded.model.state_dict().items()}
-    lr = 1e-4 if fft.METHODS[name].head == "text" else 1e-3  # the whole tower at 1e-3 overshoots at first
+    lr = 1e-4 if fft.TUNINGS[name].head == "text" else 1e-3  # the whole tower at 1e-3 overshoots at first
     member = fft.Member(lr, settings[name].get("head_lr"), 6, (6,))
     captured = {}
     original = fft.fit
@@ -155,7 +155,7 @@ def test_every_method_lowers_the_support_loss_and_keeps_frozen_parameters(world,
     assert changed and trainable
     assert all(torch.equal(v, loaded.model.state_dict()[k]) for k, v in before.items())  # the base model untouched
     assert list(trained.logits) == [6] and trained.logits[6][0].shape == (sum(len(q) for q in base.query), base.ways)
-    assert len(trained.logits[6]) == (2 if fft.METHODS[name].head == "text" else 1)
+    assert len(trained.logits[6]) == (2 if fft.TUNINGS[name].head == "text" else 1)
 
 
 def test_learning_rates_follow_the_cosine_to_zero_per_step(world):

@@ -22,7 +22,7 @@ from vlbench.analyses.adapt.vtab import flush_denormals
 from vlbench.datasets.canonical import ClassInfo, DatasetMeta, load_meta, write_dataset
 from vlbench.embed import model_for_dataset
 from vlbench.finetune import FinetuneError
-from vlbench.finetune import fewtrans as fft
+from vlbench.finetune import fewtrans_episodic as fft
 from vlbench.finetune import heldout, units
 from vlbench.models.loading import load_model
 from vlbench.texts import build_text_sets, write_text_sets
@@ -116,7 +116,7 @@ def test_a_rerun_finds_every_unit_and_a_new_method_reuses_the_others(world, toy_
 
 KILLED = """
 import json, sys
-from vlbench.finetune import fewtrans
+from vlbench.finetune import fewtrans_episodic as fewtrans
 a = json.loads(sys.argv[1])
 fewtrans.run_episodes(a["model"], a["prepared"], a["texts"], a["cfg"], 3, "cpu", a["sampler"], units_dir=a["units"],
                       engine="local", gpus=0)
@@ -390,7 +390,7 @@ def test_centres_come_from_the_search_or_the_authors_code_and_say_so(world, toy_
 def test_elevater_search_runs_are_units_with_the_same_numbers_on_both_engines(toy_model_cfg, local_ray, tmp_path):
     from tests.conftest import make_dataset, make_texts
     from vlbench.finetune.registry import method
-    from vlbench.finetune.common import Job, Runtime
+    from vlbench.finetune.training import Job, Runtime
 
     make_dataset(tmp_path / "prepared/tiny", per_class=4)
     make_texts(tmp_path / "prepared/tiny", tmp_path / "texts/tiny")

@@ -21,8 +21,7 @@ PACKAGES = ("vlbench", "stages")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("vlbench", "vlbench.errors", "vlbench.io", "vlbench.portable", "vlbench.params", "vlbench.paths",
      "vlbench.adapters"),  # ground floor
-    ("vlbench.features", "vlbench.wordnet", "vlbench.expansion", "vlbench.conf", "vlbench.dataset_entries",
-     "vlbench.data_root"),
+    ("vlbench.features", "vlbench.wordnet", "vlbench.conf", "vlbench.dataset_entries", "vlbench.data_root"),
     ("vlbench.datasets",),
     ("vlbench.texts", "vlbench.decoding", "vlbench.models", "vlbench.lazy_imports", "vlbench.results",
      "vlbench.metrics", "vlbench.stats"),
@@ -192,7 +191,7 @@ def private_attributes(modules: dict[str, Path], root: Path = ROOT) -> list[str]
             if not parts or parts[0] not in aliases:
                 continue
             target, rest = aliases[parts[0]], parts[1:]
-            while rest and f"{target}.{rest[0]}" in modules:  # vlbench.finetune.fewtrans._check
+            while rest and f"{target}.{rest[0]}" in modules:  # vlbench.finetune.fewtrans_episodic._check
                 target, rest = f"{target}.{rest[0]}", rest[1:]
             if len(rest) == 1 and _private(rest[0]) and target != module:
                 found.append(f"{path.relative_to(root)}:{node.lineno}: uses {rest[0]} of {target}")

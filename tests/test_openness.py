@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from vlbench import expansion as ex
+from vlbench.analyses import expansion as ex
 from vlbench.analyses import extensibility as op
 from vlbench.datasets.canonical import ClassInfo, DatasetError, DatasetMeta
 from vlbench.errors import VlbenchError
@@ -176,13 +176,13 @@ def test_one_group_is_refused(tmp_path):
         op.run_dataset(inputs, {}, 0)
 
 
-# ---------------------------------------------------------------- REPE: run where the retrieve stage wrote weights
+# ---------------------------------------------------------------- REPE: run where the repe stage wrote weights
 
 IDENTITY = {"model": "m", "arch": "a", "pretrained": "openai"}
 
 
 def write_repe(features_dir: Path, dataset: str, w: np.ndarray) -> None:
-    """The retrieve stage's REPE class weights file (one row per class, fingerprinted for the model and dataset)."""
+    """The repe stage's REPE class weights file (one row per class, fingerprinted for the model and dataset)."""
     from vlbench.features import embedding_array, features_schema, write_table
     from vlbench.knowledge.repe import weights_path
 
@@ -239,7 +239,7 @@ def test_repe_without_class_weights_is_skipped_with_the_reason(tmp_path):
     assert set(result.metrics) == {f"acc_{m}_{v}" for m in "ces" for v in ("single", "ensemble")}
     why = result.details["skipped_variants"]["repe"]
     assert why.startswith("not run: dataset 'd' has no REPE class weights (nowhere/retrieval/class_weights.parquet)")
-    assert "add the dataset(s) to suite.retrieve" in why and "drop 'repe' from extensibility.variants" in why
+    assert "add the dataset(s) to suite.repe" in why and "drop 'repe' from extensibility.variants" in why
     assert result.params["variants"] == ["single", "ensemble", "repe"] and "repe" not in result.details["variants"]
     with pytest.raises(VlbenchError, match="dataset 'd': no extensibility variant can run \\(not run: dataset 'd' has"):
         op.run_dataset(inputs, {"variants": ["repe"]}, seed=0)
@@ -632,7 +632,7 @@ def test_the_stages_on_feature_files(tmp_path):
     identity = IDENTITY
     _write_dataset(tmp_path, "p", ["red x", "blue x", "red y", "blue y"], ["x", "x", "y", "y"], 3, rng, identity)
     _write_dataset(tmp_path, "q", ["red", "blue", "x"], [None, None, None], 3, rng, identity)
-    write_repe(tmp_path / "features/m/p", "p", rng.normal(size=(4, 12)))  # p is in suite.retrieve, q is not
+    write_repe(tmp_path / "features/m/p", "p", rng.normal(size=(4, 12)))  # p is in suite.repe, q is not
     params = {"seed": 0, "model": {"slug": "m", "arch": "a", "pretrained": "openai"}, "embed": {"decode": "pil"},
               "suite": {"datasets": {"p": "x", "q": "x"}, "extensibility_sets": {"pq": ["p", "q"]}},
               "extensibility": {"variants": ["single", "repe"], "orders": 5}}

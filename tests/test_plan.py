@@ -214,14 +214,14 @@ def test_a_changed_upstream_param_lists_the_stages_downstream_of_it(ran, monkeyp
 def test_a_planned_held_out_search_is_counted_through_dvc(repo, monkeypatch):
     """suite.heldout names a dataset: DVC lists heldout@ as never run and the plan counts its coarse grid's units
     (the default search: 3 x 3 points per text-head method, 3 x 3 x 3 per linear-head one, x 50 tasks)."""
-    from vlbench.finetune import fewtrans as fft
+    from vlbench.finetune import fewtrans_episodic as fft
 
     monkeypatch.chdir(repo)
     params = compose(["suite.heldout=[hierarchy]"], repo / "conf")
     plan = make_plan(params, warmup=False)
     assert stage(plan, "heldout@hierarchy")["status"] == "never run"
     (search,) = plan["finetune"]["stages"]
-    points = {m: 9 if fft.METHODS[m].head == "text" else 27 for m in fft.DEFAULTS["methods"]}
+    points = {m: 9 if fft.TUNINGS[m].head == "text" else 27 for m in fft.DEFAULTS["methods"]}
     assert search["name"] == "heldout@hierarchy" and search["tasks"] == 50
     assert {m: row["units"] for m, row in search["methods"].items()} == {m: 50 * p for m, p in points.items()}
     assert plan["finetune"]["estimate"]["seconds"] is None

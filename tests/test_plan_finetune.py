@@ -14,7 +14,7 @@ import torch
 
 from tests.test_finetune_units import write_world
 from vlbench.compose import compose
-from vlbench.finetune import fewtrans as fft
+from vlbench.finetune import fewtrans_episodic as fft
 from vlbench.models import rates
 from vlbench.plan import finetune_plan
 

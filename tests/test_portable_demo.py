@@ -2,7 +2,7 @@
 the same bytes in every file every stage writes, not only a toy training's weights (tests/test_portable.py).
 
 A copy of this repository with a miniature suite that runs every stage that computes a number (prepare, texts,
-knowledge, pretrain on 3 steps, train_plot, embed_images / embed_texts / embed_knowledge, retrieve, code, every
+knowledge, pretrain on 3 steps, train_plot, embed_images / embed_texts / embed_knowledge, repe, code, every
 analysis of the demo: zeroshot, linear_probe, specificity, compositionality, retrieval, granularity, adapt with
 ELEVATER's Random-2P and Language-1P heads and FewTrans, extensibility, extensibility_sets, robustness; and report)
 is reproduced with `dvc repro` under the machine's own settings, then copied and reproduced again with `dvc repro
@@ -67,7 +67,7 @@ SUITE = {
     "compositionality": ["compositional"],
     "retrieval": ["captions"],
     "granularity": ["hierarchy"],
-    "retrieve": ["shapes"],
+    "repe": ["shapes"],
     "adapt": ["shapes"],
     "extensibility": ["shapes"],
     "extensibility_sets": {"shapes-colors": ["shapes", "colors"]},
@@ -80,7 +80,7 @@ SETTINGS = {"conf/config.yaml": {**MINIATURE["conf/config.yaml"], "suite: smoke\
                                              "  heads: [random_2p, language_1p]"}}
 # the stage kinds (dvc.yaml's stage names) that compute a number: a demo build without one of them checks too little
 COMPUTING_STAGES = {"prepare", "texts", "knowledge", "pretrain", "train_plot", "embed_images", "embed_texts",
-                    "embed_knowledge", "retrieve", "extensibility_sets", "code", "zeroshot", "linear_probe",
+                    "embed_knowledge", "repe", "extensibility_sets", "code", "zeroshot", "linear_probe",
                     "specificity", "compositionality", "retrieval", "granularity", "adapt", "extensibility",
                     "robustness", "report"}
 

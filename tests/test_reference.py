@@ -352,7 +352,7 @@ def test_a_fewtrans_suite_run_is_compared_with_the_fewtrans_tables_dataset_by_da
 
 @pytest.mark.parametrize("table, method", [("Table 5", "lora"), ("Table 6", "visual_ft"), ("Table 7", "all_ft")])
 def test_a_fewtrans_fine_tuning_run_gets_verdicts_from_tables_5_to_7(table, method):
-    """The fine-tuning methods vlbench has (vlbench.finetune.fewtrans.METHODS) are compared with their rows of
+    """The fine-tuning methods vlbench has (vlbench.finetune.fewtrans_episodic.TUNINGS) are compared with their rows of
     Tables 5-7 under the finetune analysis, dataset by dataset; a number off by more than the row's interval is off."""
     (found,) = [t for t in load_tables("fewtrans") if t.table == table]
     rows = [r for r in found.rows if r.analysis == "finetune" and r.metric.endswith(f"/{method}")]

@@ -67,7 +67,7 @@ def test_retrieval_summary_returns_timings_apart_from_the_report():
     caps = [f"a {'circle' if i % 2 else 'square'} {i}" for i in range(40)]
     ids = np.array([f"s{i}" for i in range(40)])
     corpus = rt.Corpus("c", ids, caps, unit(40), image_ids=ids, image_emb=unit(40))
-    cfg = rt.RetrievalConfig(top_k=10, keep=3)
+    cfg = rt.RepeConfig(top_k=10, keep=3)
     run = rt.run_retrieval(corpus, ["circle", "square"], unit(4), np.array([0, 0, 1, 1]), [], cfg, device="cpu")
     metrics, counts, params, timings = rt.summary(run, cfg, corpus)
     assert run_fact_keys({"metrics": metrics, "counts": counts, "params": params}) == []

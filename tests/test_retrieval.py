@@ -1,5 +1,5 @@
 """REPE (retrieval-enhanced prompts): FAISS search against brute force, the caption filter, fallbacks, the lambda
-mixing per template, and the retrieve stage in a temporary pipeline repository."""
+mixing per template, and the repe stage in a temporary pipeline repository."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_cuda_is_refused_without_a_gpu_faiss():
     faiss = rt.faiss_module()
     if rt.gpu_available(faiss):
         pytest.skip("this machine has a FAISS GPU")
-    with pytest.raises(rt.RetrievalError, match="faiss-gpu"):
+    with pytest.raises(rt.RepeError, match="faiss-gpu"):
         rt.build_index(unit(np.random.default_rng(0), 10), rt.IndexConfig(), device="cuda")
 
 
@@ -163,7 +163,7 @@ def test_lambda_is_applied_per_template_then_averaged():
 def test_first_keep_passing_captions_are_averaged_normalised_not_renormalised():
     emb = np.array([[2, 0, 0], [0, 3, 0], [0, 0, 1], [0, 5, 5]], np.float32)
     corpus = rt.Corpus("c", np.array(["a", "b", "c", "d"]), ["x circle", "y square", "two circles", "circle z"], emb)
-    cfg = rt.RetrievalConfig(modality="text", keep=2)
+    cfg = rt.RepeConfig(modality="text", keep=2)
     hits = (np.ones((1, 4), np.float32), np.array([[1, 0, 2, 3]]))
     found = rt.retrieve_classes(corpus, ["circle"], hits, cfg)
     assert found[0].passed.tolist() == [False, True, True, True]
@@ -176,7 +176,7 @@ def test_a_class_with_no_passing_caption_falls_back_to_its_query():
     emb = np.eye(3, dtype=np.float32)
     corpus = rt.Corpus("c", np.array(["a", "b", "c"]), ["a square", "a star", "a square"], emb)
     hits = (np.ones((2, 3), np.float32), np.array([[0, 1, 2], [2, 1, 0]]))
-    found = rt.retrieve_classes(corpus, ["circle", "star"], hits, rt.RetrievalConfig(modality="text"))
+    found = rt.retrieve_classes(corpus, ["circle", "star"], hits, rt.RepeConfig(modality="text"))
     assert [f.fallback for f in found] == [True, False]
     query = np.array([[0, 3, 4], [1, 0, 0]], np.float32)
     means = rt.caption_means(found, emb, query)
@@ -207,12 +207,12 @@ def test_query_is_the_embedded_text_or_the_prompt_ensemble():
     emb = np.array([[0, 2, 0], [1, 0, 0]], np.float32)
     table = prompt_table([(0, "a photo of a circle."), (1, "a star.")])
     ensemble = np.array([[1, 0, 0], [0, 0, 1]], np.float32)
-    cfg = rt.RetrievalConfig()
+    cfg = rt.RepeConfig()
     q, sources = rt.query_embeddings(["circle", "star"], [(table, emb)], cfg, ensemble)
     assert sources == ["text", "ensemble"]
     np.testing.assert_allclose(q, [[0, 1, 0], [0, 0, 1]])
-    with pytest.raises(rt.RetrievalError, match=r"'a photo of a star\.'.*query_missing"):
-        rt.query_embeddings(["circle", "star"], [(table, emb)], rt.RetrievalConfig(query_missing="error"), ensemble)
+    with pytest.raises(rt.RepeError, match=r"'a photo of a star\.'.*query_missing"):
+        rt.query_embeddings(["circle", "star"], [(table, emb)], rt.RepeConfig(query_missing="error"), ensemble)
 
 
 def test_run_retrieval_end_to_end_on_arrays():
@@ -223,7 +223,7 @@ def test_run_retrieval_end_to_end_on_arrays():
     corpus = rt.Corpus("c", np.array([f"s{i}" for i in range(40)]), caps, cap_emb,
                        image_ids=np.array([f"s{i}" for i in range(40)]), image_emb=unit(rng, 40, 8))
     prompts, cls = unit(rng, 4, 8), np.array([0, 0, 1, 1])
-    cfg = rt.RetrievalConfig(top_k=10, keep=3)
+    cfg = rt.RepeConfig(top_k=10, keep=3)
     run = rt.run_retrieval(corpus, names, prompts, cls, [], cfg, device="cpu")
     assert run.k == 10 and run.recall == 1.0 and run.query_sources == ["ensemble", "ensemble"]
     for c, f in enumerate(run.found):
@@ -234,32 +234,32 @@ def test_run_retrieval_end_to_end_on_arrays():
 
 
 def test_params_errors_name_the_key():
-    with pytest.raises(ParamsError, match=r"retrieve\.filter 'fuzzy'"):
+    with pytest.raises(ParamsError, match=r"repe\.filter 'fuzzy'"):
         rt.parse_config({"filter": "fuzzy"})
-    with pytest.raises(ParamsError, match=r"retrieve\.shift_lambda"):
+    with pytest.raises(ParamsError, match=r"repe\.shift_lambda"):
         rt.parse_config({"shift_lambda": 1.5})
-    with pytest.raises(ParamsError, match=r"retrieve\.index\.nprobe"):
+    with pytest.raises(ParamsError, match=r"repe\.index\.nprobe"):
         rt.parse_config({"index": {"nprobe": 0}})
-    with pytest.raises(ParamsError, match=r"unknown key\(s\) retrieve\.\['topk'\]"):
+    with pytest.raises(ParamsError, match=r"unknown key\(s\) repe\.\['topk'\]"):
         rt.parse_config({"topk": 5})
-    with pytest.raises(ParamsError, match=r"retrieve\.query must"):
+    with pytest.raises(ParamsError, match=r"repe\.query must"):
         rt.parse_config({"query": "a photo"})
-    with pytest.raises(ParamsError, match=r"retrieve\.prompts must name a text set"):
+    with pytest.raises(ParamsError, match=r"repe\.prompts must name a text set"):
         rt.parse_config({"prompts": "prompts ensemble"})
     config = yaml.safe_load((ROOT / "conf/config.yaml").read_text())
-    assert rt.parse_config(config["retrieve"]) == rt.RetrievalConfig()  # the defaults are the documented ones
-    assert rt.RetrievalConfig().prompts == "prompts"
+    assert rt.parse_config(config["repe"]) == rt.RepeConfig()  # the defaults are the documented ones
+    assert rt.RepeConfig().prompts == "prompts"
 
 
 def test_a_missing_prompt_set_names_the_dataset_the_set_and_the_param():
     assert rt.check_prompt_set("cifar10", "prompts_ensemble", ["prompts", "prompts_ensemble"]) == "prompts_ensemble"
-    with pytest.raises(rt.RetrievalError) as err:
+    with pytest.raises(rt.RepeError) as err:
         rt.check_prompt_set("coop-x", "prompts_ensemble", ["prompts_single", "prompts"])
     assert str(err.value) == (
-        "dataset 'coop-x' has no class text set 'prompts_ensemble' (retrieve.prompts; its class text sets: "
+        "dataset 'coop-x' has no class text set 'prompts_ensemble' (repe.prompts; its class text sets: "
         "['prompts', 'prompts_single']): add `prompt_sets: {ensemble: [...]}` under `texts` in its entry "
-        "(conf/dataset/coop-x.yaml) or set retrieve.prompts to one of them")
-    with pytest.raises(rt.RetrievalError, match=r"no class text set 'captions' \(retrieve\.prompts.*\): set retrieve"):
+        "(conf/dataset/coop-x.yaml) or set repe.prompts to one of them")
+    with pytest.raises(rt.RepeError, match=r"no class text set 'captions' \(repe\.prompts.*\): set repe"):
         rt.check_prompt_set("coco", "captions", ["prompts"])
 
 
@@ -271,7 +271,7 @@ def test_template_prompts_are_the_template_rows_and_every_class_needs_one():
     feats = Features(table, np.eye(4, dtype=np.float32), {}, [])
     emb, cls = rt.template_prompts(feats, "d", "prompts_ensemble", 2)
     assert cls.tolist() == [0, 1, 1] and emb.tolist() == np.eye(4)[[0, 2, 3]].tolist()
-    with pytest.raises(rt.RetrievalError, match=r"dataset 'd', text set 'prompts_ensemble' \(retrieve\.prompts\): no "
+    with pytest.raises(rt.RepeError, match=r"dataset 'd', text set 'prompts_ensemble' \(repe\.prompts\): no "
                                                 r"template prompt for 1 of 3 classes \(class indices \[2\]\)"):
         rt.template_prompts(feats, "d", "prompts_ensemble", 3)
 
@@ -285,12 +285,12 @@ def made_from_hash(fp: dict, keys) -> str:
 def test_the_default_prompt_set_leaves_the_fingerprint_as_it_was_before_the_param():
     corpus = rt.Corpus("c", np.array(["s"]), ["x"], np.ones((1, 2), np.float32), fingerprint={"corpus": "c"})
     base = {"model": "m", "dataset": "d", "text_set": "prompts", "text_version": "v1"}
-    fp = rt.weights_fingerprint(base, corpus, rt.RetrievalConfig(), ["ensemble"])
-    old_settings = {k: v for k, v in rt.RetrievalConfig().as_dict().items() if k != "prompts"}
+    fp = rt.weights_fingerprint(base, corpus, rt.RepeConfig(), ["ensemble"])
+    old_settings = {k: v for k, v in rt.RepeConfig().as_dict().items() if k != "prompts"}
     assert "prompts_set" not in fp and fp["retrieval"] == old_settings  # the settings as they were, no new key
     assert fp["text_version"] == made_from_hash(fp, ["prompts_version", "corpus", "retrieval", "query_sources"])
     other = rt.weights_fingerprint({**base, "text_set": "prompts_ensemble"}, corpus,
-                                   rt.RetrievalConfig(prompts="prompts_ensemble"), ["ensemble"])
+                                   rt.RepeConfig(prompts="prompts_ensemble"), ["ensemble"])
     assert other["prompts_set"] == "prompts_ensemble" and other["text_set"] == "repe"
     assert other["retrieval"] == old_settings and other["text_version"] != fp["text_version"]
 
@@ -303,21 +303,21 @@ def test_the_openness_suite_runs_repe_on_the_single_prompt_over_coco_captions():
     from vlbench.params import effective
 
     params = effective(compose(["suite=openness"]))  # the settings the stages read
-    suite, cfg = params["suite"], rt.parse_config(params["retrieve"])
+    suite, cfg = params["suite"], rt.parse_config(params["repe"])
     assert (cfg.corpus, cfg.split, cfg.captions, cfg.prompts) == ("coco-2017-val", "val", "captions", "prompts_single")
-    code = rt.parse_config(compose(["suite=openness", "retrieve.prompts=prompts_ensemble"])["retrieve"])
+    code = rt.parse_config(compose(["suite=openness", "repe.prompts=prompts_ensemble"])["repe"])
     assert code.prompts == "prompts_ensemble"
     assert cfg.corpus in suite["embed"] and cfg.corpus not in suite["zeroshot"] and cfg.corpus in suite["datasets"]
     entries = {name: dataset_entry(params, name) for name in suite["datasets"]}
     assert cfg.split in entries[cfg.corpus]["prepare"]["splits"]
     assert entries[cfg.corpus]["texts"]["specificity"] is None  # the suite's override: no altered captions to embed
     members = {d for ds in suite["extensibility_sets"].values() for d in ds}
-    assert set(suite["retrieve"]) == set(suite["extensibility"]) | members and len(suite["retrieve"]) == 10
-    for name in suite["retrieve"]:
+    assert set(suite["repe"]) == set(suite["extensibility"]) | members and len(suite["repe"]) == 10
+    for name in suite["repe"]:
         assert entries[name]["texts"]["prompt_sets"]["single"], name  # the set prompts_single exists
         assert entries[name]["texts"]["prompt_sets"]["ensemble"], name  # and prompts_ensemble
         assert name in suite["embed"]
-    assert params["retrieve"]["shift_lambda"] == 0.25 and params["retrieve"]["keep"] == 100  # the authors' 0.25, 100
+    assert params["repe"]["shift_lambda"] == 0.25 and params["repe"]["keep"] == 100  # the authors' 0.25, 100
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -329,17 +329,17 @@ ENSEMBLE = ["a {c}.", "a picture of a {c}.", "a {c} shape."]  # no "a photo of a
 
 @pytest.fixture(scope="module")
 def retrieved(smoke_run, tmp_path_factory):
-    """A copy of the session's smoke run (tests/conftest.py) with a caption corpus added: retrieve@shapes."""
+    """A copy of the session's smoke run (tests/conftest.py) with a caption corpus added: repe@shapes."""
     from tests.pipeline_repo import read_suite, run, synthetic_entry, write_suite
 
-    repo = smoke_run(tmp_path_factory.mktemp("retrieve") / "repo")
+    repo = smoke_run(tmp_path_factory.mktemp("repe") / "repo")
     suite = read_suite(repo, "smoke")
     suite["datasets"]["corpus"] = synthetic_entry("corpus", {"train": 200}, ["a {c}."])
-    suite["datasets"]["shapes"]["texts"]["prompt_sets"] = {"ensemble": ENSEMBLE}  # for retrieve.prompts
-    suite.update(embed=suite["embed"] + ["corpus"], retrieve=["shapes"])
+    suite["datasets"]["shapes"]["texts"]["prompt_sets"] = {"ensemble": ENSEMBLE}  # for repe.prompts
+    suite.update(embed=suite["embed"] + ["corpus"], repe=["shapes"])
     write_suite(repo, suite)
     run(repo, sys.executable, "-m", "vlbench.cli", "compose")
-    run(repo, *DVC, "repro", "retrieve@shapes")
+    run(repo, *DVC, "repro", "repe@shapes")
     return repo
 
 
@@ -361,9 +361,9 @@ def test_the_stage_writes_weights_captions_index_info_and_a_report(retrieved):
         words = rt.class_words(names[c])
         assert all(any(w in cap.lower() for w in words) for cap in found["caption"][mine][passed])
     assert json.loads((out / "index.json").read_text())["kind"] == "flat"
-    report = json.loads((retrieved / "reports/retrieve/shapes.json").read_text())
+    report = json.loads((retrieved / "reports/repe/shapes.json").read_text())
     assert report["metrics"]["recall_at_200"] == 1.0 and report["counts"]["classes"] == 12
-    timings = json.loads((retrieved / "runs/retrieve/shapes.json").read_text())  # run facts, not in the report
+    timings = json.loads((retrieved / "runs/repe/shapes.json").read_text())  # run facts, not in the report
     assert timings["index_build_seconds"] >= 0 and timings["query_seconds"] >= 0 and "timings" not in report["params"]
     assert report["counts"]["kept"] == int(weights.column("kept").to_numpy().sum())
 
@@ -389,15 +389,15 @@ def test_the_weights_are_fingerprinted_for_the_model_and_prompts_version(retriev
 def test_nothing_is_stale_after_a_run_and_a_lambda_change_reruns_retrieve_only(retrieved):
     from tests.pipeline_repo import run
 
-    assert json.loads(run(retrieved, *DVC, "status", "--json", "retrieve@shapes").stdout) == {}
-    config = retrieved / "conf/settings/retrieve.yaml"  # the section's defaults: a file dependency of retrieve@
+    assert json.loads(run(retrieved, *DVC, "status", "--json", "repe@shapes").stdout) == {}
+    config = retrieved / "conf/settings/repe.yaml"  # the section's defaults: a file dependency of repe@
     text = config.read_text()
     assert text.count("shift_lambda: 0.25") == 1
     config.write_text(text.replace("shift_lambda: 0.25", "shift_lambda: 0.5"))
     try:
         run(retrieved, sys.executable, "-m", "vlbench.cli", "compose")
-        status = json.loads(run(retrieved, *DVC, "status", "--json", "retrieve@shapes").stdout)
-        assert list(status) == ["retrieve@shapes"]
+        status = json.loads(run(retrieved, *DVC, "status", "--json", "repe@shapes").stdout)
+        assert list(status) == ["repe@shapes"]
     finally:
         config.write_text(text)
         run(retrieved, sys.executable, "-m", "vlbench.cli", "compose")
@@ -407,17 +407,17 @@ def test_a_corpus_without_captions_is_one_clear_line(retrieved, tmp_path):
     from tests.pipeline_repo import run
 
     params = yaml.safe_load((retrieved / "params.yaml").read_text())
-    params["retrieve"]["captions"] = "prompts"
+    params["repe"]["captions"] = "prompts"
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
-    proc = run(retrieved, sys.executable, "-m", "stages.retrieve", "--dataset", "shapes", "--params",
+    proc = run(retrieved, sys.executable, "-m", "stages.repe", "--dataset", "shapes", "--params",
                str(tmp_path / "p.yaml"), check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("error: corpus 'corpus': text set 'prompts' is not owned by sample_id (columns "
-                                   "['class_index', 'source', 'text']); retrieve.captions must name its captions")
+                                   "['class_index', 'source', 'text']); repe.captions must name its captions")
 
 
-def run_stage_with(repo: Path, dest: Path, **retrieve) -> tuple[Path, object]:
-    """A copy of the pipeline repository at `dest` (no .dvc, no git), retrieve@shapes run there with `retrieve`
+def run_stage_with(repo: Path, dest: Path, **repe) -> tuple[Path, object]:
+    """A copy of the pipeline repository at `dest` (no .dvc, no git), repe@shapes run there with `repe`
     params changed: (the copy, the finished process)."""
     import shutil
 
@@ -425,9 +425,9 @@ def run_stage_with(repo: Path, dest: Path, **retrieve) -> tuple[Path, object]:
 
     shutil.copytree(repo, dest, ignore=shutil.ignore_patterns(".git", ".dvc"))
     params = yaml.safe_load((dest / "params.yaml").read_text())
-    params["retrieve"].update(retrieve)
+    params["repe"].update(repe)
     (dest / "p.yaml").write_text(yaml.safe_dump(params))
-    return dest, run(dest, sys.executable, "-m", "stages.retrieve", "--dataset", "shapes", "--params",
+    return dest, run(dest, sys.executable, "-m", "stages.repe", "--dataset", "shapes", "--params",
                      str(dest / "p.yaml"), check=False)
 
 
@@ -491,6 +491,6 @@ def test_a_missing_prompt_set_stops_the_stage_with_one_line(retrieved, tmp_path)
     assert proc.returncode == 2
     # checked when the stage loads its params (vlbench.analyses.text_sets.check_text_sets), before anything is read
     assert proc.stderr.strip() == (
-        "error: suite 'smoke': retrieve on dataset 'shapes' needs text set 'prompts_single', which "
+        "error: suite 'smoke': repe on dataset 'shapes' needs text set 'prompts_single', which "
         "conf/dataset/shapes.yaml does not make: add `prompt_sets: {single: [...]}` under its `texts` (or the suite's "
-        "`entries: {shapes: {texts: ...}}`), or change the retrieve params that ask for it")
+        "`entries: {shapes: {texts: ...}}`), or change the repe params that ask for it")

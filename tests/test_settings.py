@@ -40,7 +40,7 @@ def test_the_demo_reads_the_settings_the_full_composition_gave(monkeypatch):
     for section, defaults in section_defaults().items():  # what load_params merges, spelled out
         assert params[section] == OmegaConf.to_container(OmegaConf.merge(defaults, committed[section])), section
     # the sections whose results record their settings as given keep the full composition's key order too
-    for section in ("adapt", "retrieve", "knowledge", "finetune", "linear_probe", "specificity"):
+    for section in ("adapt", "repe", "knowledge", "finetune", "linear_probe", "specificity"):
         assert list(params[section]) == list(before[section]), section
 
 
@@ -63,8 +63,8 @@ def test_every_suite_and_model_reads_what_the_full_composition_gave(tmp_path):
     runs = [([f"suite={s}"], [f"suite={s}"]) for s in available("suite")]
     runs += [([f"model={m}"], [f"model={m}"]) for m in MODELS]
     # a deep setting: a plain override of the full composition, an append now
-    runs.append((["suite=openness", "retrieve.index.kind=flat", "adapt.elevater.shots=[5]", "finetune.negclip.lr=0.1"],
-                 ["suite=openness", "+retrieve.index.kind=flat", "+adapt.elevater.shots=[5]", "+finetune.negclip.lr=0.1"]))
+    runs.append((["suite=openness", "repe.index.kind=flat", "adapt.elevater.shots=[5]", "finetune.negclip.lr=0.1"],
+                 ["suite=openness", "+repe.index.kind=flat", "+adapt.elevater.shots=[5]", "+finetune.negclip.lr=0.1"]))
     for old, new in runs:
         assert effective(compose(new, ROOT / "conf"), ROOT / "conf") == compose(old, full), new
 
@@ -138,10 +138,10 @@ def test_a_plain_override_of_a_deep_setting_says_to_append_and_a_misspelt_one_is
                               "the `+` override (`-S +key=...`) that added it")
     # a hand-edited params.yaml: the stage stops the same way
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["retrieve"]["index"] = {"nprobes": 64}
+    params["repe"]["index"] = {"nprobes": 64}
     out.write_text(yaml.safe_dump(params))
-    with pytest.raises(ParamsError, match=r"retrieve.index.nprobes \(did you mean 'retrieve.index.nprobe'\?\): not "
-                                          r"declared in conf/config.yaml nor conf/settings/retrieve.yaml"):
+    with pytest.raises(ParamsError, match=r"repe.index.nprobes \(did you mean 'repe.index.nprobe'\?\): not "
+                                          r"declared in conf/config.yaml nor conf/settings/repe.yaml"):
         load_params(out)
 
 
@@ -168,7 +168,7 @@ def test_dvc_exp_run_composes_an_append_and_names_the_append_syntax_for_a_plain_
 # ---- one source for each default (issue 40): conf/settings/<section>.yaml, and conf/config.yaml's kept keys
 
 # a mapping that holds some of a section's values on purpose, with the reason
-NOT_COPIES = {("vlbench/finetune/fewtrans.py", "adapt.fewtrans.linear"):
+NOT_COPIES = {("vlbench/finetune/fewtrans_episodic.py", "adapt.fewtrans.linear"):
               "finetune.fewtrans_episodic's own ensemble (FewTrans App. B.2), which adapt's linear head shares"}
 
 

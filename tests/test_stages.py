@@ -13,8 +13,8 @@ import yaml
 
 from vlbench import pipeline
 from vlbench.analyses import ANALYSES, load
-from vlbench.datasets.registry import SOURCES
-from vlbench.finetune.registry import METHODS
+from vlbench.datasets.registry import DATASET_SOURCES
+from vlbench.finetune.registry import FINETUNE_METHODS
 from vlbench.params import load_params
 from vlbench.report.registry import CHARTS, SUMMARIES
 
@@ -75,7 +75,7 @@ def test_each_fingerprint_covers_its_command_and_the_registry_strings_it_resolve
     files = demo_fingerprints()
     params = load_params(ROOT / "params.yaml")
     assert set(files) == {*(f"prepare/{d}" for d in params["suite"]["datasets"]), *pipeline.by_analysis_stage(),
-                          *(f"finetune/{m}" for m in METHODS), *(f"pretrain/{s}" for s in SOURCES),
+                          *(f"finetune/{m}" for m in FINETUNE_METHODS), *(f"pretrain/{s}" for s in DATASET_SOURCES),
                           *(s for s in pipeline.COMMANDS if s not in ("prepare", "pretrain", "finetune"))}
     for name in params["suite"]["datasets"]:
         assert "vlbench/datasets/synthetic.py" in files[f"prepare/{name}"] or name == "compositional", name
@@ -91,7 +91,7 @@ def test_each_fingerprint_covers_its_command_and_the_registry_strings_it_resolve
         assert modules["vlbench.analyses.linear_probe"] not in files[name] or name == "linear_probe", name
     for chart in {f.__module__ for functions in (*CHARTS.values(), SUMMARIES.values()) for f in functions}:
         assert pipeline.module_file(chart).relative_to(ROOT).as_posix() in files["report"], chart
-    for name, m in METHODS.items():
+    for name, m in FINETUNE_METHODS.items():
         assert pipeline.module_file(m.module).relative_to(ROOT).as_posix() in files[f"finetune/{name}"]
     assert "vlbench/datasets/data/elevater.json" in files["prepare/shapes"]  # a package's data files come with it
 
@@ -107,10 +107,10 @@ def test_a_fingerprint_changes_with_a_file_its_command_runs_only(tmp_path):
     before = {name: pipeline.fingerprint(m, tmp_path) for name, m in modules.items()}
     for name, changed in (("vlbench/datasets/coco.py", {"pretrain/coco", "pretrain/karpathy"}),  # (Karpathy's splits
                           # import COCO's reader) corpus sources no demo stage uses
-                          ("vlbench/models/toy.py", {f"pretrain/{s}" for s in SOURCES} | {"finetune/negclip"}),
+                          ("vlbench/models/toy.py", {f"pretrain/{s}" for s in DATASET_SOURCES} | {"finetune/negclip"}),
                           ("vlbench/analyses/linear_probe.py", {"linear_probe"}),
                           # the text sets the analyses need: the stages that check them (not prepare, texts, embedding)
-                          ("vlbench/analyses/text_sets.py", {*pipeline.by_analysis_stage(), "retrieve"}),
+                          ("vlbench/analyses/text_sets.py", {*pipeline.by_analysis_stage(), "repe"}),
                           ("vlbench/data_root.py", {f"prepare/{d}" for d in params["suite"]["datasets"]}),
                           ("vlbench/report/html.py", {"report"})):
         with (tmp_path / name).open("a") as f:
@@ -123,11 +123,11 @@ def test_a_fingerprint_changes_with_a_file_its_command_runs_only(tmp_path):
 def test_only_the_ground_floor_is_in_every_stages_fingerprint():
     """Issue 40: an edit to a module that every stage's command runs reruns the whole demo, so only the ground floor
     (LAYERS[0]: errors, io, portable, the params reader and the output layout) and the stages' own runner
-    (stages/common.py) may be one; vlbench/config.py was, with its eight jobs, until it was split by job."""
+    (stages/command.py) may be one; vlbench/config.py was, with its eight jobs, until it was split by job."""
     every = set.intersection(*demo_fingerprints().values())
     modules = {".".join(Path(f).with_suffix("").parts).removesuffix(".__init__") for f in every if f.endswith(".py")}
     assert modules == {"vlbench", "vlbench.errors", "vlbench.io", "vlbench.portable", "vlbench.params", "vlbench.paths",
-                       "stages", "stages.common"}
+                       "stages", "stages.command"}
     assert {m for m in modules if not m.startswith("stages")} <= set(LAYERS[0])
 
 

@@ -279,7 +279,7 @@ def suite_yaml(names: tuple[str, ...]) -> str:
     lines = [
         "# @package _global_",
         "# ELEVATER's 20 image-classification datasets (Li et al., NeurIPS 2022 Datasets and Benchmarks), with",
-        "# ELEVATER's class names, class order, templates, splits and metrics (vlbench/datasets/elevater.py).",
+        "# ELEVATER's class names, class order, templates, splits and metrics (vlbench/datasets/elevater_source.py).",
         "# The data is ELEVATER's own distribution, downloaded on first use into the download cache.",
         "# Zero-shot metrics on ELEVATER's softmax scores, and ELEVATER's linear probing (its hyper-parameter search,",
         "# shots 5/20/50/full) on every dataset; this file sets those analyses' params too, hence the global package.",

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from vlbench.params import ParamsError, conf_dir
+from vlbench.params import ParamsError, check_renamed, check_renamed_overrides, conf_dir
 
 SUITE_FORMAT = ("a suite maps each dataset to its input and lists the datasets of each analysis, e.g. `datasets: "
                 "{shapes: vlbench/datasets/synthetic.py}` and `zeroshot: [shapes]`; the entry stays in "
@@ -31,6 +31,9 @@ def check_suite_format(suite: Any, where: str, global_package: bool = False) -> 
     if "defaults" in suite:
         raise ParamsError(f"{where}: a suite does not pull entries in with a Hydra `defaults:` list (e.g. `- "
                           f"/dataset@datasets.x: x`); {SUITE_FORMAT}")
+    check_renamed(suite, where)
+    if global_package and isinstance(suite.get("suite"), Mapping):
+        check_renamed(suite["suite"], where, "suite.")
     datasets = (suite.get("suite") or {}).get("datasets") if global_package else suite.get("datasets")
     bad = [name for name, value in (datasets or {}).items() if not isinstance(value, str)] \
         if isinstance(datasets, Mapping) else ["datasets"]
@@ -80,6 +83,7 @@ def compose_conf(overrides: list[str] | None = None, config_dir: str | Path | No
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    check_renamed_overrides(overrides or [])
     suite_file = chosen_suite_file(overrides, config_dir)
     if suite_file is not None:
         text = suite_file.read_text()

@@ -130,9 +130,30 @@ def _merge(base: Any, over: Any) -> Any:
             **{k: v for k, v in over.items() if k not in base}}
 
 
+# params sections and suite keys renamed (old -> new): the old name fails with one line naming the new one (issue 40:
+# REPE's section, suite key and stage say repe, beside the `retrieval` analysis)
+RENAMED_KEYS = {"retrieve": "repe"}
 GROUP_SECTIONS = ("model", "suite")  # chosen by a config group, checked by their own rules (check_suite, the model's)
 # declared with an example entry (the demo's), yet any dataset may be a key
 KEYED_BY_DATASET = ("robustness.lines", "adapt.elevater.search_subset", "adapt.vtab.groups", "retrieval.dataset_text_sets")
+
+
+def check_renamed(keys, where: str, prefix: str = "") -> None:
+    """A ParamsError naming the new name for the first of `keys` (written under `prefix`, e.g. "suite.") that
+    RENAMED_KEYS lists."""
+    old = next((key for key in keys if key in RENAMED_KEYS), None)
+    if old is not None:
+        raise ParamsError(f"{where}: `{prefix}{old}` was renamed `{prefix}{RENAMED_KEYS[old]}`")
+
+
+def check_renamed_overrides(overrides: list[str]) -> None:
+    """`retrieve.corpus=x`, `+suite.retrieve=[d]`: an override of a renamed key, before Hydra says only that the key
+    is not in the config."""
+    for override in overrides:
+        section, _, rest = override.split("=", 1)[0].lstrip("+~").partition(".")
+        if section == "suite":
+            check_renamed([rest.split(".")[0]], f"override {override!r}", "suite.")
+        check_renamed([section], f"override {override!r}")
 
 
 def check_known_keys(params: Mapping[str, Any], config_dir: str | Path | None = None) -> None:
@@ -140,6 +161,7 @@ def check_known_keys(params: Mapping[str, Any], config_dir: str | Path | None = 
     mapping declared empty, such as `suite.entries`, or in a map keyed by dataset, anything goes). An unknown key (a
     typo, or `-S +zeroshot.x=1`) would be ignored by every stage yet make DVC rerun the stages of its section. Outside
     a project checkout (no conf/) nothing is checked."""
+    check_renamed(params, "params")
     conf = Path(config_dir) if config_dir else CONF
     config = conf / "config.yaml"
     if not config.is_file():
@@ -194,6 +216,7 @@ def check_suite(suite: Mapping[str, Any], config_dir: str | Path | None = None) 
     """Refuse a suite key no stage reads (a misspelled analysis would silently run nothing) and a dataset named
     by an analysis but absent from the suite's `datasets` (it would fail later inside DVC, without context)."""
     slug = suite.get("slug")
+    check_renamed(suite, f"suite {slug!r}", "suite.")
     allowed = suite_keys(config_dir)
     for key in suite if allowed is not None else ():
         if key not in allowed:

@@ -27,9 +27,9 @@ import yaml
 
 from vlbench.analyses import ANALYSES
 from vlbench.dataset_entries import dataset_entry
-from vlbench.datasets.registry import SOURCES
+from vlbench.datasets.registry import DATASET_SOURCES
 from vlbench.errors import VlbenchError
-from vlbench.finetune.registry import METHODS, SECTIONS, TABLES
+from vlbench.finetune.registry import FINETUNE_METHODS, SECTIONS, TABLES
 from vlbench.params import ParamsError, check_name
 from vlbench.results import HEADLINE_FILE
 
@@ -40,7 +40,7 @@ PROJECT_PACKAGES = ("vlbench", "stages")
 # stage -> the module its command runs (`python -m stages.<module>`); the analyses' stages: stages.analysis
 COMMANDS: dict[str, str] = {stage: f"stages.{stage}" for stage in (
     "prepare", "texts", "knowledge", "pretrain", "train_plot", "embed_images", "embed_texts", "embed_knowledge",
-    "share_images", "retrieve", "extensibility_sets", "heldout", "finetune", "report")}
+    "share_images", "repe", "extensibility_sets", "heldout", "finetune", "report")}
 # a bare "vlbench.pkg.{name}" f-string imports any module of the package (adapt's protocols)
 MODULE_PREFIX = re.compile(r"^(?:vlbench|stages)(?:\.\w+)+$")
 
@@ -128,7 +128,7 @@ def source_modules(spec: Any) -> list[str]:
     """The module of the dataset source a `prepare` spec names (none for a spec without a known source: its stage
     then fails with the registry's own message)."""
     source = spec.get("source") if isinstance(spec, Mapping) else None
-    return [module_of(SOURCES[source])] if source in SOURCES else []
+    return [module_of(DATASET_SOURCES[source])] if source in DATASET_SOURCES else []
 
 
 def stage_modules(params: Mapping[str, Any], root: Path = ROOT) -> dict[str, list[str]]:
@@ -139,8 +139,9 @@ def stage_modules(params: Mapping[str, Any], root: Path = ROOT) -> dict[str, lis
            if stage not in ("prepare", "pretrain", "finetune", "report")}
     out.update({name: ["stages.analysis", ANALYSES[name].module] for name in by_analysis_stage()})
     out["report"] = [COMMANDS["report"]]
-    out.update({f"finetune/{name}": [COMMANDS["finetune"], m.module] for name, m in METHODS.items()})
-    out.update({f"pretrain/{source}": [COMMANDS["pretrain"], module_of(entry)] for source, entry in SOURCES.items()})
+    out.update({f"finetune/{name}": [COMMANDS["finetune"], m.module] for name, m in FINETUNE_METHODS.items()})
+    out.update({f"pretrain/{source}": [COMMANDS["pretrain"], module_of(entry)]
+                for source, entry in DATASET_SOURCES.items()})
     conf = root / "conf"
     for name in (params.get("suite") or {}).get("datasets") or {}:
         check_name("dataset", name)  # it names a file
@@ -226,7 +227,7 @@ def report_stage() -> dict:
 
 def finetune_stage(root: Path = ROOT) -> dict:
     """finetune@<dataset>: the method `finetune.method` names; its params are the sections any method declares
-    (vlbench.finetune.registry.METHODS), every table of TABLES an output (empty where not the method's)."""
+    (vlbench.finetune.registry.FINETUNE_METHODS), every table of TABLES an output (empty where not the method's)."""
     sections = ["finetune", *SECTIONS]
     return {"foreach": "${suite.finetune}",
             "do": {"cmd": "python -m stages.finetune --dataset ${item}",

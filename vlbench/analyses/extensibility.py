@@ -1,5 +1,5 @@
 """The extensibility analysis on cached features (Ren et al., "Delving into the Openness of CLIP"; issue 12):
-the metrics of `vlbench.expansion` per prompt variant, with per-step curves, per-group drops, margins,
+the metrics of `vlbench.analyses.expansion` per prompt variant, with per-step curves, per-group drops, margins,
 cosine statistics, alignment and uniformity, and the adversarial vocabulary scan. docs/protocols.md,
 "Extensibility", states every choice.
 
@@ -14,9 +14,9 @@ cosine statistics, alignment and uniformity, and the adversarial vocabulary scan
   (the authors' code).
 
 Variants: `<v>` scores the images against the class weights of text set `prompts_<v>` (texts.prompt_sets of the
-dataset entry: "a photo of a {c}.", CLIP's 7 ImageNet templates, CIFAR's 18, ...); `repe` reads the retrieve
+dataset entry: "a photo of a {c}.", CLIP's 7 ImageNet templates, CIFAR's 18, ...); `repe` reads the repe
 stage's REPE class weights (features/<model>/<dataset>/retrieval/class_weights.parquet). `repe` is a default variant:
-it runs where that file exists (the datasets of suite.retrieve; for a dataset-level vocabulary, every member's) and is
+it runs where that file exists (the datasets of suite.repe; for a dataset-level vocabulary, every member's) and is
 otherwise skipped, with the reason and the param to change in the result's `details.skipped_variants`; where it ran,
 `details.repe` names per dataset the corpus its captions came from and the model that searched it (the paper's is
 CC12M, App. A.5). A prompt variant without its text set is an error. Class weights are the renormalised mean of the normalised prompt
@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from vlbench import expansion as ex
+from vlbench.analyses import expansion as ex
 from vlbench.analyses.zeroshot_classifier import class_weights, similarities
 from vlbench.dataset_entries import check_suite_dataset
-from vlbench.expansion import ExtensibilityError
+from vlbench.analyses.expansion import ExtensibilityError
 from vlbench.knowledge.repe import DEFAULT_PROMPTS, read_repe_class_weights, weights_path
 from vlbench.knowledge.vocabulary import PROMPT_SET_PREFIX, VOCABULARY_SET, related_words
 from vlbench.params import check_name, defaults, get
@@ -201,7 +201,7 @@ def variant_weights(inputs, variant: str) -> np.ndarray:
         found = read_repe_class_weights(inputs.features_dir, inputs.identity, meta.name)
         if found.embeddings.shape[0] != len(meta.classes):
             raise ExtensibilityError(f"dataset {meta.name!r}: REPE class weights have {found.embeddings.shape[0]} rows "
-                                     f"for {len(meta.classes)} classes; re-run retrieve@{meta.name}")
+                                     f"for {len(meta.classes)} classes; re-run repe@{meta.name}")
         return l2_normalize(found.embeddings)
     name = _prompt_set(inputs, variant)
     return prompt_weights(inputs.texts(name), len(meta.classes), f"dataset {meta.name!r}, text set {name!r}")
@@ -233,13 +233,13 @@ def repe_details(members: Sequence[tuple[str, Any]], variants: Sequence[str]) ->
 
 
 def repe_missing(inputs) -> str | None:
-    """None where the dataset has REPE class weights (the retrieve stage's file), else why `repe` cannot run there."""
+    """None where the dataset has REPE class weights (the repe stage's file), else why `repe` cannot run there."""
     path = weights_path(inputs.features_dir)
     return None if path.is_file() else f"dataset {inputs.meta.name!r} has no REPE class weights ({path})"
 
 
-REPE_HINT = ("the retrieve stage writes REPE class weights for the datasets of suite.retrieve: add the dataset(s) to "
-             "suite.retrieve to report repe, or drop 'repe' from extensibility.variants")
+REPE_HINT = ("the repe stage writes REPE class weights for the datasets of suite.repe: add the dataset(s) to "
+             "suite.repe to report repe, or drop 'repe' from extensibility.variants")
 
 
 def runnable_variants(s: Settings, members: Sequence[Any], where: str) -> tuple[list[str], dict[str, str]]:

@@ -1,6 +1,6 @@
 """The text sets the suite's analyses read that a dataset's entry alone decides (`prompts_<name>`, `captions_prompted`),
 checked before anything runs: by `vlbench.compose.compose`, by the first stage of every run (`stages.code`) and by
-the stages that read them (`stages.retrieve`, `stages.analysis`)."""
+the stages that read them (`stages.repe`, `stages.analysis`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def made_text_sets(entry: Mapping[str, Any]) -> set[str]:
 def text_set_needs(params: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(analysis, dataset, text set) for every text set that an analysis of the suite reads and that the entry alone
     decides (`prompts_<name>`, `captions_prompted`): extensibility's variants (datasets and set members), adapt
-    FewTrans' zeroshot method, retrieve's prompts, retrieval's captions."""
+    FewTrans' zeroshot method, repe's prompts, retrieval's captions."""
     def setting(dotted: str) -> Any:  # the default where params leave the key out
         node: Any = params
         for key in dotted.split("."):
@@ -38,7 +38,7 @@ def text_set_needs(params: Mapping[str, Any]) -> list[tuple[str, str, str]]:
              for v in setting("extensibility.variants") if v != "repe"]
     if "fewtrans" in setting("adapt.protocols") and "zeroshot" in setting("adapt.fewtrans.methods"):
         needs += [("adapt", d, setting("adapt.fewtrans.text_set")) for d in suite.get("adapt") or []]
-    needs += [("retrieve", d, setting("retrieve.prompts")) for d in suite.get("retrieve") or []]
+    needs += [("repe", d, setting("repe.prompts")) for d in suite.get("repe") or []]
     per_dataset = setting("retrieval.dataset_text_sets")
     needs += [("retrieval", d, per_dataset.get(d, setting("retrieval.text_set"))) for d in suite.get("retrieval") or []]
     return [(a, d, t) for a, d, t in needs if t.startswith("prompts_") or t == CAPTION_PROMPT_SET]

@@ -4,8 +4,8 @@ A dataset entry (conf/dataset/<name>.yaml) has `prepare` (a spec naming its `sou
 tracks for prepare) and `texts`. A source is a module with `build(name, spec, out_dir) -> DatasetMeta` and,
 where its classes and split sizes are known without any download, `catalogue_row(name, spec) -> dict`
 (classes, splits, metric, manual_download), and, where its leaf classes (WordNet ids, for the granularity hierarchy) are
-known before `prepare`, `leaf_classes(name, spec, cache=, mirror=) -> (wnids, where they came from)`. Adding a source means adding one line to `SOURCES` (and, if it
-reads files the user provides, to `DATA_KEYS`).
+known before `prepare`, `leaf_classes(name, spec, cache=, mirror=) -> (wnids, where they came from)`. Adding a source
+means adding one line to `DATASET_SOURCES` (and, if it reads files the user provides, to `DATA_KEYS`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from vlbench.datasets.canonical import DatasetError, DatasetMeta
 from vlbench.params import ParamsError, check_suite, conf_dir
 from vlbench.paths import prepared_dir
 
-SOURCES = {
+DATASET_SOURCES = {
     "synthetic": "vlbench.datasets.synthetic:build",
     "imagefolder": "vlbench.datasets.local:build_imagefolder",
     "manifest": "vlbench.datasets.local:build_manifest",
     # real datasets, downloaded and verified by vlbench/datasets/download.py
-    "elevater": "vlbench.datasets.elevater:build",
+    "elevater": "vlbench.datasets.elevater_source:build",
     "imagenet": "vlbench.datasets.imagenet:build",
     "breeds": "vlbench.datasets.breeds:build",
     "tiered": "vlbench.datasets.tiered:build",
@@ -36,7 +36,7 @@ SOURCES = {
     "coco": "vlbench.datasets.coco:build",
     "karpathy": "vlbench.datasets.karpathy:build",  # Karpathy's caption splits (COCO 5k, Flickr30k 1k) for retrieval
     "vtab": "vlbench.datasets.vtab:build",  # TFDS-prepared TFRecord files, read without TensorFlow
-    "fewtrans": "vlbench.datasets.fewtrans:build",
+    "fewtrans": "vlbench.datasets.fewtrans_source:build",
     "cub": "vlbench.datasets.cub:build",  # CUB-200-2011, FewTrans's held-out dataset for ImageNet-trained models
     "shift": "vlbench.datasets.shifts:build",  # ImageNetV2, ImageNet-R/A, ObjectNet (robustness suite)
     "compositional": "vlbench.datasets.compositional:build",  # SugarCrepe, Winoground, ARO, the demo's swaps
@@ -53,13 +53,14 @@ DATA_KEYS = {"imagefolder": ("root",), "manifest": ("path", "splits"), "vtab": (
 
 def _source(name: str, spec: Mapping[str, Any]) -> str:
     source = spec.get("source") if isinstance(spec, Mapping) else None
-    if source not in SOURCES:
-        raise DatasetError(f"dataset {name!r}: unknown source {source!r}; known sources: {', '.join(sorted(SOURCES))}")
+    if source not in DATASET_SOURCES:
+        raise DatasetError(f"dataset {name!r}: unknown source {source!r}; "
+                           f"known sources: {', '.join(sorted(DATASET_SOURCES))}")
     return source
 
 
 def prepare_dataset(name: str, spec: Mapping[str, Any], out_dir: str | Path) -> DatasetMeta:
-    module, func = SOURCES[_source(name, spec)].split(":")
+    module, func = DATASET_SOURCES[_source(name, spec)].split(":")
     return getattr(importlib.import_module(module), func)(name, dict(spec), Path(out_dir))
 
 
@@ -91,7 +92,7 @@ def describe(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     spec = entry["prepare"]
     row = {"name": name, "source": _source(name, spec), "classes": None, "splits": {}, "metric": spec.get("metric"),
            "manual_download": False}
-    module = importlib.import_module(SOURCES[row["source"]].split(":")[0])
+    module = importlib.import_module(DATASET_SOURCES[row["source"]].split(":")[0])
     if hasattr(module, "catalogue_row"):
         row.update(module.catalogue_row(name, dict(spec)))
     elif row["source"] == "manifest" and isinstance(spec.get("classnames"), list):
@@ -111,7 +112,7 @@ def declared_metric(name: str, entry: Mapping[str, Any]) -> str | None:
     (`catalogue_row`: DataComp's main metric of a wds task, mean recall@1 for its retrieval tasks), else the spec's
     `metric`, else the prepared data's (classes.json); None where none says."""
     spec = entry["prepare"]
-    module = importlib.import_module(SOURCES[_source(name, spec)].split(":")[0])
+    module = importlib.import_module(DATASET_SOURCES[_source(name, spec)].split(":")[0])
     found = module.catalogue_row(name, dict(spec)).get("metric") if hasattr(module, "catalogue_row") else None
     if found or spec.get("metric"):
         return found or spec["metric"]
@@ -140,7 +141,7 @@ def leaf_classes(name: str, spec: Mapping[str, Any], cache: Path | None = None,
                  mirror: Path | None = None) -> tuple[list[str], str] | None:
     """(leaf wnids, where they came from) as the dataset's source lists them before `prepare`; None when the source
     knows its classes only from the prepared data."""
-    module = importlib.import_module(SOURCES[_source(name, spec)].split(":")[0])
+    module = importlib.import_module(DATASET_SOURCES[_source(name, spec)].split(":")[0])
     if not hasattr(module, "leaf_classes"):
         return None
     return module.leaf_classes(name, dict(spec), cache=cache, mirror=mirror)

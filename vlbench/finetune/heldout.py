@@ -31,7 +31,7 @@ import torch
 
 from vlbench.analyses.adapt import fewtrans as episodic
 from vlbench.finetune import FinetuneError, units
-from vlbench.finetune import fewtrans as fft
+from vlbench.finetune import fewtrans_episodic as fft
 from vlbench.models.identity import model_identity
 
 # params finetune.heldout.search overrides these; finetune.heldout.dataset names the held-out dataset (the paper:
@@ -114,7 +114,7 @@ def neighbours(s: Mapping[str, Any], axes: Sequence[str], point: tuple) -> list[
 
 
 def axes_of(name: str) -> tuple[str, ...]:
-    return ("lr", "epochs") if fft.METHODS[name].head == "text" else ("lr", "head_lr", "epochs")
+    return ("lr", "epochs") if fft.TUNINGS[name].head == "text" else ("lr", "head_lr", "epochs")
 
 
 def rank_key(axes: Sequence[str], point: tuple, score: float) -> tuple:

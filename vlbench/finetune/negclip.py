@@ -37,7 +37,7 @@ from vlbench.embed import embed_image_splits, embed_text_sets, model_for_dataset
 from vlbench.engines import engine
 from vlbench.finetune import FinetuneError
 from vlbench.params import defaults
-from vlbench.finetune.common import (
+from vlbench.finetune.training import (
     Job,
     Loop,
     Outcome,

@@ -1,6 +1,6 @@
 """What the held-out search (stage heldout@, vlbench/finetune/heldout.py) and a FewTrans fine-tuning table (stage
-finetune@ with finetune.method fewtrans_episodic, vlbench/finetune/fewtrans.py) will train, counted from the params
-and the prepared data without training anything; and the device time that takes at a measured step rate
+finetune@ with finetune.method fewtrans_episodic, vlbench/finetune/fewtrans_episodic.py) will train, counted from the
+params and the prepared data without training anything; and the device time that takes at a measured step rate
 (`vlbench plan`, key "finetune").
 
 Counts, per stage and method:
@@ -24,7 +24,7 @@ from typing import Any
 from vlbench.analyses.adapt import fewtrans as episodic
 from vlbench.errors import VlbenchError
 from vlbench.finetune import FinetuneError, heldout
-from vlbench.finetune import fewtrans as fft
+from vlbench.finetune import fewtrans_episodic as fft
 from vlbench.models import rates as model_rates
 from vlbench.paths import prepared_dir
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlbench.datasets.registry import SOURCES
+from vlbench.datasets.registry import DATASET_SOURCES
 from vlbench.paths import prepared_dir
 from vlbench.knowledge.sources import (
     KnowledgeFile,
@@ -96,7 +96,7 @@ def dataset_class_names(name: str, entry: Mapping[str, Any]) -> list[str] | None
 
 def _source_class_names(name: str, spec: Mapping[str, Any]) -> list[str] | None:
     """The class names a source module knows without data: its optional `class_names(name, spec)`."""
-    module_name = SOURCES.get(spec.get("source"), "").split(":")[0]
+    module_name = DATASET_SOURCES.get(spec.get("source"), "").split(":")[0]
     if not module_name or importlib.util.find_spec(module_name) is None:
         return None
     known = getattr(importlib.import_module(module_name), "class_names", None)

@@ -3,7 +3,7 @@
 Per class, a query embedding searches a caption corpus (a dataset of image-caption pairs whose image and caption
 embeddings are ordinary cached features); the top `top_k` hits give a ranked list of captions; captions that name
 a word of the class pass the filter; the first `keep` that pass are L2-normalised and averaged; every prompt of the
-class (the template rows of the class text set `retrieve.prompts`: `prompts` by default, `prompts_ensemble` for the
+class (the template rows of the class text set `repe.prompts`: `prompts` by default, `prompts_ensemble` for the
 authors' ensembles) is then mixed with that mean, `(1 - shift_lambda) * prompt + shift_lambda * captions`,
 renormalised, and the class weight is the renormalised mean over the class's prompts (the authors' `repe/repe.py`
 applied per template in their `ZeroshotCLIP2` ensemble). docs/protocols.md, "REPE", lists every choice and each difference from their code.
@@ -36,22 +36,22 @@ MODALITIES = ("image", "text")
 INDEX_KINDS = ("auto", "flat", "ivf", "hnsw")
 QUERY_MISSING = ("ensemble", "error")
 TEXT_SET = "repe"  # the `text_set` of the class weights' fingerprint
-DEFAULT_PROMPTS = "prompts"  # what a fingerprint without `prompts_set` was made from (fixed, whatever retrieve.prompts' default)
+DEFAULT_PROMPTS = "prompts"  # what a fingerprint without `prompts_set` was made from (fixed, whatever repe.prompts' default)
 WEIGHTS_FILE = "class_weights.parquet"
 RETRIEVED_FILE = "retrieved.parquet"
 INDEX_INFO_FILE = "index.json"
 INDEX_FILE = "index.faiss"
 
 
-class RetrievalError(VlbenchError):
+class RepeError(VlbenchError):
     """A corpus, a text set or a retrieval output that cannot be used as asked; the message names it."""
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Settings (params.yaml `retrieve`)
+# Settings (params.yaml `repe`)
 
 
-_DEFAULTS = defaults("retrieve")  # conf/config.yaml and conf/settings/retrieve.yaml, where each is explained
+_DEFAULTS = defaults("repe")  # conf/config.yaml and conf/settings/repe.yaml, where each is explained
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class IndexConfig:
 
 
 @dataclass(frozen=True)
-class RetrievalConfig:
+class RepeConfig:
     corpus: str = _DEFAULTS["corpus"]
     prompts: str = _DEFAULTS["prompts"]
     split: str = _DEFAULTS["split"]
@@ -90,7 +90,7 @@ class RetrievalConfig:
 
 def _choice(key: str, value: Any, allowed: Sequence[str]) -> str:
     if value not in allowed:
-        raise ParamsError(f"params.yaml: retrieve.{key} {value!r} is not one of {list(allowed)}")
+        raise ParamsError(f"params.yaml: repe.{key} {value!r} is not one of {list(allowed)}")
     return value
 
 
@@ -98,7 +98,7 @@ def _int(key: str, value: Any, low: int = 1, optional: bool = False) -> int | No
     if optional and value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ParamsError(f"params.yaml: retrieve.{key} must be an integer >= {low}, got {value!r}")
+        raise ParamsError(f"params.yaml: repe.{key} must be an integer >= {low}, got {value!r}")
     return value
 
 
@@ -106,7 +106,7 @@ def parse_index_config(cfg: Mapping[str, Any] | None) -> IndexConfig:
     cfg = dict(cfg or {})
     unknown = sorted(set(cfg) - set(IndexConfig.__dataclass_fields__))
     if unknown:
-        raise ParamsError(f"params.yaml: unknown key(s) retrieve.index.{unknown}; known: {list(IndexConfig.__dataclass_fields__)}")
+        raise ParamsError(f"params.yaml: unknown key(s) repe.index.{unknown}; known: {list(IndexConfig.__dataclass_fields__)}")
     out = IndexConfig(**cfg)
     _choice("index.kind", out.kind, INDEX_KINDS)
     for key in ("exact_max", "hnsw_max", "seed"):
@@ -117,27 +117,27 @@ def parse_index_config(cfg: Mapping[str, Any] | None) -> IndexConfig:
     return out
 
 
-def parse_config(cfg: Mapping[str, Any]) -> RetrievalConfig:
-    """The `retrieve` params, checked; every error names its key."""
+def parse_config(cfg: Mapping[str, Any]) -> RepeConfig:
+    """The `repe` params, checked; every error names its key."""
     cfg = dict(cfg)
-    unknown = sorted(set(cfg) - set(RetrievalConfig.__dataclass_fields__))
+    unknown = sorted(set(cfg) - set(RepeConfig.__dataclass_fields__))
     if unknown:
-        raise ParamsError(f"params.yaml: unknown key(s) retrieve.{unknown}; known: {list(RetrievalConfig.__dataclass_fields__)}")
+        raise ParamsError(f"params.yaml: unknown key(s) repe.{unknown}; known: {list(RepeConfig.__dataclass_fields__)}")
     index = parse_index_config(cfg.pop("index", None))
-    out = RetrievalConfig(**cfg, index=index)
+    out = RepeConfig(**cfg, index=index)
     _choice("modality", out.modality, MODALITIES)
     _choice("filter", out.filter, FILTERS)
     _choice("query_missing", out.query_missing, QUERY_MISSING)
     if not isinstance(out.prompts, str) or not NAME.match(out.prompts):
-        raise ParamsError(f"params.yaml: retrieve.prompts must name a text set (letters, digits, '-', '_'), "
+        raise ParamsError(f"params.yaml: repe.prompts must name a text set (letters, digits, '-', '_'), "
                           f"got {out.prompts!r}")
     for key in ("top_k", "keep", "recall_queries"):
         _int(key, getattr(out, key))
     if not isinstance(out.query, str) or "{c}" not in out.query:
-        raise ParamsError(f"params.yaml: retrieve.query must be a string with a '{{c}}' placeholder, got {out.query!r}")
+        raise ParamsError(f"params.yaml: repe.query must be a string with a '{{c}}' placeholder, got {out.query!r}")
     lam = out.shift_lambda
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam <= 1:
-        raise ParamsError(f"params.yaml: retrieve.shift_lambda must be a number in [0, 1], got {lam!r}")
+        raise ParamsError(f"params.yaml: repe.shift_lambda must be a number in [0, 1], got {lam!r}")
     return out
 
 
@@ -214,7 +214,7 @@ def faiss_module():
     try:
         import faiss
     except ImportError as err:  # pragma: no cover - faiss-cpu is a dependency
-        raise RetrievalError("retrieval needs FAISS: pip install faiss-cpu (or vlbench[gpu] for faiss-gpu)") from err
+        raise RepeError("retrieval needs FAISS: pip install faiss-cpu (or vlbench[gpu] for faiss-gpu)") from err
     portable.use_portable_faiss(faiss)
     return faiss
 
@@ -226,10 +226,10 @@ def gpu_available(faiss) -> bool:
 def _on_device(faiss, index, kind: str, device: str):
     """Move a flat or IVF index to GPU 0 when asked (`cuda`) or possible (`auto`); HNSW has no GPU version."""
     if device not in ("auto", "cpu", "cuda"):
-        raise RetrievalError(f"device {device!r} is not one of auto, cpu, cuda")
+        raise RepeError(f"device {device!r} is not one of auto, cpu, cuda")
     if device == "cpu" or kind == "hnsw" or not gpu_available(faiss):
         if device == "cuda" and kind != "hnsw":
-            raise RetrievalError("device cuda asked for, but FAISS has no GPU here (install vlbench[gpu]: faiss-gpu)")
+            raise RepeError("device cuda asked for, but FAISS has no GPU here (install vlbench[gpu]: faiss-gpu)")
         return index, "cpu"
     return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index), "cuda"
 
@@ -301,7 +301,7 @@ def filter_pattern(name: str, mode: str) -> re.Pattern | None:
     if mode == "substring":
         return re.compile("|".join(re.escape(w) for w in words), re.IGNORECASE) if words else None
     if mode not in ("word", "exact_word"):
-        raise ParamsError(f"params.yaml: retrieve.filter {mode!r} is not one of {list(FILTERS)}")
+        raise ParamsError(f"params.yaml: repe.filter {mode!r} is not one of {list(FILTERS)}")
     words = [w for w in words if re.search(r"[^\W_]", w)]
     if not words:
         return None
@@ -337,7 +337,7 @@ class Corpus:
         if modality == "text":
             return self.caption_emb
         if self.image_emb is None:
-            raise RetrievalError(f"corpus {self.name!r}: image retrieval needs its image features")
+            raise RepeError(f"corpus {self.name!r}: image retrieval needs its image features")
         return self.image_emb
 
 
@@ -396,7 +396,7 @@ def rank_captions(ids: np.ndarray, scores: np.ndarray, modality: str, cmap: Capt
 
 
 def retrieve_classes(corpus: Corpus, class_names: Sequence[str], hits: tuple[np.ndarray, np.ndarray],
-                     cfg: RetrievalConfig, cmap: CaptionMap | None = None) -> list[ClassRetrieval]:
+                     cfg: RepeConfig, cmap: CaptionMap | None = None) -> list[ClassRetrieval]:
     """Per class: the ranked captions of its top-k hits, the filter mask, and the first `cfg.keep` that pass."""
     scores, ids = hits
     out = []
@@ -437,7 +437,7 @@ def repe_class_weights(prompt_emb: np.ndarray, prompt_class_index: np.ndarray, m
     num_classes = len(means)
     missing = sorted(set(range(num_classes)) - set(prompt_class_index.tolist()))
     if missing:
-        raise RetrievalError(f"no prompt embeddings for class indices {missing[:10]}")
+        raise RepeError(f"no prompt embeddings for class indices {missing[:10]}")
     mixed = mix(prompt_emb, means[prompt_class_index], shift_lambda).astype(np.float64)
     sums = np.zeros((num_classes, mixed.shape[1]))
     np.add.at(sums, prompt_class_index, mixed)
@@ -453,7 +453,7 @@ def ensemble_weights(prompt_emb: np.ndarray, prompt_class_index: np.ndarray, num
 # Queries
 
 
-def query_embeddings(class_names: Sequence[str], texts: Sequence[Any], cfg: RetrievalConfig,
+def query_embeddings(class_names: Sequence[str], texts: Sequence[Any], cfg: RepeConfig,
                      ensemble: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """(C, d) normalised query embeddings and, per class, where each came from: `text` (the embedding of
     `cfg.query` filled with the class name, found in one of the dataset's embedded class text sets, `texts`: a
@@ -472,9 +472,9 @@ def query_embeddings(class_names: Sequence[str], texts: Sequence[Any], cfg: Retr
             missing.append(cfg.query.replace("{c}", name))
         sources.append("text" if found is not None else "ensemble")
     if missing and cfg.query_missing == "error":
-        raise RetrievalError(
-            f"retrieve.query: {len(missing)} class(es) have no embedded query text, e.g. {missing[0]!r}; add "
-            f"{cfg.query!r} to the dataset's texts.templates (or a text set with it), or set retrieve.query_missing: ensemble")
+        raise RepeError(
+            f"repe.query: {len(missing)} class(es) have no embedded query text, e.g. {missing[0]!r}; add "
+            f"{cfg.query!r} to the dataset's texts.templates (or a text set with it), or set repe.query_missing: ensemble")
     return l2_normalize(out), sources
 
 
@@ -500,7 +500,7 @@ def sample_rows(n: int, size: int, seed: int) -> np.ndarray:
 
 
 def run_retrieval(corpus: Corpus, class_names: Sequence[str], prompt_emb: np.ndarray, prompt_class_index: np.ndarray,
-                  class_texts: Sequence[Any], cfg: RetrievalConfig, device: str = "auto") -> RetrievalRun:
+                  class_texts: Sequence[Any], cfg: RepeConfig, device: str = "auto") -> RetrievalRun:
     """Index the corpus, query it once per class, filter, average and mix: the whole of REPE for one dataset."""
     num_classes = len(class_names)
     ensemble = ensemble_weights(prompt_emb, prompt_class_index, num_classes)
@@ -519,11 +519,11 @@ def run_retrieval(corpus: Corpus, class_names: Sequence[str], prompt_emb: np.nda
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Reading inputs and writing outputs (the retrieve stage)
+# Reading inputs and writing outputs (the repe stage)
 
 
 def retrieval_dir(features_dir: str | Path) -> Path:
-    """features/<model>/<dataset>/retrieval: the retrieve stage's output folder."""
+    """features/<model>/<dataset>/retrieval: the repe stage's output folder."""
     return Path(features_dir) / "retrieval"
 
 
@@ -532,16 +532,16 @@ def weights_path(features_dir: str | Path) -> Path:
     return retrieval_dir(features_dir) / WEIGHTS_FILE
 
 
-def load_corpus(inputs, cfg: RetrievalConfig) -> Corpus:
+def load_corpus(inputs, cfg: RepeConfig) -> Corpus:
     """The corpus's caption features (and image features for image retrieval), each checked against its
     fingerprint by `inputs` (a `vlbench.analyses.base.Inputs` of the corpus dataset)."""
     if not inputs.has_split(cfg.split) and cfg.modality == "image":
-        raise RetrievalError(f"corpus {cfg.corpus!r} has no split {cfg.split!r} (splits: {sorted(inputs.meta.splits)}); "
-                             f"set retrieve.split")
+        raise RepeError(f"corpus {cfg.corpus!r} has no split {cfg.split!r} (splits: {sorted(inputs.meta.splits)}); "
+                             f"set repe.split")
     texts = inputs.texts(cfg.captions)
     if "sample_id" not in texts.table.column_names:
-        raise RetrievalError(f"corpus {cfg.corpus!r}: text set {cfg.captions!r} is not owned by sample_id "
-                             f"(columns {texts.table.column_names}); retrieve.captions must name its captions")
+        raise RepeError(f"corpus {cfg.corpus!r}: text set {cfg.captions!r} is not owned by sample_id "
+                             f"(columns {texts.table.column_names}); repe.captions must name its captions")
     corpus = Corpus(cfg.corpus, np.asarray(texts.table.column("sample_id").to_pylist(), dtype=str),
                     texts.table.column("text").to_pylist(), l2_normalize(texts.embeddings),
                     fingerprint={"corpus": cfg.corpus, "corpus_captions": cfg.captions,
@@ -552,7 +552,7 @@ def load_corpus(inputs, cfg: RetrievalConfig) -> Corpus:
         corpus.image_emb = l2_normalize(images.embeddings)
         corpus.fingerprint.update(corpus_split=cfg.split, corpus_dataset_version=images.fingerprint.get("dataset_version"))
     if len(corpus.vectors(cfg.modality)) == 0:
-        raise RetrievalError(f"corpus {cfg.corpus!r}: nothing to index ({cfg.modality} features are empty)")
+        raise RepeError(f"corpus {cfg.corpus!r}: nothing to index ({cfg.modality} features are empty)")
     return corpus
 
 
@@ -567,29 +567,29 @@ def class_text_sets(inputs, names: Sequence[str]):
 
 
 def check_prompt_set(dataset: str, name: str, class_sets: Sequence[str]) -> str:
-    """`name` (retrieve.prompts) if it is one of the dataset's class-owned text sets `class_sets`, else an error
+    """`name` (repe.prompts) if it is one of the dataset's class-owned text sets `class_sets`, else an error
     naming the dataset, the set and the param."""
     if name in class_sets:
         return name
     hint = (f"add `prompt_sets: {{{name[len('prompts_'):]}: [...]}}` under `texts` in its entry (conf/dataset/{dataset}.yaml) "
             f"or " if name.startswith("prompts_") else "")
-    raise RetrievalError(f"dataset {dataset!r} has no class text set {name!r} (retrieve.prompts; its class text sets: "
-                         f"{sorted(class_sets)}): {hint}set retrieve.prompts to one of them")
+    raise RepeError(f"dataset {dataset!r} has no class text set {name!r} (repe.prompts; its class text sets: "
+                         f"{sorted(class_sets)}): {hint}set repe.prompts to one of them")
 
 
 def template_prompts(feats, dataset: str, name: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """(embeddings, class_index) of the template rows (`source == "template"`) of the class text set `name`
-    (retrieve.prompts), whose features are `feats`; an error unless every class has at least one."""
+    (repe.prompts), whose features are `feats`; an error unless every class has at least one."""
     rows = np.array([s == "template" for s in feats.table.column("source").to_pylist()], bool)
     class_index = feats.table.column("class_index").to_numpy()[rows]
     missing = sorted(set(range(num_classes)) - set(class_index.tolist()))
     if missing:
-        raise RetrievalError(f"dataset {dataset!r}, text set {name!r} (retrieve.prompts): no template prompt for "
+        raise RepeError(f"dataset {dataset!r}, text set {name!r} (repe.prompts): no template prompt for "
                              f"{len(missing)} of {num_classes} classes (class indices {missing[:10]})")
     return feats.embeddings[rows], class_index
 
 
-def weights_fingerprint(prompts_fingerprint: Mapping[str, Any], corpus: Corpus, cfg: RetrievalConfig,
+def weights_fingerprint(prompts_fingerprint: Mapping[str, Any], corpus: Corpus, cfg: RepeConfig,
                         sources: Sequence[str]) -> dict[str, Any]:
     """The model keys and dataset of the prompts' features, plus what the weights were made from: the prompts'
     text version (and `prompts_set`, the set's name, unless it is the default `prompts`: weights of the default
@@ -660,9 +660,9 @@ def write_outputs(out_dir: Path, class_names: Sequence[str], corpus: Corpus, run
             save_index(run.index, tmp / INDEX_FILE)
 
 
-def summary(run: RetrievalRun, cfg: RetrievalConfig, corpus: Corpus) -> tuple[dict, dict, dict, dict]:
-    """(metrics, counts, params) of one run for reports/retrieve/<dataset>.json, and its timings for
-    runs/retrieve/<dataset>.json (never in the report: it is byte-identical on a rerun)."""
+def summary(run: RetrievalRun, cfg: RepeConfig, corpus: Corpus) -> tuple[dict, dict, dict, dict]:
+    """(metrics, counts, params) of one run for reports/repe/<dataset>.json, and its timings for
+    runs/repe/<dataset>.json (never in the report: it is byte-identical on a rerun)."""
     kept = np.array([r.kept.sum() for r in run.found])
     fallback = int(sum(r.fallback for r in run.found))
     metrics = {f"recall_at_{run.k}": run.recall, "classes_with_captions": float(np.mean(kept > 0)) if len(kept) else 0.0,
@@ -683,11 +683,11 @@ def read_repe_class_weights(features_dir: str | Path, identity: Mapping[str, Any
     """The REPE class weights of a dataset as `vlbench.features.Features` (table: class_index, name,
     query_source, retrieved, passed, kept, fallback; embeddings (C, d), L2-normalised), refused
     (`StaleFeaturesError`) unless made by the model `identity` names for `dataset` and, when given, from the text
-    set `prompts_set` (retrieve.prompts) of version `prompts_version`."""
+    set `prompts_set` (repe.prompts) of version `prompts_version`."""
     expect = {**identity, "dataset": dataset, "text_set": TEXT_SET, "prompts_version": prompts_version}
     found = read_features(weights_path(features_dir), expect)
     made_from = found.fingerprint.get("prompts_set", DEFAULT_PROMPTS)
     if prompts_set is not None and made_from != prompts_set:
         raise StaleFeaturesError(f"{weights_path(features_dir)}: REPE class weights made from text set {made_from!r}, "
-                                 f"expected {prompts_set!r} (retrieve.prompts); re-run retrieve@{dataset}")
+                                 f"expected {prompts_set!r} (repe.prompts); re-run repe@{dataset}")
     return found

@@ -36,7 +36,7 @@ from vlbench.texts import check_templates, entry_templates, prompts, resolve_tem
 VOCABULARY_SET = "vocabulary"
 PROMPT_SET_PREFIX = "prompts_"
 DEFAULT_TEMPLATES = ["a photo of a {c}."]
-SOURCES = ("wordnet", "list")
+VOCABULARY_SOURCES = ("wordnet", "list")
 VOCABULARY_KEYS = ("source", "lexnames", "words", "templates")
 RELATIONS = ("class_name", "synonym", "hypernym", "hyponym")  # priority order: a word gets the first that applies
 
@@ -75,8 +75,8 @@ def prompt_sets(meta: DatasetMeta, cfg: Mapping[str, Any]) -> dict[str, pa.Table
 
 def vocabulary_set(dataset: str, spec: Any, wn=None) -> pa.Table:
     """The `vocabulary` text set of one entry's `texts.vocabulary` spec."""
-    if not isinstance(spec, Mapping) or spec.get("source") not in SOURCES:
-        raise DatasetError(f"dataset {dataset!r}: texts.vocabulary must be a mapping with source one of {list(SOURCES)}; "
+    if not isinstance(spec, Mapping) or spec.get("source") not in VOCABULARY_SOURCES:
+        raise DatasetError(f"dataset {dataset!r}: texts.vocabulary must be a mapping with source one of {list(VOCABULARY_SOURCES)}; "
                            f"got {spec!r}")
     unknown = sorted(set(spec) - set(VOCABULARY_KEYS))
     if unknown:

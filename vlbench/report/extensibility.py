@@ -8,7 +8,7 @@
   (Acc-S) and to the whole vocabulary, one panel per dataset, groups sorted by the drop: which groups suffer most.
 
 Every variant that ran is a series (`repe` included where the dataset had REPE class weights); a variant a result
-skipped (`details.skipped_variants`, e.g. repe without the retrieve stage's file) is named in both charts' subtitles,
+skipped (`details.skipped_variants`, e.g. repe without the repe stage's file) is named in both charts' subtitles,
 and so is the caption corpus each `repe` series retrieved from (`details.repe`; the paper's is CC12M, App. A.5).
 The headline numbers (Acc-C/E/S per variant, `acc_<c|e|s>_<variant>`) reach reports/metrics.json from the results'
 metrics like every analysis's.

@@ -1,7 +1,7 @@
 """The `adapt` analysis (issue 11): how well a model transfers with few or many labels, on cached features only.
 
 `run(inputs, cfg, seed)` runs the protocols that `cfg["protocols"]` names (default: all of `PROTOCOLS`), each a module
-of this package with `evaluate(inputs, cfg[<protocol>], seed) -> ProtocolResult` (`common.py`), and merges them into
+of this package with `evaluate(inputs, cfg[<protocol>], seed) -> ProtocolResult` (`protocol.py`), and merges them into
 one `Result`: metrics as the protocols key them ("elevater/...", "vtab/...", "fewtrans/..."), counts prefixed with the
 protocol, details under the protocol's name, and the tables of `PROTOCOL_TABLES` (every one is written, empty for a
 protocol that did not run, because dvc.yaml declares them as outputs of `adapt@<dataset>`).
@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from vlbench.analyses.adapt.common import AdaptError, ProtocolResult
+from vlbench.analyses.adapt.protocol import AdaptError, ProtocolResult
 from vlbench.results import Result
 
 PROTOCOLS = ("elevater", "vtab", "fewtrans")

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from vlbench.analyses.adapt.common import (
+from vlbench.analyses.adapt.protocol import (
     AdaptError,
     LinearHeads,
     ProtocolResult,
@@ -40,7 +40,7 @@ from vlbench.analyses.adapt.common import (
     score_heads,
     softmax_np,
 )
-from vlbench.analyses.adapt.common import device as pick_device
+from vlbench.analyses.adapt.protocol import device as pick_device
 from vlbench.analyses.zeroshot import label_matrix
 from vlbench.analyses.zeroshot_classifier import knowledge_variant, template_weights
 from vlbench.params import defaults

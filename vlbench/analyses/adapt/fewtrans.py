@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from vlbench.analyses.adapt import fewtrans_dag as dag
-from vlbench.analyses.adapt.common import AdaptError, ProtocolResult, cpu_threads, device as pick_device
+from vlbench.analyses.adapt.protocol import AdaptError, ProtocolResult, cpu_threads, device as pick_device
 from vlbench.analyses.adapt.vtab import exp_shifted, flush_denormals
 from vlbench.analyses.zeroshot_classifier import l2_normalize, template_weights
 from vlbench.datasets.registry import FEWTRANS_SPLITS
@@ -43,8 +43,8 @@ from vlbench.metrics import mean_confidence_interval
 from vlbench.params import defaults
 from vlbench.stats import episodes_interval
 
-METHODS = ("zeroshot", "prototype", "linear")
-NOVEL_METHODS = ("zeroshot",)  # methods that can score classes without support images
+FEWSHOT_CLASSIFIERS = ("zeroshot", "prototype", "linear")  # adapt.fewtrans.methods: classifiers on cached features
+NOVEL_CLASSIFIERS = ("zeroshot",)  # those that can score classes without support images
 COMBINES = ("sum", "vote")
 EPOCH_MODES = ("grid", "snapshots")
 CLASS_SPLIT_SEED = 22  # FewTrans' dataset_spec.SEED for its base/novel class split
@@ -71,10 +71,10 @@ def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def _check(s: Mapping[str, Any]) -> None:
-    bad = [m for m in s["methods"] if m not in METHODS]
+    bad = [m for m in s["methods"] if m not in FEWSHOT_CLASSIFIERS]
     lin = s["linear"]
     problems = {
-        "methods": bad and f"unknown method(s) {bad}; known: {list(METHODS)}",
+        "methods": bad and f"unknown method(s) {bad}; known: {list(FEWSHOT_CLASSIFIERS)}",
         "min_ways": s["min_ways"] < 2 and "must be at least 2",
         "max_ways": s["max_ways"] < s["min_ways"] and "must be at least min_ways",
         "max_support": s["max_support"] < s["max_ways"] and "must allow one support image per way",

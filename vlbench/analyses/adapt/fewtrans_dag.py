@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlbench.analyses.adapt.common import AdaptError
+from vlbench.analyses.adapt.protocol import AdaptError
 from vlbench.knowledge.hierarchy import HierarchyError, wordnet_graph
 
 MODES = ("dag",)

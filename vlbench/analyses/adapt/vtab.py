@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from vlbench.analyses.adapt.common import AdaptError, ProtocolResult, cpu_threads, device as pick_device
+from vlbench.analyses.adapt.protocol import AdaptError, ProtocolResult, cpu_threads, device as pick_device
 from vlbench.analyses.zeroshot_classifier import l2_normalize
 from vlbench.params import defaults
 from vlbench.features import (

@@ -1,4 +1,4 @@
-"""Trainable-parameter selections (vlbench/finetune/methods.py) on real open_clip models: the toy ResNet, a tiny ViT
+"""Trainable-parameter selections (vlbench/finetune/selections.py) on real open_clip models: the toy ResNet, a tiny ViT
 built here, and ViT-B/16's architecture on the meta device (no weights): counts against the architecture, LoRA's
 adapters, frozen parameters bit for bit after training."""
 
@@ -13,7 +13,7 @@ import torch
 from open_clip.model import CLIP
 from torch import nn
 
-from vlbench.finetune import methods as fm
+from vlbench.finetune import selections as fm
 from vlbench.models import CONFIG_DIR, register_local_configs
 
 TOY = json.loads((CONFIG_DIR / "vlbench-toy.json").read_text())

@@ -13,11 +13,11 @@ Each ensemble's centre comes from the held-out search (`vlbench.finetune.heldout
 (`resolve_centres`); each (method, episode) is a work unit (`EpisodeWork`, `vlbench.finetune.units`): cached as it
 finishes, run locally or on Ray, the table assembled from the units in a fixed order.
 
-Methods (`METHODS`): the multimodal rows of FewTrans' Tables 6-7 classify with the class prompts' text features
-(CLIP's own head: logit_scale x cosine, the scale frozen), one learning rate, a 5 x 3 ensemble, base and base-to-novel;
-the vision-only rows of its Table 5 put a linear head (weights 1, bias 0) on the normalised image features, two
-learning rates (backbone, head), a 3 x 3 x 3 ensemble, base only. docs/protocols.md, "Adapt: FewTrans episodes",
-"Fine-tuning methods", has every rule with its source.
+Tunings (`TUNINGS`, named by `methods` in the settings): the multimodal rows of FewTrans' Tables 6-7 classify with
+the class prompts' text features (CLIP's own head: logit_scale x cosine, the scale frozen), one learning rate, a 5 x 3
+ensemble, base and base-to-novel; the vision-only rows of its Table 5 put a linear head (weights 1, bias 0) on the
+normalised image features, two learning rates (backbone, head), a 3 x 3 x 3 ensemble, base only.
+docs/protocols.md, "Adapt: FewTrans episodes", "Fine-tuning methods", has every rule with its source.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from vlbench.datasets.canonical import load_meta, read_columns, split_path
 from vlbench.datasets.images import decode_rgb
 from vlbench.embed import CorruptImageError, model_for_dataset
 from vlbench.finetune import FinetuneError, units
-from vlbench.finetune.common import Job, Outcome
-from vlbench.finetune.methods import prepare
+from vlbench.finetune.training import Job, Outcome
+from vlbench.finetune.selections import prepare
 from vlbench.models.identity import model_identity
 from vlbench.models.loading import load_model
 from vlbench.stats import episodes_interval
@@ -51,18 +51,20 @@ from vlbench.texts import read_text_set
 
 
 @dataclass(frozen=True)
-class Method:
-    selection: str  # vlbench.finetune.methods.SELECTIONS
+class Tuning:
+    """One of FewTrans's ways to fine-tune in an episode: which parameters train, and the head."""
+
+    selection: str  # vlbench.finetune.selections.SELECTIONS
     head: str  # "text": the class prompts' features (one rate) | "linear": a linear head (backbone + head rates)
 
 
-METHODS: dict[str, Method] = {
-    "visual_ft": Method("visual", "text"),  # Tables 6-7, VisualFT
-    "text_ft": Method("text", "text"),  # TextFT
-    "all_ft": Method("all", "text"),  # AllFT
-    "finetune": Method("visual", "linear"),  # Table 5, Finetune (vision-only)
-    "lora": Method("lora", "linear"),  # Table 5, LoRA
-    "bitfit": Method("bitfit", "linear"),  # Table 5, BitFit
+TUNINGS: dict[str, Tuning] = {
+    "visual_ft": Tuning("visual", "text"),  # Tables 6-7, VisualFT
+    "text_ft": Tuning("text", "text"),  # TextFT
+    "all_ft": Tuning("all", "text"),  # AllFT
+    "finetune": Tuning("visual", "linear"),  # Table 5, Finetune (vision-only)
+    "lora": Tuning("lora", "linear"),  # Table 5, LoRA
+    "bitfit": Tuning("bitfit", "linear"),  # Table 5, BitFit
 }
 COMBINES = ("sum", "vote")
 SHUFFLE_SEED = 11  # the code's `_rng = np.random.RandomState(11)`, made afresh for every member of every episode
@@ -104,14 +106,14 @@ def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
         raise FinetuneError(f"params.yaml: finetune.fewtrans has unknown key(s) {unknown}; known: {sorted(DEFAULTS)}")
-    out = {**DEFAULTS, **cfg, **{m: {**DEFAULTS[m], **(cfg.get(m) or {})} for m in METHODS}}
+    out = {**DEFAULTS, **cfg, **{m: {**DEFAULTS[m], **(cfg.get(m) or {})} for m in TUNINGS}}
     check_settings(out)
     return out
 
 
 def _method_problem(name: str, m: Mapping[str, Any]) -> str | None:
-    centre = CENTRE_KEYS[METHODS[name].head]
-    keys = centre | {"batch_size"} | (LORA_KEYS if METHODS[name].selection == "lora" else set())
+    centre = CENTRE_KEYS[TUNINGS[name].head]
+    keys = centre | {"batch_size"} | (LORA_KEYS if TUNINGS[name].selection == "lora" else set())
     given = set(m) & centre
     problems = [
         not set(m) <= keys and f"has unknown key(s) {sorted(set(m) - keys)}; known: {sorted(keys)}",
@@ -129,16 +131,16 @@ def _method_problem(name: str, m: Mapping[str, Any]) -> str | None:
 def check_settings(s: Mapping[str, Any]) -> None:
     """Resolved settings `s` (`settings`, or the held-out search's methods over them): a FinetuneError naming the first
     bad key, as `params.yaml: finetune.fewtrans.<key> <problem>`."""
-    bad = [m for m in s["methods"] if m not in METHODS]
+    bad = [m for m in s["methods"] if m not in TUNINGS]
     problems = {
-        "methods": (bad or not s["methods"]) and f"must name methods of {list(METHODS)}, got {s['methods']}",
+        "methods": (bad or not s["methods"]) and f"must name methods of {list(TUNINGS)}, got {s['methods']}",
         "lr_factors": (not s["lr_factors"] or min(s["lr_factors"]) <= 0) and "must be positive factors",
         "two_lr_factors": (not s["two_lr_factors"] or min(s["two_lr_factors"]) <= 0) and "must be positive factors",
         "epoch_offset": int(s["epoch_offset"]) < 0 and "must be at least 0",
         "epoch_mode": s["epoch_mode"] not in EPOCH_MODES and f"must be one of {list(EPOCH_MODES)}",
         "combine": s["combine"] not in COMBINES and f"must be one of {list(COMBINES)}",
         "centres": s["centres"] not in CENTRES and f"must be one of {list(CENTRES)}",
-        **{m: _method_problem(m, s[m]) for m in METHODS},
+        **{m: _method_problem(m, s[m]) for m in TUNINGS},
     }
     for key, problem in problems.items():
         if problem:
@@ -178,7 +180,7 @@ def members(name: str, s: Mapping[str, Any]) -> list[Member]:
     """The method's ensemble (App. B.2): text head, rates lr* x lr_factors (5 x 3 with the epochs); linear head,
     (lr* x f, head_lr* x g) for f, g in two_lr_factors (3 x 3 x 3); epochs `epoch_axis(E*, epoch_offset)`."""
     m = s[name]
-    if METHODS[name].head == "text":
+    if TUNINGS[name].head == "text":
         rates = [(float(m["lr"]) * f, None) for f in s["lr_factors"]]
     else:
         factors = s["two_lr_factors"]
@@ -403,7 +405,7 @@ def member_generator(ctx: Context, episode: int, index: int) -> torch.Generator:
 def train_member(ctx: Context, name: str, data: EpisodeData, member: Member, episode: int, index: int) -> Trained:
     """A fresh copy of the model prepared for `name`, fine-tuned on the episode's support set with `member`'s
     rates and epochs; its logits on the base query (and, for a text head, the novel query) at each scored epoch."""
-    method, cfg = METHODS[name], ctx.s[name]
+    method, cfg = TUNINGS[name], ctx.s[name]
     model, _ = prepare(copy.deepcopy(ctx.model), method.selection, int(cfg.get("rank", 4)),
                        float(cfg.get("alpha", 4.0)), member_generator(ctx, episode, index))
     model.to(ctx.device)
@@ -462,7 +464,7 @@ def resolve_centres(s: Mapping[str, Any], heldout: Path | Mapping[str, Any] | No
     one searched), "authors_fixed" the centres the authors' code fixes (AUTHORS_FIXED: finetune and lora only)."""
     out, sources, doc = dict(s), {}, None
     for name in s["methods"]:
-        centre_keys = CENTRE_KEYS[METHODS[name].head]
+        centre_keys = CENTRE_KEYS[TUNINGS[name].head]
         if centre_keys <= set(s[name]):
             sources[name] = "params"
             continue
@@ -526,7 +528,7 @@ class EpisodeWork:
     def setup(self) -> dict[str, Any]:
         meta, sampler, pool, _, _, pairs = draw_episodes(Path(self.prepared), self.episodes_cfg, self.seed)
         loaded = model_for_dataset(load_model(self.model_cfg, self.device), meta)
-        needs_text = any(METHODS[m].head == "text" for m in self.s["methods"])
+        needs_text = any(TUNINGS[m].head == "text" for m in self.s["methods"])
         prompts = Prompts(Path(self.texts), loaded.tokenizer, len(meta.classes)) if needs_text else None
         ctx = Context(loaded.model, prompts, self.s, loaded.device, loaded.autocast, self.seed)
         images = PoolImages(Path(self.prepared), list(sampler["splits"]), loaded.preprocess, pool.sample_ids)
@@ -555,7 +557,7 @@ def unit_context(model_cfg: Mapping[str, Any], prepared: Path, texts: Path | Non
                  seed: int, device: str, sampler: Mapping[str, Any], kind: str) -> dict[str, Any]:
     """What a unit's numbers depend on besides its identity: the model, the data versions, the sampler, the seed, the
     device type and the method's own settings (so a method added to `methods` reuses the others' units)."""
-    head = METHODS[name].head
+    head = TUNINGS[name].head
     own: dict[str, Any] = {"method": s[name]}
     if kind == "episode":  # the ensemble around the centre
         own |= {k: s[k] for k in ("epoch_offset", "epoch_mode", "combine")}
@@ -594,13 +596,13 @@ def trainable_parameters(model: nn.Module, s: Mapping[str, Any]) -> dict[str, in
     counts = {}
     for name in s["methods"]:
         cfg = s[name]
-        counts[name] = prepare(copy.deepcopy(model), METHODS[name].selection, int(cfg.get("rank", 4)),
+        counts[name] = prepare(copy.deepcopy(model), TUNINGS[name].selection, int(cfg.get("rank", 4)),
                                float(cfg.get("alpha", 4.0)))[1]
     return counts
 
 
 def check_texts(s: Mapping[str, Any], texts_path, dataset: str) -> None:
-    if any(METHODS[m].head == "text" for m in s["methods"]) and texts_path is None:
+    if any(TUNINGS[m].head == "text" for m in s["methods"]) and texts_path is None:
         raise FinetuneError(f"finetune.fewtrans.methods {s['methods']} need the text set "
                             f"finetune.fewtrans.text_set ({s['text_set']!r}) of dataset {dataset!r}")
 
@@ -648,7 +650,7 @@ def run_episodes(model_cfg: Mapping[str, Any], prepared_dir: str | Path, texts_p
     summary = {"metrics": metrics, "summary": details,
                "intervals": {f"fewtrans/{sp}/{m}": episodes_interval(v).to_json() for (sp, m), v in acc_np.items()},
                "ensemble": {m: [vars(x) for x in members(m, s)] for m in s["methods"]},
-               "centres": {m: {k: s[m][k] for k in sorted(CENTRE_KEYS[METHODS[m].head])} for m in s["methods"]},
+               "centres": {m: {k: s[m][k] for k in sorted(CENTRE_KEYS[TUNINGS[m].head])} for m in s["methods"]},
                "centres_source": sources, "trainable_parameters": trainable_parameters(model, s), "settings": s,
                "seed": seed, "base_classes": base.tolist(), "novel_classes": novel.tolist(), "episodes": len(pairs),
                "units": tally.to_json()}

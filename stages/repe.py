@@ -1,14 +1,14 @@
-"""retrieve@<dataset>: retrieval-enhanced prompts (REPE) from a caption corpus's cached features (no model), mixed
-into the template prompts of the dataset's class text set `retrieve.prompts` (default `prompts`) ->
+"""repe@<dataset>: retrieval-enhanced prompts (REPE) from a caption corpus's cached features (no model), mixed
+into the template prompts of the dataset's class text set `repe.prompts` (default `prompts`) ->
 features/<model>/<dataset>/retrieval/ (class_weights.parquet, retrieved.parquet, index.json) and
-reports/retrieve/<dataset>.json (recall vs exact search, counts); index build and query times in
-runs/retrieve/<dataset>.json."""
+reports/repe/<dataset>.json (recall vs exact search, counts); index build and query times in
+runs/repe/<dataset>.json."""
 
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from stages.common import parser, run
+from stages.command import parser, run
 from vlbench.analyses.base import Inputs
 from vlbench.analyses.text_sets import check_text_sets
 from vlbench.dataset_entries import dataset_entry
@@ -37,12 +37,12 @@ def main() -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda: where FAISS builds and searches the index")
     args = p.parse_args()
     params = load_params(args.params)
-    check_text_sets(params, known_only=True)  # `retrieve.prompts` is made by the entry
-    cfg = repe.parse_config(get(params, "retrieve", dict))
+    check_text_sets(params, known_only=True)  # `repe.prompts` is made by the entry
+    cfg = repe.parse_config(get(params, "repe", dict))
     try:
         dataset_entry(params, cfg.corpus)
     except ParamsError as err:
-        raise ParamsError(f"retrieve.corpus {cfg.corpus!r}: {err}") from err
+        raise ParamsError(f"repe.corpus {cfg.corpus!r}: {err}") from err
     identity = model_identity(get(params, "model", dict))
     decode = get(params, "embed.decode", str)
     target, corpus_inputs = dataset_inputs(args.dataset, identity, decode), dataset_inputs(cfg.corpus, identity, decode)
@@ -57,8 +57,8 @@ def main() -> None:
     fingerprint = repe.weights_fingerprint(prompts.fingerprint, corpus, cfg, result.query_sources)
     repe.write_outputs(repe.retrieval_dir(target.features_dir), names, corpus, result, fingerprint)
     metrics, counts, used, timings = repe.summary(result, cfg, corpus)
-    write_result("retrieve", args.dataset, Result(metrics, counts, used, run=timings), fingerprint)
-    print(f"retrieve {args.dataset}: {result.info.kind} index over {result.info.vectors} {cfg.modality} vectors of "
+    write_result("repe", args.dataset, Result(metrics, counts, used, run=timings), fingerprint)
+    print(f"repe {args.dataset}: {result.info.kind} index over {result.info.vectors} {cfg.modality} vectors of "
           f"{cfg.corpus!r} built in {timings['index_build_seconds']:.3f} s, {len(names)} queries in "
           f"{timings['query_seconds']:.3f} s; kept {counts['kept']} captions, {counts['fallback']} class(es) fell back; "
           f"{metrics}")

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from vlbench.analyses.adapt.common import pytorch_linear_init, score_heads, softmax_np
+from vlbench.analyses.adapt.protocol import pytorch_linear_init, score_heads, softmax_np
 from vlbench.analyses.adapt.elevater import (
     Settings,
     epoch_orders,
@@ -43,7 +43,7 @@ from vlbench.analyses.zeroshot_classifier import class_weights
 from vlbench.datasets.canonical import load_meta
 from vlbench.embed import embed_texts, model_for_dataset
 from vlbench.finetune import FinetuneError, units
-from vlbench.finetune.common import (
+from vlbench.finetune.training import (
     Diverged,
     Job,
     Loop,
