@@ -200,15 +200,15 @@ def test_ensemble_sums_logits_or_votes():
 
 
 def test_settings_and_inputs_errors_name_the_key(world, toy_model_cfg):
-    with pytest.raises(FinetuneError, match=r"finetune.fewtrans has unknown key\(s\) \['epochs'\]"):
+    with pytest.raises(FinetuneError, match=r"finetune.fewtrans_episodic has unknown key\(s\) \['epochs'\]"):
         fft.settings({"epochs": 3})
-    with pytest.raises(FinetuneError, match="finetune.fewtrans.methods"):
+    with pytest.raises(FinetuneError, match="finetune.fewtrans_episodic.methods"):
         fft.settings({"methods": ["coop"]})
-    with pytest.raises(FinetuneError, match=r"finetune.fewtrans.lora has unknown key\(s\) \['momentum'\]"):
+    with pytest.raises(FinetuneError, match=r"finetune.fewtrans_episodic.lora has unknown key\(s\) \['momentum'\]"):
         fft.settings({"lora": {"momentum": 0.9}})
-    with pytest.raises(FinetuneError, match="finetune.fewtrans.bitfit learning rates must be positive"):
+    with pytest.raises(FinetuneError, match="finetune.fewtrans_episodic.bitfit learning rates must be positive"):
         fft.settings({"bitfit": {"lr": 1e-3, "head_lr": 0, "epochs": 2}})
-    with pytest.raises(FinetuneError, match="finetune.fewtrans.epoch_mode"):
+    with pytest.raises(FinetuneError, match="finetune.fewtrans_episodic.epoch_mode"):
         fft.settings({"epoch_mode": "best"})
     with pytest.raises(FinetuneError, match="need the text set"):
         fft.run_episodes(toy_model_cfg, world["prepared"], None, {"methods": ["text_ft"]}, 0, "cpu", SAMPLER)

@@ -133,5 +133,5 @@ def test_bad_selection_and_a_tower_without_attention_are_one_line_errors(toy):
         fm.prepare(copy.deepcopy(toy), "prompt")
     bare = copy.deepcopy(toy)
     bare.visual.attnpool = nn.Identity()
-    with pytest.raises(fm.FinetuneError, match="finetune.fewtrans.lora"):
+    with pytest.raises(fm.FinetuneError, match="finetune.fewtrans_episodic.lora"):
         fm.prepare(bare, "lora")

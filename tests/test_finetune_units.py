@@ -320,8 +320,10 @@ def independent_climb(world, model_cfg) -> tuple[tuple, dict]:
 
 
 def test_the_held_out_searchs_own_methods_are_checked_as_fine_tunings_are_before_any_data_is_read(tmp_path):
-    """finetune.heldout.search.methods replaces the fine-tuning's methods, checked by fewtrans.check_settings."""
-    with pytest.raises(FinetuneError, match=r"methods must name methods of \[.*\], got \['coop'\]$"):
+    """finetune.heldout.search.methods replaces the fine-tuning's methods, checked by fewtrans_episodic.check_settings
+    and named as the held-out search's key (not the fine-tuning's section, which holds no such value)."""
+    with pytest.raises(FinetuneError, match=r"^params.yaml: finetune.heldout.search.methods must name methods of "
+                                            r"\[.*\], got \['coop'\]$"):
         heldout.search({}, tmp_path / "absent", None, {"methods": ["coop"]}, {"methods": ["text_ft"]}, 0)
 
 

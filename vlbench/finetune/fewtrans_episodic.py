@@ -101,11 +101,11 @@ LORA_KEYS = {"rank", "alpha"}
 
 
 def settings(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
-    """`cfg` (params `finetune.fewtrans`) over DEFAULTS, one level deep for the method entries; unknown keys refused."""
+    """`cfg` (params `finetune.fewtrans_episodic`) over DEFAULTS, one level deep for the method entries; unknown keys refused."""
     cfg = dict(cfg or {})
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
-        raise FinetuneError(f"params.yaml: finetune.fewtrans has unknown key(s) {unknown}; known: {sorted(DEFAULTS)}")
+        raise FinetuneError(f"params.yaml: finetune.fewtrans_episodic has unknown key(s) {unknown}; known: {sorted(DEFAULTS)}")
     out = {**DEFAULTS, **cfg, **{m: {**DEFAULTS[m], **(cfg.get(m) or {})} for m in TUNINGS}}
     check_settings(out)
     return out
@@ -128,9 +128,9 @@ def _method_problem(name: str, m: Mapping[str, Any]) -> str | None:
     return next((p for p in problems if p), None)
 
 
-def check_settings(s: Mapping[str, Any]) -> None:
+def check_settings(s: Mapping[str, Any], section: str = "finetune.fewtrans_episodic") -> None:
     """Resolved settings `s` (`settings`, or the held-out search's methods over them): a FinetuneError naming the first
-    bad key, as `params.yaml: finetune.fewtrans.<key> <problem>`."""
+    bad key, as `params.yaml: <section>.<key> <problem>` (`section`: the params section that gave `s`)."""
     bad = [m for m in s["methods"] if m not in TUNINGS]
     problems = {
         "methods": (bad or not s["methods"]) and f"must name methods of {list(TUNINGS)}, got {s['methods']}",
@@ -144,7 +144,7 @@ def check_settings(s: Mapping[str, Any]) -> None:
     }
     for key, problem in problems.items():
         if problem:
-            raise FinetuneError(f"params.yaml: finetune.fewtrans.{key} {problem}")
+            raise FinetuneError(f"params.yaml: {section}.{key} {problem}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ class Prompts:
         missing = sorted(set(range(num_classes)) - set(index.tolist()))
         if missing:
             raise FinetuneError(f"{texts_path}: no template prompt for class indices {missing[:10]} "
-                                "(finetune.fewtrans.text_set)")
+                                "(finetune.fewtrans_episodic.text_set)")
         self.index, self.tokens = index, tokenizer(texts)
 
     def of(self, classes: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -603,8 +603,8 @@ def trainable_parameters(model: nn.Module, s: Mapping[str, Any]) -> dict[str, in
 
 def check_texts(s: Mapping[str, Any], texts_path, dataset: str) -> None:
     if any(TUNINGS[m].head == "text" for m in s["methods"]) and texts_path is None:
-        raise FinetuneError(f"finetune.fewtrans.methods {s['methods']} need the text set "
-                            f"finetune.fewtrans.text_set ({s['text_set']!r}) of dataset {dataset!r}")
+        raise FinetuneError(f"finetune.fewtrans_episodic.methods {s['methods']} need the text set "
+                            f"finetune.fewtrans_episodic.text_set ({s['text_set']!r}) of dataset {dataset!r}")
 
 
 def run_episodes(model_cfg: Mapping[str, Any], prepared_dir: str | Path, texts_path: str | Path | None,
@@ -615,8 +615,8 @@ def run_episodes(model_cfg: Mapping[str, Any], prepared_dir: str | Path, texts_p
     """(summary, episodes table) of FewTrans fine-tuning on one prepared dataset.
 
     `model_cfg`: params `model` (vlbench.models.loading.load_model); `prepared_dir`: data/prepared/<dataset>;
-    `texts_path`: the text set file of the text head (data/texts/<dataset>/<finetune.fewtrans.text_set>.parquet; may
-    be None when only linear-head methods run); `cfg`: params `finetune.fewtrans` (`DEFAULTS`); `seed`: params `seed`,
+    `texts_path`: the text set file of the text head (data/texts/<dataset>/<finetune.fewtrans_episodic.text_set>.parquet; may
+    be None when only linear-head methods run); `cfg`: params `finetune.fewtrans_episodic` (`DEFAULTS`); `seed`: params `seed`,
     adapt's episode seed; `episodes_cfg`: params `adapt.fewtrans` (the sampler's settings; its methods are ignored);
     `heldout`: the held-out search's result (file or document) where `centres: heldout` (`resolve_centres`).
     Each (method, episode) is a work unit (`vlbench.finetune.units`): run on `engine` (local or ray, `gpus` per unit)

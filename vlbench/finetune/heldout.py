@@ -166,7 +166,7 @@ def search(model_cfg: Mapping[str, Any], prepared_dir: str | Path, texts_path: s
     s = fft.settings(fewtrans_cfg)
     if hs["methods"] is not None:
         s = {**s, "methods": list(hs["methods"])}
-        fft.check_settings(s)
+        fft.check_settings(s, "finetune.heldout.search")  # only its methods are new here
     sampler_cfg = {**dict(episodes_cfg or {}), **dict(hs["sampler"] or {})}
     meta, sampler, _, _, _, pairs = fft.draw_episodes(Path(prepared_dir), sampler_cfg, seed)
     fft.check_texts(s, texts_path, meta.name)

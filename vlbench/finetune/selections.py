@@ -106,7 +106,7 @@ def add_lora(model: nn.Module, rank: int, alpha: float, generator: torch.Generat
     the adapters' parameters (A before B, target by target)."""
     targets = lora_targets(model.visual)
     if not targets:
-        raise FinetuneError(f"finetune.fewtrans.lora: the visual tower of {type(model).__name__} has no attention "
+        raise FinetuneError(f"finetune.fewtrans_episodic.lora: the visual tower of {type(model).__name__} has no attention "
                             "projection to adapt (no in_proj_weight, q_proj or v_proj)")
     params = []
     for module, name, blocks, adapted in targets:
