@@ -48,7 +48,6 @@ DATA_DIR = Path(__file__).parent / "data"
 RAW_URL = "https://raw.githubusercontent.com/{repo}/{commit}/{folder}/{file}"
 LOCAL_UPSTREAM = "vlbench:"  # KnowledgeFile.upstream of a file shipped in DATA_DIR ("vlbench:demo/<file>")
 
-KNOWLEDGE_SOURCES = ("wiktionary", "wordnet_definition", "wordnet_path", "gpt3", "cupl", "menon")
 FAMILY_SOURCES = {
     "elevater_external": ("wiktionary", "wordnet_definition", "wordnet_path"),
     "elevater_gpt3": ("gpt3",),

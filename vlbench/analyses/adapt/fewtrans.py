@@ -44,7 +44,6 @@ from vlbench.params import defaults
 from vlbench.stats import episodes_interval
 
 FEWSHOT_CLASSIFIERS = ("zeroshot", "prototype", "linear")  # adapt.fewtrans.methods: classifiers on cached features
-NOVEL_CLASSIFIERS = ("zeroshot",)  # those that can score classes without support images
 COMBINES = ("sum", "vote")
 EPOCH_MODES = ("grid", "snapshots")
 CLASS_SPLIT_SEED = 22  # FewTrans' dataset_spec.SEED for its base/novel class split
